@@ -12,6 +12,7 @@ from railyard.errors import RailyardError
 _COMMAND_MODULES = (
     "railyard.engine.cli",
     "railyard.bench.cli",
+    "railyard.cluster.cli",
 )
 
 

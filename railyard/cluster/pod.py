@@ -1,0 +1,252 @@
+"""Pod templates for engine replicas and the Ray head, with each production policy applied where switched on.
+
+Why each policy exists:
+- gpu_limits: the device plugin only hands a container GPUs it asked for in limits.
+- gpu_toleration: GPU nodes are tainted `nvidia.com/gpu:NoSchedule` so only GPU work lands there.
+- gpu_node_affinity: GFD labels pin a replica to the GPU product (and per-node GPU count) it was sized for.
+- spread: replicas of one deployment on different nodes and zones, so one node loss is one replica.
+- probes: readiness gates traffic, liveness restarts a dead engine, startup covers slow model loading.
+- resources: requests = limits gives Guaranteed QoS, the last class the kubelet evicts.
+- shm: NCCL and torch need a large /dev/shm; the container default of 64Mi crashes tensor parallelism.
+- security_context: non-root, no privilege escalation, no capabilities; GPUs need none of them.
+- prometheus: scrape annotations for the engine's /metrics.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from railyard.stack import ModelSpec, Policies, Stack
+
+GPU_RESOURCE = "nvidia.com/gpu"
+GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
+GPU_COUNT_LABEL = "nvidia.com/gpu.count"
+HOSTNAME_KEY = "kubernetes.io/hostname"
+ZONE_KEY = "topology.kubernetes.io/zone"
+HTTP_PORT = 8000
+RAY_METRICS_PORT = 8080
+HEAD_RESOURCES = {"cpu": "2", "memory": "8Gi"}
+RUN_AS_USER = 1000
+
+
+def labels(stack: Stack, component: str, model: str | None = None) -> dict[str, str]:
+    """Labels on every object and pod; (instance, component) selects one group's pods."""
+    out = {
+        "app.kubernetes.io/name": "railyard",
+        "app.kubernetes.io/instance": stack.name,
+        "app.kubernetes.io/component": component,
+        "app.kubernetes.io/managed-by": "railyard",
+    }
+    if model is not None:
+        out["railyard.io/model"] = model
+    return out
+
+
+def selector(stack: Stack, component: str) -> dict[str, str]:
+    """The labels that pick exactly one group's pods (for spreading, PDBs and Services)."""
+    return {"app.kubernetes.io/instance": stack.name, "app.kubernetes.io/component": component}
+
+
+def gpu_product(stack: Stack, model: ModelSpec) -> str | None:
+    return model.gpu_product or stack.gpu_product
+
+
+def _resources(cpu: str, memory: str, gpus: int, policies: Policies) -> dict[str, Any]:
+    requests: dict[str, Any] = {}
+    limits: dict[str, Any] = {}
+    if policies.resources:
+        requests.update({"cpu": cpu, "memory": memory})
+        limits.update({"cpu": cpu, "memory": memory})
+    if policies.gpu_limits and gpus:
+        limits[GPU_RESOURCE] = gpus  # extended resources: requests default to limits
+    out: dict[str, Any] = {}
+    if requests:
+        out["requests"] = requests
+    if limits:
+        out["limits"] = limits
+    return out
+
+
+def _security(policies: Policies) -> tuple[dict[str, Any], dict[str, Any]]:
+    if not policies.security_context:
+        return {}, {}
+    pod = {
+        "runAsNonRoot": True,
+        "runAsUser": RUN_AS_USER,
+        "runAsGroup": RUN_AS_USER,
+        "fsGroup": RUN_AS_USER,
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+    container = {"allowPrivilegeEscalation": False, "privileged": False, "capabilities": {"drop": ["ALL"]}}
+    return pod, container
+
+
+def _gpu_affinity(stack: Stack, model: ModelSpec) -> dict[str, Any] | None:
+    if not stack.policies.gpu_node_affinity:
+        return None
+    # GFD's gpu.count is an integer label: Gt tp-1 keeps TP replicas off nodes too small to hold them.
+    expressions = [{"key": GPU_COUNT_LABEL, "operator": "Gt", "values": [str(model.tensor_parallel_size - 1)]}]
+    product = gpu_product(stack, model)
+    if product:
+        expressions.insert(0, {"key": GPU_PRODUCT_LABEL, "operator": "In", "values": [product]})
+    return {
+        "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [{"matchExpressions": expressions}]}
+    }
+
+
+def _spread(stack: Stack, component: str) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
+    mode = stack.policies.spread
+    if mode == "off":
+        return None, []
+    term = {"labelSelector": {"matchLabels": selector(stack, component)}, "topologyKey": HOSTNAME_KEY}
+    if mode == "required":
+        anti = {"requiredDuringSchedulingIgnoredDuringExecution": [term]}
+    else:
+        anti = {"preferredDuringSchedulingIgnoredDuringExecution": [{"weight": 100, "podAffinityTerm": term}]}
+    zones = [
+        {
+            "maxSkew": 1,
+            "topologyKey": ZONE_KEY,
+            "whenUnsatisfiable": "ScheduleAnyway",
+            "labelSelector": {"matchLabels": selector(stack, component)},
+        }
+    ]
+    return anti, zones
+
+
+def _http_probe(path: str, port: int | str, period: int, failures: int) -> dict[str, Any]:
+    return {
+        "httpGet": {"path": path, "port": port},
+        "periodSeconds": period,
+        "timeoutSeconds": 5,
+        "failureThreshold": failures,
+    }
+
+
+def _probes(path: str, port: int | str) -> dict[str, Any]:
+    # The startup probe allows 20 minutes for loading weights before liveness may restart the pod.
+    return {
+        "startupProbe": _http_probe(path, port, 10, 120),
+        "readinessProbe": _http_probe(path, port, 5, 3),
+        "livenessProbe": _http_probe(path, port, 10, 6),
+    }
+
+
+def _pod(
+    stack: Stack,
+    component: str,
+    container: dict[str, Any],
+    *,
+    model: ModelSpec | None,
+    gpus: int,
+    shm: str | None,
+    metrics_port: int,
+) -> dict[str, Any]:
+    policies = stack.policies
+    pod_security, container_security = _security(policies)
+    if container_security:
+        container["securityContext"] = container_security
+    spec: dict[str, Any] = {"containers": [container], "terminationGracePeriodSeconds": 60}
+    if pod_security:
+        spec["securityContext"] = pod_security
+    if shm and policies.shm:
+        spec["volumes"] = [{"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": shm}}]
+        container["volumeMounts"] = [{"name": "dshm", "mountPath": "/dev/shm"}]
+    affinity: dict[str, Any] = {}
+    if model is not None and gpus:
+        if policies.gpu_toleration:
+            spec["tolerations"] = [{"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}]
+        node_affinity = _gpu_affinity(stack, model)
+        if node_affinity:
+            affinity["nodeAffinity"] = node_affinity
+    if model is not None:
+        anti, zones = _spread(stack, component)
+        if anti:
+            affinity["podAntiAffinity"] = anti
+        if zones:
+            spec["topologySpreadConstraints"] = zones
+    if affinity:
+        spec["affinity"] = affinity
+    metadata: dict[str, Any] = {"labels": labels(stack, component, model.name if model else None)}
+    if policies.prometheus:
+        metadata["annotations"] = {
+            "prometheus.io/scrape": "true",
+            "prometheus.io/port": str(metrics_port),
+            "prometheus.io/path": "/metrics",
+        }
+    return {"metadata": metadata, "spec": spec}
+
+
+def engine_cli_args(model: ModelSpec, engine: dict[str, Any]) -> list[str]:
+    """`railyard serve` arguments for one single-engine pod (Deployment mode)."""
+    args = ["serve", "--model", model.model, "--served-model-name", model.name]
+    args += ["--host", "0.0.0.0", "--port", str(HTTP_PORT)]
+    for key, value in engine.items():
+        flag = "--" + key.replace("_", "-")
+        if isinstance(value, bool):
+            if value:
+                args.append(flag)
+        else:
+            args += [flag, str(value)]
+    return args
+
+
+def engine_pod(stack: Stack, model: ModelSpec, component: str, engine: dict[str, Any]) -> dict[str, Any]:
+    """A plain single-engine pod template: `railyard serve` on port 8000 with /health probes."""
+    container: dict[str, Any] = {
+        "name": "engine",
+        "image": stack.image,
+        "command": ["railyard"],
+        "args": engine_cli_args(model, engine),
+        "ports": [{"name": "http", "containerPort": HTTP_PORT, "protocol": "TCP"}],
+    }
+    resources = _resources(model.resources.cpu, model.resources.memory, model.tensor_parallel_size, stack.policies)
+    if resources:
+        container["resources"] = resources
+    if stack.policies.probes:
+        container.update(_probes("/health", "http"))
+    return _pod(
+        stack, component, container, model=model, gpus=model.tensor_parallel_size,
+        shm=model.resources.shm, metrics_port=HTTP_PORT,
+    )
+
+
+def _ray_ports(head: bool) -> list[dict[str, Any]]:
+    ports = [{"name": "metrics", "containerPort": RAY_METRICS_PORT, "protocol": "TCP"}]
+    if head:
+        ports = [
+            {"name": "gcs", "containerPort": 6379, "protocol": "TCP"},
+            {"name": "dashboard", "containerPort": 8265, "protocol": "TCP"},
+            {"name": "client", "containerPort": 10001, "protocol": "TCP"},
+            {"name": "serve", "containerPort": HTTP_PORT, "protocol": "TCP"},
+        ] + ports
+    return ports
+
+
+def ray_worker_pod(stack: Stack, model: ModelSpec, component: str) -> dict[str, Any]:
+    """A KubeRay worker pod holding one replica: tensor_parallel_size GPUs, so STRICT_PACK fits in one pod."""
+    container: dict[str, Any] = {"name": "ray-worker", "image": stack.image, "ports": _ray_ports(head=False)}
+    resources = _resources(model.resources.cpu, model.resources.memory, model.tensor_parallel_size, stack.policies)
+    if resources:
+        container["resources"] = resources
+    if stack.policies.probes:
+        # Probe the raylet, as KubeRay does: an app-level probe would hold the pod unready while
+        # KubeRay waits for ready pods before it deploys the app.
+        container["readinessProbe"] = _http_probe("/api/local_raylet_healthz", 52365, 5, 10)
+        container["livenessProbe"] = _http_probe("/api/local_raylet_healthz", 52365, 10, 12)
+    return _pod(
+        stack, component, container, model=model, gpus=model.tensor_parallel_size,
+        shm=model.resources.shm, metrics_port=RAY_METRICS_PORT,
+    )
+
+
+def ray_head_pod(stack: Stack) -> dict[str, Any]:
+    """The Ray head: GCS, dashboard, Serve controller and HTTP proxy; no GPUs, so no GPU policies."""
+    container: dict[str, Any] = {"name": "ray-head", "image": stack.image, "ports": _ray_ports(head=True)}
+    resources = _resources(HEAD_RESOURCES["cpu"], HEAD_RESOURCES["memory"], 0, stack.policies)
+    if resources:
+        container["resources"] = resources
+    if stack.policies.probes:
+        container["readinessProbe"] = _http_probe("/api/gcs_healthz", 8265, 5, 10)
+        container["livenessProbe"] = _http_probe("/api/gcs_healthz", 8265, 10, 12)
+    return _pod(stack, "head", container, model=None, gpus=0, shm="2Gi", metrics_port=RAY_METRICS_PORT)

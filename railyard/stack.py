@@ -1,0 +1,334 @@
+"""The stack file: the one YAML a user writes to run railyard on Ray Serve (layer 2) and Kubernetes (layer 1).
+
+`load_stack(path)` validates it once, at the edge; `to_serve_config(stack)` turns it into the standard
+Ray Serve config that `serve run` takes and that a KubeRay RayService embeds unchanged as serveConfigV2.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from railyard.errors import ConfigError
+
+SERVE_IMPORT_PATH = "railyard.serve.app:build_app"
+
+# Engine defaults applied under the model's and the pool's own options (pool wins, then model).
+ENGINE_DEFAULTS: dict[str, Any] = {
+    "max_num_seqs": 256,
+    "max_num_batched_tokens": 8192,
+    "block_size": 16,
+    "max_model_len": 8192,
+    "gpu_memory_utilization": 0.9,
+    "dtype": "bfloat16",
+}
+
+_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+# Kubernetes resource.Quantity, as the API server's OpenAPI pattern spells it.
+_QUANTITY = re.compile(r"^(\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))(([KMGTPE]i)|[numkMGTPE]|([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$")
+
+
+def _dns_label(value: str, what: str, max_len: int) -> str:
+    if len(value) > max_len or not _DNS_LABEL.match(value):
+        raise ValueError(
+            f"{what} {value!r} must be a DNS-1123 label: lowercase letters, digits and '-', "
+            f"starting and ending with a letter or digit, at most {max_len} characters"
+        )
+    return value
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class EngineOptions(_Strict):
+    """Engine options a model or pool sets; unset ones fall back to the model's, then ENGINE_DEFAULTS."""
+
+    max_num_seqs: int | None = Field(None, ge=1)
+    max_num_batched_tokens: int | None = Field(None, ge=1)
+    block_size: int | None = Field(None, ge=1)
+    max_model_len: int | None = Field(None, ge=1)
+    gpu_memory_utilization: float | None = Field(None, gt=0, le=1)
+    dtype: Literal["bfloat16", "float16", "float32"] | None = None
+    enable_prefix_caching: bool | None = None
+
+    def set_options(self) -> dict[str, Any]:
+        return self.model_dump(exclude_none=True)
+
+
+class Autoscaling(_Strict):
+    """Replica autoscaling on pending work per replica (not GPU utilisation: it dips between steps)."""
+
+    min_replicas: int = Field(1, ge=0)
+    max_replicas: int = Field(..., ge=1)
+    target_pending_per_replica: float = Field(8.0, gt=0)
+    upscale_delay_s: float = Field(30.0, ge=0)
+    downscale_delay_s: float = Field(600.0, ge=0)
+
+    @model_validator(mode="after")
+    def _bounds(self) -> "Autoscaling":
+        if self.max_replicas < self.min_replicas:
+            raise ValueError(f"max_replicas ({self.max_replicas}) must be >= min_replicas ({self.min_replicas})")
+        return self
+
+
+class Resources(_Strict):
+    """CPU and memory each replica's pod reserves, and the size of its /dev/shm (NCCL needs a big one)."""
+
+    cpu: str = "8"
+    memory: str = "64Gi"
+    shm: str = "8Gi"
+
+    @field_validator("cpu", "memory", "shm", mode="before")
+    @classmethod
+    def _quantity(cls, value: Any) -> str:
+        text = str(value)
+        if not _QUANTITY.match(text):
+            raise ValueError(f"{text!r} is not a Kubernetes quantity (e.g. '8', '500m', '64Gi')")
+        return text
+
+
+class Pool(_Strict):
+    """A length pool: prompts up to max_prompt_tokens go here; a pool without a limit takes the rest."""
+
+    name: str
+    max_prompt_tokens: int | None = Field(None, ge=1)
+    engine: EngineOptions = EngineOptions()
+    num_replicas: int | None = Field(None, ge=0)
+    autoscaling: Autoscaling | None = None
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, value: str) -> str:
+        return _dns_label(value, "pool name", 20)
+
+
+class ModelSpec(_Strict):
+    """One served model: where its checkpoint is, how many GPUs a replica takes, how many replicas."""
+
+    name: str
+    model: str
+    tensor_parallel_size: int = Field(1, ge=1)
+    num_replicas: int = Field(1, ge=0)
+    autoscaling: Autoscaling | None = None
+    engine: EngineOptions = EngineOptions()
+    pools: list[Pool] = []
+    resources: Resources = Resources()
+    gpu_product: str | None = None
+    shape: str | None = None  # named model shape for sizing when the checkpoint is not on this machine
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, value: str) -> str:
+        return _dns_label(value, "model name", 30)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "ModelSpec":
+        if self.autoscaling is not None and "num_replicas" in self.model_fields_set:
+            raise ValueError("set either num_replicas or autoscaling, not both")
+        names = [p.name for p in self.pools]
+        if len(set(names)) != len(names):
+            raise ValueError(f"pool names must be unique, got {names}")
+        for i, pool in enumerate(self.pools):
+            last = i == len(self.pools) - 1
+            if pool.max_prompt_tokens is None and not last:
+                raise ValueError(f"pool {pool.name!r} has no max_prompt_tokens; only the last pool may omit it")
+            if pool.max_prompt_tokens is not None and last and len(self.pools) > 1:
+                raise ValueError(f"the last pool {pool.name!r} must omit max_prompt_tokens to take the longest prompts")
+        limits = [p.max_prompt_tokens for p in self.pools if p.max_prompt_tokens is not None]
+        if limits != sorted(set(limits)):
+            raise ValueError(f"pool max_prompt_tokens must increase strictly, got {limits}")
+        return self
+
+
+class Policies(_Strict):
+    """Production policies for rendered manifests: all on by default except the VPA, each switchable."""
+
+    gpu_limits: bool = True
+    gpu_toleration: bool = True
+    gpu_node_affinity: bool = True
+    spread: Literal["off", "preferred", "required"] = "preferred"
+    probes: bool = True
+    pdb: bool = True
+    resources: bool = True
+    shm: bool = True
+    security_context: bool = True
+    prometheus: bool = True
+    vpa: bool = False
+
+    @field_validator("spread", mode="before")
+    @classmethod
+    def _spread_bool(cls, value: Any) -> Any:
+        # `spread: true` reads naturally in YAML; it means the soft (preferred) spread.
+        if value is True:
+            return "preferred"
+        if value is False:
+            return "off"
+        return value
+
+
+class Stack(_Strict):
+    """The whole stack: naming, image, target GPU product and Kubernetes version, models, policies."""
+
+    name: str = "railyard"
+    namespace: str = "default"
+    image: str = Field(..., min_length=1)
+    gpu_product: str | None = None
+    kubernetes_version: str = "1.30"
+    ray_version: str = "2.50.0"
+    mode: Literal["rayservice", "deployment"] = "rayservice"
+    models: list[ModelSpec] = Field(..., min_length=1)
+    policies: Policies = Policies()
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, value: str) -> str:
+        return _dns_label(value, "stack name", 30)
+
+    @field_validator("namespace")
+    @classmethod
+    def _namespace(cls, value: str) -> str:
+        return _dns_label(value, "namespace", 63)
+
+    @field_validator("kubernetes_version", mode="before")
+    @classmethod
+    def _version(cls, value: Any) -> str:
+        text = str(value).removeprefix("v")
+        if not re.match(r"^1\.\d+$", text):
+            raise ValueError(f"kubernetes_version {value!r} must look like '1.30'")
+        return text
+
+    @model_validator(mode="after")
+    def _unique_models(self) -> "Stack":
+        names = [m.name for m in self.models]
+        if len(set(names)) != len(names):
+            raise ValueError(f"model names must be unique, got {names}")
+        return self
+
+
+def load_stack(path: str | Path) -> Stack:
+    """Read and validate a stack YAML file; any problem is one ConfigError naming the field."""
+    path = Path(path)
+    try:
+        data = yaml.safe_load(path.read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"stack file {path} not found") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"stack file {path} is not valid YAML: {exc}") from None
+    return parse_stack(data, source=str(path))
+
+
+def parse_stack(data: Any, source: str = "stack") -> Stack:
+    """Validate an already-parsed stack mapping."""
+    if not isinstance(data, dict):
+        raise ConfigError(f"{source}: the top level must be a mapping with 'image' and 'models'")
+    try:
+        return Stack.model_validate(data)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        where = ".".join(str(p) for p in err["loc"]) or "(top level)"
+        more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
+        raise ConfigError(f"{source}: {where}: {err['msg']}{more}") from None
+
+
+def deployment_name(model: str, pool: str | None) -> str:
+    """The Ray Serve deployment (and KubeRay worker group) name of one model's pool."""
+    return f"engine-{model}-{pool or 'default'}"
+
+
+def resolved_engine(model: ModelSpec, pool: Pool | None = None) -> dict[str, Any]:
+    """Engine options after defaults, the model's own, then the pool's."""
+    options = dict(ENGINE_DEFAULTS)
+    options.update(model.engine.set_options())
+    if pool is not None:
+        options.update(pool.engine.set_options())
+    options["tensor_parallel_size"] = model.tensor_parallel_size
+    return options
+
+
+def replica_pools(model: ModelSpec) -> list[tuple[str, Pool | None]]:
+    """(deployment name, pool) for each deployment a model needs: one per pool, or one 'default'."""
+    if not model.pools:
+        return [(deployment_name(model.name, None), None)]
+    return [(deployment_name(model.name, p.name), p) for p in model.pools]
+
+
+def scaling(model: ModelSpec, pool: Pool | None) -> tuple[int, Autoscaling | None]:
+    """(fixed replica count, autoscaling) for one deployment; a pool's own setting wins."""
+    if pool is not None and (pool.autoscaling is not None or pool.num_replicas is not None):
+        return (pool.num_replicas or 0, pool.autoscaling)
+    return (model.num_replicas, model.autoscaling)
+
+
+def _model_args(model: ModelSpec) -> dict[str, Any]:
+    pools = []
+    for name, pool in replica_pools(model):
+        pools.append(
+            {
+                "name": pool.name if pool else "default",
+                "max_prompt_tokens": pool.max_prompt_tokens if pool else None,
+                "deployment": name,
+                "engine": resolved_engine(model, pool),
+            }
+        )
+    args: dict[str, Any] = {
+        "name": model.name,
+        "model": model.model,
+        "tensor_parallel_size": model.tensor_parallel_size,
+        "engine": resolved_engine(model),
+        "pools": pools,
+    }
+    if model.autoscaling is not None:
+        args["autoscaling"] = model.autoscaling.model_dump()
+    return args
+
+
+def _deployment(model: ModelSpec, name: str, pool: Pool | None) -> dict[str, Any]:
+    engine = resolved_engine(model, pool)
+    entry: dict[str, Any] = {"name": name}
+    replicas, auto = scaling(model, pool)
+    if auto is not None:
+        entry["autoscaling_config"] = {
+            "min_replicas": auto.min_replicas,
+            "max_replicas": auto.max_replicas,
+            # Ray counts queued + running requests as "ongoing"; that is our pending work per replica.
+            "target_ongoing_requests": auto.target_pending_per_replica,
+            "upscale_delay_s": auto.upscale_delay_s,
+            "downscale_delay_s": auto.downscale_delay_s,
+        }
+    else:
+        entry["num_replicas"] = replicas
+    # Ray's default of 5 would starve continuous batching; admit as many as the engine can run.
+    entry["max_ongoing_requests"] = engine["max_num_seqs"]
+    tp = model.tensor_parallel_size
+    # The replica actor is rank 0; with TP it sits in bundle 0 and ranks 1..tp-1 take the other bundles.
+    entry["ray_actor_options"] = {"num_cpus": 1, "num_gpus": 1}
+    if tp > 1:
+        entry["placement_group_bundles"] = [{"GPU": 1, "CPU": 1} for _ in range(tp)]
+        entry["placement_group_strategy"] = "STRICT_PACK"
+    return entry
+
+
+def to_serve_config(stack: Stack) -> dict[str, Any]:
+    """The Ray Serve config (`serve run` / serveConfigV2) for a stack.
+
+    `args` is what `railyard.serve.app:build_app(args)` receives:
+    `{"models": [{"name", "model", "tensor_parallel_size", "engine": {...}, "autoscaling"?: {...},
+    "pools": [{"name", "max_prompt_tokens" (None = no limit), "deployment", "engine": {...}}]}]}`,
+    where each pool's `deployment` names its entry in `deployments` and `engine` is fully resolved.
+    """
+    deployments = [
+        _deployment(model, name, pool) for model in stack.models for name, pool in replica_pools(model)
+    ]
+    app = {
+        "name": stack.name,
+        "route_prefix": "/",
+        "import_path": SERVE_IMPORT_PATH,
+        "args": {"models": [_model_args(m) for m in stack.models]},
+        "deployments": deployments,
+    }
+    return {"applications": [app]}
