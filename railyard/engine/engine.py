@@ -1,0 +1,287 @@
+"""`Engine`: the synchronous step loop (add_request / abort / step / stats).
+
+It validates requests at the door (a bad one is refused alone), lets the scheduler pick the
+step's work, has the model runner execute it, then appends tokens, detokenises and applies the
+stop rules. Callers that need concurrency wrap it (AsyncEngine); it has no threads of its own.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import time
+from dataclasses import dataclass, field
+
+from railyard.engine.block_manager import BlockManager
+from railyard.engine.config import EngineConfig, SamplingParams
+from railyard.engine.model_runner import ModelRunner
+from railyard.engine.models.loader import read_spec, resolve_model_dir
+from railyard.engine.models.spec import ModelSpec
+from railyard.engine.outputs import CompletionOutput, EngineStats, RequestMetrics, RequestOutput
+from railyard.engine.scheduler import Scheduler
+from railyard.engine.sequence import Sequence
+from railyard.engine.tokenizer import IncrementalDetokenizer, load_tokenizer
+from railyard.errors import ConfigError, InvalidRequestError
+
+log = logging.getLogger("railyard.engine")
+
+
+@dataclass
+class _Request:
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    seqs: list[Sequence]
+    detoks: list[IncrementalDetokenizer]
+    texts: list[str]
+    metrics: RequestMetrics
+    finished_reported: bool = False
+    stop_holdback: int = field(default=0)
+
+    @property
+    def finished(self) -> bool:
+        return all(s.is_finished for s in self.seqs)
+
+
+class Engine:
+    """One replica's engine: owns the scheduler, the block manager and the model runner."""
+
+    def __init__(self, config: EngineConfig, *, spec: ModelSpec | None = None, executor=None) -> None:
+        self.config = config
+        if spec is None:
+            model_dir = resolve_model_dir(config.model)
+            spec = read_spec(model_dir)
+            self.tokenizer = load_tokenizer(config.tokenizer or model_dir)
+        else:  # a named shape with random weights (GPU benchmarks); token ids only
+            model_dir = None
+            self.tokenizer = load_tokenizer(config.tokenizer) if config.tokenizer else None
+        self.spec = spec
+        config.resolve(spec.max_position_embeddings)
+        self.executor = executor or _make_executor(config, spec, model_dir)
+        bm = BlockManager(self.executor.num_gpu_blocks, self.executor.num_cpu_blocks, config.block_size,
+                          config.enable_prefix_caching)
+        if bm.gpu.num_blocks * config.block_size < config.max_model_len:
+            raise ConfigError(
+                f"the KV cache holds {bm.gpu.num_blocks * config.block_size} tokens, fewer than max_model_len "
+                f"{config.max_model_len}; lower max_model_len or give the cache more memory"
+            )
+        self.block_manager = bm
+        self.scheduler = Scheduler(config, bm)
+        eos = set(spec.eos_token_ids)
+        if self.tokenizer is not None and self.tokenizer.eos_token_id is not None:
+            eos.add(self.tokenizer.eos_token_id)
+        self.eos_token_ids = tuple(sorted(eos))
+        self.requests: dict[str, _Request] = {}
+        self._seq_ids = itertools.count()
+        self.prompt_tokens_total = 0
+        self.generation_tokens_total = 0
+        self.requests_finished_total = 0
+        log.info("engine ready: %d KV blocks of %d tokens (%d CPU swap blocks); max_model_len %d; "
+                 "%d sequences of max_model_len fit at once", bm.gpu.num_blocks, config.block_size,
+                 bm.cpu.num_blocks, config.max_model_len, bm.gpu.num_blocks * config.block_size // config.max_model_len)
+
+    # -- requests --------------------------------------------------------------------------------
+    def add_request(self, request_id: str, prompt: str | list[int] | None, params: SamplingParams | None = None,
+                    *, prompt_token_ids: list[int] | None = None, arrival_time: float | None = None,
+                    priority: int = 0) -> None:
+        """Queue a request; raises InvalidRequestError (and queues nothing) if it cannot be served."""
+        params = params or SamplingParams()
+        if request_id in self.requests:
+            raise InvalidRequestError(f"request id {request_id!r} is already in use")
+        text, ids = self._tokenize(prompt, prompt_token_ids)
+        max_len = self.config.max_model_len
+        if len(ids) >= max_len:
+            raise InvalidRequestError(
+                f"the prompt has {len(ids)} tokens but max_model_len is {max_len}: at most {max_len - 1} prompt "
+                "tokens fit (one is needed for the output); shorten the prompt")
+        now = arrival_time if arrival_time is not None else time.monotonic()
+        seqs = [Sequence(next(self._seq_ids), request_id, i, list(ids), params, now, priority, self.eos_token_ids)
+                for i in range(params.n)]
+        detoks = [IncrementalDetokenizer(self.tokenizer, ids, params.skip_special_tokens) for _ in seqs] \
+            if self.tokenizer is not None else []
+        holdback = max((len(s) for s in params.stop), default=1) - 1
+        self.requests[request_id] = _Request(request_id, text, list(ids), params, seqs, detoks,
+                                             [""] * params.n, RequestMetrics(now), stop_holdback=holdback)
+        for seq in seqs:
+            self.scheduler.add(seq)
+        self.prompt_tokens_total += len(ids)
+
+    def _tokenize(self, prompt, prompt_token_ids) -> tuple[str | None, list[int]]:
+        if prompt_token_ids is None and isinstance(prompt, list):
+            prompt, prompt_token_ids = None, prompt
+        if prompt_token_ids is not None:
+            ids = list(prompt_token_ids)
+            if not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
+                raise InvalidRequestError("prompt token ids must be integers")
+            bad = [t for t in ids if not 0 <= t < self.spec.vocab_size]
+            if bad:
+                raise InvalidRequestError(
+                    f"prompt token id {bad[0]} is outside the vocabulary [0, {self.spec.vocab_size})")
+        else:
+            if not isinstance(prompt, str):
+                raise InvalidRequestError("prompt must be a string or a list of token ids")
+            if self.tokenizer is None:
+                raise InvalidRequestError("this engine has no tokenizer: send prompt token ids")
+            ids = self.tokenizer.encode(prompt, add_special_tokens=True)
+        if not ids:
+            raise InvalidRequestError("the prompt is empty")
+        return prompt, ids
+
+    def abort(self, request_id: str) -> bool:
+        """Stop a request in any state and free its blocks at once; False if it is unknown or done."""
+        req = self.requests.pop(request_id, None)
+        if req is None:
+            return False
+        for seq in req.seqs:
+            if not seq.is_finished:
+                self.scheduler.abort(seq)
+            self.executor.forget(seq.seq_id)
+        return True
+
+    def has_unfinished_requests(self) -> bool:
+        return self.scheduler.has_unfinished()
+
+    @property
+    def num_requests(self) -> int:
+        return len(self.requests)
+
+    # -- the step --------------------------------------------------------------------------------
+    def step(self) -> list[RequestOutput]:
+        """Run one batch; returns the requests that advanced (finished ones are forgotten after this)."""
+        out = self.scheduler.schedule()
+        if out.is_empty:
+            return []
+        now = time.monotonic()
+        sampled = self.executor.execute(out)
+        self.scheduler.mark_computed(out)
+        touched: dict[str, _Request] = {}
+        rows = iter(zip(sampled.token_ids, sampled.logprobs))
+        for item in out.scheduled:
+            seq = item.seq
+            req = self.requests.get(seq.request_id)
+            if req is None:
+                continue
+            if req.metrics.first_scheduled_time is None:
+                req.metrics.first_scheduled_time = now
+            if not item.sample:
+                continue
+            token, logprobs = next(rows)
+            self._append(req, seq, token, logprobs)
+            touched[req.request_id] = req
+        done_at = time.monotonic()
+        results = []
+        for req in touched.values():
+            if req.metrics.first_token_time is None:
+                req.metrics.first_token_time = done_at
+            req.metrics.last_token_time = done_at
+            results.append(self._output(req))
+            if req.finished:
+                req.metrics.finished_time = done_at
+                self.requests.pop(req.request_id, None)
+                self.requests_finished_total += 1
+        return results
+
+    def _append(self, req: _Request, seq: Sequence, token: int, logprobs: dict[int, float] | None) -> None:
+        p = seq.params
+        seq.output_token_ids.append(token)
+        self.generation_tokens_total += 1
+        if logprobs is not None:
+            seq.output_logprobs.append(logprobs)
+            seq.cumulative_logprob += logprobs[token]
+        n_out = len(seq.output_token_ids)
+        reason: tuple[str, int | str | None] | None = None
+        if n_out >= p.min_tokens:
+            if token in p.stop_token_ids:
+                reason = ("stop", token)
+            elif not p.ignore_eos and token in seq.eos_token_ids:
+                reason = ("stop", None)
+        if reason is None and req.detoks:
+            delta = req.detoks[seq.index].append(token)
+            if delta:
+                req.texts[seq.index] += delta
+                reason = self._check_stop_strings(req, seq.index, len(delta)) if n_out >= p.min_tokens else None
+        if reason is None and p.max_tokens is not None and n_out >= p.max_tokens:
+            reason = ("length", None)
+        if reason is None and seq.num_tokens >= self.config.max_model_len:
+            reason = ("length", None)
+        if reason is not None:
+            seq.finish(*reason)
+            self.scheduler.finish(seq)
+            self.executor.forget(seq.seq_id)
+
+    def _check_stop_strings(self, req: _Request, index: int, delta_len: int) -> tuple[str, str] | None:
+        text = req.texts[index]
+        for stop in req.params.stop:
+            # Only the new text (plus a stop's length of overlap) can hold a new match.
+            pos = text.find(stop, max(0, len(text) - delta_len - len(stop) + 1))
+            if pos >= 0:
+                end = pos + len(stop) if req.params.include_stop_str_in_output else pos
+                req.texts[index] = text[:end]
+                return ("stop", stop)
+        return None
+
+    def _output(self, req: _Request) -> RequestOutput:
+        outs = []
+        for seq in req.seqs:
+            text = req.texts[seq.index] if req.texts else ""
+            if not seq.is_finished and req.stop_holdback:
+                text = text[: max(0, len(text) - req.stop_holdback)]  # a stop string may still be forming
+            outs.append(CompletionOutput(
+                index=seq.index, text=text, token_ids=list(seq.output_token_ids),
+                cumulative_logprob=seq.cumulative_logprob if req.params.logprobs is not None else None,
+                logprobs=list(seq.output_logprobs) if req.params.logprobs is not None else None,
+                finish_reason=seq.finish_reason, stop_reason=seq.stop_reason))
+        req.metrics.num_cached_prompt_tokens = req.seqs[0].num_cached_prompt_tokens
+        return RequestOutput(req.request_id, req.prompt, req.prompt_token_ids, outs, req.finished, req.metrics)
+
+    # -- introspection ---------------------------------------------------------------------------
+    def stats(self) -> EngineStats:
+        bm, sch = self.block_manager, self.scheduler
+        total = bm.gpu.num_blocks
+        return EngineStats(
+            num_running=len(sch.running), num_waiting=len(sch.waiting), num_swapped=len(sch.swapped),
+            num_free_blocks=bm.num_free_blocks, num_total_blocks=total,
+            kv_cache_usage=bm.num_used_blocks / total if total else 0.0,
+            num_cpu_blocks=bm.cpu.num_blocks, num_free_cpu_blocks=bm.cpu.num_free,
+            prefix_cache_queries=bm.prefix_queries, prefix_cache_hits=bm.prefix_hits,
+            prompt_tokens_total=self.prompt_tokens_total, generation_tokens_total=self.generation_tokens_total,
+            num_preemptions_total=sch.num_preemptions, num_requests_finished_total=self.requests_finished_total,
+            block_size=self.config.block_size, max_num_seqs=self.config.max_num_seqs,
+            max_num_batched_tokens=self.config.max_num_batched_tokens)
+
+    def check_invariants(self) -> None:
+        """Raise AssertionError if any KV block leaked or ref counts disagree with the live sequences."""
+        self.block_manager.check_invariants(self.scheduler.live)
+
+    def cached_block_hashes(self) -> set[int]:
+        return self.block_manager.cached_block_hashes()
+
+    def shutdown(self) -> None:
+        self.executor.shutdown()
+
+
+def _make_executor(config: EngineConfig, spec: ModelSpec, model_dir):
+    if config.tensor_parallel_size > 1:
+        from railyard.engine.tp_executor import TensorParallelExecutor
+
+        return TensorParallelExecutor(config, spec, model_dir)
+    return LocalExecutor(ModelRunner(config, spec, model_dir))
+
+
+class LocalExecutor:
+    """Runs the model in this process (tensor_parallel_size 1)."""
+
+    def __init__(self, runner: ModelRunner) -> None:
+        self.runner = runner
+        self.num_gpu_blocks = runner.num_gpu_blocks
+        self.num_cpu_blocks = runner.num_cpu_blocks
+
+    def execute(self, out):
+        return self.runner.execute(out)
+
+    def forget(self, seq_id: int) -> None:
+        self.runner.forget(seq_id)
+
+    def shutdown(self) -> None:
+        pass

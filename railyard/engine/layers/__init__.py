@@ -1,0 +1,1 @@
+"""Building blocks of the decoder models (math only: no requests, no scheduling)."""

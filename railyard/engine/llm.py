@@ -1,0 +1,77 @@
+"""`LLM`: offline batch generation (vLLM's offline API) with a progress bar."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence as Seq
+
+from tqdm import tqdm
+
+from railyard.engine.config import EngineConfig, SamplingParams
+from railyard.engine.engine import Engine
+from railyard.engine.outputs import RequestOutput
+from railyard.errors import InvalidRequestError
+
+
+class LLM:
+    """Load a local checkpoint once, then `generate` for many prompts at a time."""
+
+    def __init__(self, model: str, **engine_args) -> None:
+        self.engine = Engine(EngineConfig(model=model, **engine_args))
+        self._ids = itertools.count()
+
+    @property
+    def tokenizer(self):
+        return self.engine.tokenizer
+
+    def generate(self, prompts: str | list[str] | list[int] | list[list[int]] | None = None,
+                 sampling_params: SamplingParams | list[SamplingParams] | None = None, *,
+                 prompt_token_ids: list[list[int]] | None = None, use_tqdm: bool = True,
+                 priority: list[int] | None = None) -> list[RequestOutput]:
+        """Generate for every prompt (text or token ids); outputs come back in input order."""
+        items = _normalise(prompts, prompt_token_ids)
+        params = sampling_params if isinstance(sampling_params, list) else [sampling_params or SamplingParams()] * len(items)
+        if len(params) != len(items):
+            raise InvalidRequestError(f"{len(params)} sampling params for {len(items)} prompts")
+        ids = [f"offline-{next(self._ids)}" for _ in items]
+        added = []
+        try:
+            for i, (rid, item, p) in enumerate(zip(ids, items, params)):
+                prio = priority[i] if priority else 0
+                if isinstance(item, str):
+                    self.engine.add_request(rid, item, p, priority=prio)
+                else:
+                    self.engine.add_request(rid, None, p, prompt_token_ids=item, priority=prio)
+                added.append(rid)
+        except Exception:
+            for rid in added:  # all or nothing: a bad prompt leaves no half-submitted batch behind
+                self.engine.abort(rid)
+            raise
+        finished: dict[str, RequestOutput] = {}
+        with tqdm(total=len(items), desc="generate", unit="req", disable=not use_tqdm) as bar:
+            while len(finished) < len(items):
+                for out in self.engine.step():
+                    if out.finished and out.request_id in ids:
+                        finished[out.request_id] = out
+                        bar.update(1)
+        return [finished[rid] for rid in ids]
+
+
+def _normalise(prompts, prompt_token_ids) -> list[str | list[int]]:
+    if prompt_token_ids is not None:
+        return [list(p) for p in prompt_token_ids]
+    if prompts is None:
+        raise InvalidRequestError("give prompts (text or token ids)")
+    if isinstance(prompts, str):
+        return [prompts]
+    if isinstance(prompts, Seq) and prompts and all(isinstance(t, int) for t in prompts):
+        return [list(prompts)]
+    out = []
+    for p in prompts:
+        if isinstance(p, dict) and "prompt_token_ids" in p:
+            out.append(list(p["prompt_token_ids"]))
+        elif isinstance(p, dict) and "prompt" in p:
+            out.append(p["prompt"])
+        else:
+            out.append(p if isinstance(p, str) else list(p))
+    return out

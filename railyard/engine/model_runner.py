@@ -1,0 +1,211 @@
+"""The only place where requests become tensors: owns the model, the paged KV tensors and the swap pool.
+
+Each step: copy swapped blocks, flatten the scheduled tokens (positions, slot mapping, block
+tables, cu_seqlens), run the model once, compute logits only where a token is sampled, sample.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from railyard.engine.attention import AttentionMetadata, get_backend
+from railyard.engine.config import EngineConfig
+from railyard.engine.models.loader import build_empty, load_model, random_weights
+from railyard.engine.models.spec import ModelSpec
+from railyard.engine.parallel import SINGLE, ParallelState
+from railyard.engine.sampler import SamplerOutput, SamplingRow, sample
+from railyard.engine.scheduler import SchedulerOutput
+from railyard.errors import ConfigError
+
+log = logging.getLogger("railyard.engine")
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+CPU_KV_CACHE_GIB = 1.0  # KV pool budget when running on the CPU (no device memory to profile)
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("device 'cuda' requested but torch sees no CUDA GPU; use --device cpu")
+    return torch.device(name)
+
+
+def resolve_dtype(name: str, spec: ModelSpec, device: torch.device) -> torch.dtype:
+    if name == "auto":
+        name = spec.torch_dtype if spec.torch_dtype in _DTYPES else "bfloat16"
+        if device.type == "cpu" and name != "float32":
+            name = "float32"  # half precision matmuls on CPU are slow and imprecise
+    return _DTYPES[name]
+
+
+@dataclass
+class StepInputs:
+    input_ids: torch.Tensor
+    positions: torch.Tensor
+    meta: AttentionMetadata
+    sample_indices: torch.Tensor  # rows of the flattened batch whose logits are sampled
+    rows: list[SamplingRow]
+
+
+class ModelRunner:
+    """Runs one replica's model (or one tensor-parallel shard of it) on one device."""
+
+    def __init__(self, config: EngineConfig, spec: ModelSpec, model_dir: Path | None,
+                 ps: ParallelState = SINGLE, device: torch.device | None = None) -> None:
+        self.config = config
+        self.spec = spec
+        self.ps = ps
+        self.device = device or resolve_device(config.device)
+        self.dtype = resolve_dtype(config.dtype, spec, self.device)
+        backend = config.attention_backend
+        self.backend_cls = get_backend(backend, self.device.type)
+        if model_dir is None:  # a named shape with random weights (benchmarks): nothing to read from disk
+            self.model = random_weights(build_empty(spec, self.dtype, self.device, self.backend_cls, ps), config.seed)
+        else:
+            self.model = load_model(model_dir, spec, self.dtype, self.device, self.backend_cls, ps)
+        attn = self.model.model.layers[0].self_attn
+        self.num_kv_heads, self.head_dim = attn.num_kv_heads, attn.head_dim
+        self.block_size = config.block_size
+        self.num_gpu_blocks = config.num_gpu_blocks or self._profile_num_blocks()
+        self.num_cpu_blocks = self._num_cpu_blocks()
+        shape = (2, self.num_gpu_blocks, self.block_size, self.num_kv_heads, self.head_dim)
+        self.kv_caches = [torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in range(spec.num_layers)]
+        cpu_shape = (2, self.num_cpu_blocks, self.block_size, self.num_kv_heads, self.head_dim)
+        pin = self.device.type == "cuda"
+        self.cpu_caches = [torch.zeros(cpu_shape, dtype=self.dtype, pin_memory=pin)
+                           for _ in range(spec.num_layers)] if self.num_cpu_blocks else []
+        self.generators: dict[int, torch.Generator] = {}
+
+    # -- sizing ----------------------------------------------------------------------------------
+    @property
+    def block_bytes(self) -> int:
+        elem = torch.tensor([], dtype=self.dtype).element_size()
+        return 2 * self.spec.num_layers * self.block_size * self.num_kv_heads * self.head_dim * elem
+
+    def _profile_num_blocks(self) -> int:
+        if self.device.type != "cuda":
+            return max(1, int(CPU_KV_CACHE_GIB * 2**30 // self.block_bytes))
+        # Measure weights + peak activations of the largest step, give the rest to KV blocks.
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(self.device)
+        n = min(self.config.max_num_batched_tokens, self.config.max_model_len * self.config.max_num_seqs)
+        self._dummy_forward(n)
+        torch.cuda.synchronize(self.device)
+        peak = torch.cuda.max_memory_allocated(self.device)
+        free, total = torch.cuda.mem_get_info(self.device)
+        # Memory used by others on this GPU (other processes) counts against our share.
+        used_elsewhere = total - free - torch.cuda.memory_reserved(self.device)
+        budget = total * self.config.gpu_memory_utilization - peak - max(0, used_elsewhere)
+        blocks = int(budget // self.block_bytes)
+        if blocks < 1:
+            raise ConfigError(
+                f"no GPU memory left for the KV cache (weights + activations peak at {peak / 2**30:.1f} GiB of "
+                f"{total / 2**30:.1f} GiB); raise gpu_memory_utilization or lower max_num_batched_tokens"
+            )
+        torch.cuda.empty_cache()
+        return blocks
+
+    def _dummy_forward(self, num_tokens: int) -> None:
+        """One prefill of num_tokens through a scratch one-block cache (for memory profiling)."""
+        scratch = [torch.zeros((2, 1, self.block_size, self.num_kv_heads, self.head_dim), dtype=self.dtype,
+                               device=self.device) for _ in range(self.spec.num_layers)]
+        ids = torch.zeros(num_tokens, dtype=torch.long, device=self.device)
+        pos = torch.arange(num_tokens, device=self.device) % self.spec.max_position_embeddings
+        meta = AttentionMetadata(
+            slot_mapping=torch.zeros(num_tokens, dtype=torch.long, device=self.device),
+            query_start_loc=torch.tensor([0, num_tokens], dtype=torch.int32, device=self.device),
+            seq_lens=torch.tensor([1], dtype=torch.int32, device=self.device),
+            block_tables=torch.zeros((1, 1), dtype=torch.int32, device=self.device),
+            max_query_len=num_tokens, max_seq_len=1, query_start_loc_cpu=[0, num_tokens], seq_lens_cpu=[1])
+        with torch.inference_mode():
+            hidden = self.model(ids, pos, scratch, meta)
+            self.model.compute_logits(hidden[-min(num_tokens, self.config.max_num_seqs):])
+        del scratch
+
+    def _num_cpu_blocks(self) -> int:
+        if self.config.preemption_mode != "swap":
+            return 0
+        if self.config.num_cpu_blocks is not None:
+            return self.config.num_cpu_blocks
+        return int(self.config.swap_space * 2**30 // self.block_bytes)
+
+    # -- one step --------------------------------------------------------------------------------
+    def prepare(self, out: SchedulerOutput) -> StepInputs:
+        bs = self.block_size
+        ids, positions, slots, starts, seq_lens, tables, sample_idx, rows = [], [], [], [0], [], [], [], []
+        for item in out.scheduled:
+            seq, n = item.seq, item.num_new_tokens
+            start = seq.num_computed_tokens
+            all_ids = seq.all_token_ids
+            ids.extend(all_ids[start:start + n])
+            positions.extend(range(start, start + n))
+            table = seq.block_table
+            slots.extend(table[p // bs] * bs + p % bs for p in range(start, start + n))
+            starts.append(starts[-1] + n)
+            seq_lens.append(start + n)
+            tables.append(table)
+            if item.sample:
+                sample_idx.append(starts[-1] - 1)
+                rows.append(self._row(seq))
+        width = max(len(t) for t in tables)
+        dev = self.device
+        padded = [t + [0] * (width - len(t)) for t in tables]
+        meta = AttentionMetadata(
+            slot_mapping=torch.tensor(slots, dtype=torch.long, device=dev),
+            query_start_loc=torch.tensor(starts, dtype=torch.int32, device=dev),
+            seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=dev),
+            block_tables=torch.tensor(padded, dtype=torch.int32, device=dev),
+            max_query_len=max(b - a for a, b in zip(starts, starts[1:])),
+            max_seq_len=max(seq_lens),
+            query_start_loc_cpu=starts,
+            seq_lens_cpu=seq_lens,
+        )
+        return StepInputs(torch.tensor(ids, dtype=torch.long, device=dev),
+                          torch.tensor(positions, dtype=torch.long, device=dev), meta,
+                          torch.tensor(sample_idx, dtype=torch.long, device=dev), rows)
+
+    def _row(self, seq) -> SamplingRow:
+        p = seq.params
+        suppress: list[int] = []
+        if len(seq.output_token_ids) < p.min_tokens:
+            suppress = list(p.stop_token_ids) + ([] if p.ignore_eos else list(seq.eos_token_ids))
+        gen = None
+        if p.seed is not None and not p.greedy:
+            gen = self.generators.get(seq.seq_id)
+            if gen is None:
+                gen = torch.Generator(device=self.device).manual_seed(p.seed + seq.index)
+                self.generators[seq.seq_id] = gen
+        return SamplingRow(p, seq.prompt_token_ids, seq.output_token_ids, suppress, gen)
+
+    def forget(self, seq_id: int) -> None:
+        """Drop per-sequence state (its sampling generator) once it finished."""
+        self.generators.pop(seq_id, None)
+
+    def swap(self, out: SchedulerOutput) -> None:
+        if out.swap_out:
+            src = torch.tensor([g for g, _ in out.swap_out], device=self.device)
+            dst = torch.tensor([c for _, c in out.swap_out])
+            for gpu, cpu in zip(self.kv_caches, self.cpu_caches):
+                cpu[:, dst] = gpu[:, src].to("cpu")
+        if out.swap_in:
+            src = torch.tensor([c for c, _ in out.swap_in])
+            dst = torch.tensor([g for _, g in out.swap_in], device=self.device)
+            for gpu, cpu in zip(self.kv_caches, self.cpu_caches):
+                gpu[:, dst] = cpu[:, src].to(self.device, non_blocking=True)
+
+    @torch.inference_mode()
+    def execute(self, out: SchedulerOutput) -> SamplerOutput:
+        self.swap(out)
+        if not out.scheduled:
+            return SamplerOutput([], [])
+        inputs = self.prepare(out)
+        hidden = self.model(inputs.input_ids, inputs.positions, self.kv_caches, inputs.meta)
+        if not inputs.rows:
+            return SamplerOutput([], [])
+        logits = self.model.compute_logits(hidden[inputs.sample_indices])
+        return sample(logits, inputs.rows)

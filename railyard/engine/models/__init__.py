@@ -1,0 +1,1 @@
+"""Model definitions (math only) and their loading from HF-format checkpoints."""

@@ -1,0 +1,147 @@
+"""The Llama-family decoder (Llama, Mistral, Qwen2 with QKV bias, Qwen3 with q/k norm).
+
+One implementation, configured by ModelSpec; fused QKV and gate/up; tensor-parallel layers.
+Attention state is passed explicitly (AttentionMetadata), never through globals.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from railyard.engine.attention.metadata import AttentionMetadata
+from railyard.engine.layers.activation import silu_and_mul
+from railyard.engine.layers.embedding import ParallelLMHead, VocabParallelEmbedding
+from railyard.engine.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
+from railyard.engine.layers.norm import RMSNorm
+from railyard.engine.layers.rotary import RotaryEmbedding
+from railyard.engine.models.spec import ModelSpec
+from railyard.engine.parallel import SINGLE, ParallelState
+
+
+class Attention(nn.Module):
+    def __init__(self, spec: ModelSpec, rotary: RotaryEmbedding, backend_cls, ps: ParallelState) -> None:
+        super().__init__()
+        self.qkv_proj = QKVParallelLinear(spec.hidden_size, spec.head_dim, spec.num_heads, spec.num_kv_heads,
+                                          spec.attention_bias, ps)
+        self.o_proj = RowParallelLinear(spec.num_heads * spec.head_dim, spec.hidden_size, False, ps)
+        self.num_heads, self.num_kv_heads = self.qkv_proj.num_heads, self.qkv_proj.num_kv_heads
+        self.head_dim = spec.head_dim
+        self.q_size, self.kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        self.q_norm = RMSNorm(spec.head_dim, spec.rms_norm_eps) if spec.qk_norm else None
+        self.k_norm = RMSNorm(spec.head_dim, spec.rms_norm_eps) if spec.qk_norm else None
+        self.rotary = rotary
+        self.attn = backend_cls(self.num_heads, self.num_kv_heads, self.head_dim, spec.head_dim ** -0.5)
+
+    def forward(self, positions: torch.Tensor, x: torch.Tensor, kv_cache: torch.Tensor,
+                meta: AttentionMetadata) -> torch.Tensor:
+        qkv = self.qkv_proj(x)
+        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q = q.view(-1, self.num_heads, self.head_dim)
+        k = k.view(-1, self.num_kv_heads, self.head_dim)
+        v = v.view(-1, self.num_kv_heads, self.head_dim)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = self.rotary(positions, q, k)
+        out = self.attn.forward(q, k, v, kv_cache, meta)
+        return self.o_proj(out.reshape(-1, self.q_size))
+
+
+class MLP(nn.Module):
+    def __init__(self, spec: ModelSpec, ps: ParallelState) -> None:
+        super().__init__()
+        inter = spec.intermediate_size
+        self.gate_up_proj = MergedColumnParallelLinear(spec.hidden_size, [inter, inter], False, ps)
+        self.down_proj = RowParallelLinear(inter, spec.hidden_size, False, ps)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(silu_and_mul(self.gate_up_proj(x)))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, spec: ModelSpec, rotary: RotaryEmbedding, backend_cls, ps: ParallelState) -> None:
+        super().__init__()
+        self.self_attn = Attention(spec, rotary, backend_cls, ps)
+        self.mlp = MLP(spec, ps)
+        self.input_layernorm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
+
+    def forward(self, positions, x, residual, kv_cache, meta):
+        if residual is None:
+            residual = x
+            x = self.input_layernorm(x)
+        else:
+            x, residual = self.input_layernorm(x, residual)
+        x = self.self_attn(positions, x, kv_cache, meta)
+        x, residual = self.post_attention_layernorm(x, residual)
+        return self.mlp(x), residual
+
+
+class DecoderModel(nn.Module):
+    def __init__(self, spec: ModelSpec, backend_cls, ps: ParallelState) -> None:
+        super().__init__()
+        self.embed_tokens = VocabParallelEmbedding(spec.vocab_size, spec.hidden_size, ps)
+        # One rotary table shared by all layers (not a parameter).
+        rotary = RotaryEmbedding(spec.head_dim, spec.max_position_embeddings, spec.rope_theta, spec.rope_scaling)
+        self.layers = nn.ModuleList(DecoderLayer(spec, rotary, backend_cls, ps) for _ in range(spec.num_layers))
+        self.norm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
+        self.rotary = rotary
+
+    def forward(self, input_ids, positions, kv_caches, meta):
+        x, residual = self.embed_tokens(input_ids), None
+        for layer, cache in zip(self.layers, kv_caches):
+            x, residual = layer(positions, x, residual, cache, meta)
+        x, _ = self.norm(x, residual)
+        return x
+
+
+class CausalLM(nn.Module):
+    """Decoder plus LM head; `load_weights` takes HF tensor names shard by shard."""
+
+    # HF checkpoint name fragment -> (our fused parameter fragment, shard id)
+    _FUSED = (
+        ("q_proj", "qkv_proj", "q"), ("k_proj", "qkv_proj", "k"), ("v_proj", "qkv_proj", "v"),
+        ("gate_proj", "gate_up_proj", 0), ("up_proj", "gate_up_proj", 1),
+    )
+
+    def __init__(self, spec: ModelSpec, backend_cls, ps: ParallelState = SINGLE) -> None:
+        super().__init__()
+        self.spec = spec
+        self.model = DecoderModel(spec, backend_cls, ps)
+        self.lm_head = ParallelLMHead(spec.vocab_size, spec.hidden_size, ps)
+        if spec.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+
+    def forward(self, input_ids, positions, kv_caches, meta) -> torch.Tensor:
+        return self.model(input_ids, positions, kv_caches, meta)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.lm_head.logits(hidden)
+
+    def load_weights(self, weights) -> set[str]:
+        """Copy (name, tensor) pairs in; returns the parameter names that were filled."""
+        params = dict(self.named_parameters(remove_duplicate=False))
+        loaded: set[str] = set()
+        for name, tensor in weights:
+            if "rotary_emb.inv_freq" in name:
+                continue
+            if self.spec.tie_word_embeddings and name == "lm_head.weight":
+                continue
+            target, shard = name, None
+            for hf, ours, shard_id in self._FUSED:
+                if f".{hf}." in name:
+                    target, shard = name.replace(f".{hf}.", f".{ours}."), shard_id
+                    break
+            param = params.get(target)
+            if param is None:
+                continue  # unused checkpoint tensors (e.g. extra heads) are ignored
+            loader = getattr(param, "weight_loader", None)
+            tensor = tensor.to(param.dtype)
+            if loader is None:
+                if param.shape != tensor.shape:
+                    raise ValueError(f"{name}: checkpoint shape {tuple(tensor.shape)} != {tuple(param.shape)}")
+                param.data.copy_(tensor)
+            else:
+                loader(param, tensor, shard)
+            loaded.add(target)
+        return loaded

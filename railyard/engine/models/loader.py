@@ -1,0 +1,110 @@
+"""Load an HF-format checkpoint directory: config.json + safetensors (single file or sharded index).
+
+Only local directories: weights are never downloaded at run time. safetensors only (no pickle).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+
+from railyard.engine.models.decoder import CausalLM
+from railyard.engine.models.spec import ModelSpec
+from railyard.engine.parallel import SINGLE, ParallelState
+from railyard.errors import ModelLoadError
+
+
+def resolve_model_dir(model: str) -> Path:
+    """The local checkpoint directory for a path, with a clear error for a hub id or a bad path."""
+    if not model:
+        raise ModelLoadError("no model given: pass a local checkpoint directory (e.g. --model /models/qwen2-7b)")
+    path = Path(model).expanduser()
+    if not path.exists():
+        looks_like_hub_id = "/" in model and not model.startswith(("/", ".", "~")) and model.count("/") == 1
+        hint = (" It looks like a Hugging Face hub id: railyard never downloads weights at run time; "
+                "download the checkpoint first and pass its local directory.") if looks_like_hub_id else ""
+        raise ModelLoadError(f"model directory {model!r} does not exist.{hint}")
+    if not path.is_dir():
+        raise ModelLoadError(f"model path {model!r} is not a directory (expected an HF checkpoint directory)")
+    if not (path / "config.json").is_file():
+        raise ModelLoadError(f"{path} has no config.json: not an HF-format checkpoint directory")
+    return path
+
+
+def read_spec(model_dir: Path) -> ModelSpec:
+    try:
+        cfg = json.loads((model_dir / "config.json").read_text())
+    except json.JSONDecodeError as exc:
+        raise ModelLoadError(f"{model_dir / 'config.json'} is not valid JSON: {exc}") from None
+    if not isinstance(cfg, dict):
+        raise ModelLoadError(f"{model_dir / 'config.json'} must hold a JSON object")
+    return ModelSpec.from_hf_config(cfg)
+
+
+def weight_files(model_dir: Path) -> list[Path]:
+    index = model_dir / "model.safetensors.index.json"
+    if index.is_file():
+        try:
+            names = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        except (json.JSONDecodeError, KeyError) as exc:
+            raise ModelLoadError(f"{index} is malformed: {exc}") from None
+        files = [model_dir / n for n in names]
+        missing = [str(f.name) for f in files if not f.is_file()]
+        if missing:
+            raise ModelLoadError(f"{model_dir} is missing weight shards listed in its index: {', '.join(missing)}")
+        return files
+    files = sorted(model_dir.glob("*.safetensors"))
+    if not files:
+        raise ModelLoadError(f"{model_dir} has no *.safetensors weights (pickled .bin weights are not loaded)")
+    return files
+
+
+def iter_weights(files: list[Path]) -> Iterator[tuple[str, torch.Tensor]]:
+    """Yield tensors one at a time so a rank holds at most one full tensor beside its shards."""
+    for file in files:
+        try:
+            with safe_open(str(file), framework="pt") as f:
+                for name in f.keys():
+                    yield name, f.get_tensor(name)
+        except Exception as exc:  # safetensors raises its own error types
+            raise ModelLoadError(f"cannot read weights from {file}: {exc}") from None
+
+
+def build_empty(spec: ModelSpec, dtype: torch.dtype, device: torch.device, backend_cls,
+                ps: ParallelState = SINGLE) -> CausalLM:
+    """The model's modules on `device` in `dtype`, weights uninitialised (rotary tables stay float32)."""
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        with torch.device(device):
+            return CausalLM(spec, backend_cls, ps).eval()
+    finally:
+        torch.set_default_dtype(previous)
+
+
+def load_model(model_dir: Path, spec: ModelSpec, dtype: torch.dtype, device: torch.device, backend_cls,
+               ps: ParallelState = SINGLE) -> CausalLM:
+    """Build the model on `device` in `dtype` and fill it from the checkpoint."""
+    model = build_empty(spec, dtype, device, backend_cls, ps)
+    loaded = model.load_weights(iter_weights(weight_files(model_dir)))
+    expected = {n for n, _ in model.named_parameters()}
+    missing = sorted(expected - loaded)
+    if missing:
+        raise ModelLoadError(f"{model_dir}: checkpoint lacks weights for {', '.join(missing[:5])}"
+                             + (f" and {len(missing) - 5} more" if len(missing) > 5 else ""))
+    return model
+
+
+def random_weights(model: CausalLM, seed: int, std: float = 0.02) -> CausalLM:
+    """Fill a model with seeded random weights (GPU benchmarks of a named shape: no weights travel)."""
+    gen = torch.Generator(device=next(model.parameters()).device).manual_seed(seed)
+    for name, param in model.named_parameters():
+        if name.endswith("norm.weight"):
+            param.data.fill_(1.0)
+        else:
+            param.data.normal_(0.0, std, generator=gen)
+    return model

@@ -1,0 +1,113 @@
+"""Batched token selection on the device: penalties, greedy / temperature / top-k / top-p / min-p,
+per-request seeded generators, and top-k logprobs.
+
+Rows are independent: a row's result depends only on its logits, its parameters and its own
+generator, never on which other requests share the batch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from railyard.engine.config import SamplingParams
+
+
+@dataclass
+class SamplingRow:
+    """One sequence to sample for this step."""
+
+    params: SamplingParams
+    prompt_ids: list[int]
+    output_ids: list[int]
+    suppress_ids: list[int]  # token ids forbidden this step (EOS / stop ids before min_tokens)
+    generator: torch.Generator | None
+
+
+@dataclass
+class SamplerOutput:
+    token_ids: list[int]
+    logprobs: list[dict[int, float] | None]  # sampled token + top-k alternatives, when asked
+
+
+def _apply_penalties(logits: torch.Tensor, rows: list[SamplingRow]) -> None:
+    vocab = logits.shape[-1]
+    dev = logits.device
+    for i, row in enumerate(rows):
+        p = row.params
+        if p.repetition_penalty != 1.0:
+            seen = torch.zeros(vocab, dtype=torch.bool, device=dev)
+            ids = torch.tensor(row.prompt_ids + row.output_ids, dtype=torch.long, device=dev)
+            seen[ids[ids < vocab]] = True
+            x = logits[i]
+            logits[i] = torch.where(seen, torch.where(x > 0, x / p.repetition_penalty, x * p.repetition_penalty), x)
+        if (p.presence_penalty or p.frequency_penalty) and row.output_ids:
+            ids = torch.tensor(row.output_ids, dtype=torch.long, device=dev)
+            counts = torch.bincount(ids, minlength=vocab)[:vocab].to(logits.dtype)
+            logits[i] -= p.frequency_penalty * counts + p.presence_penalty * (counts > 0).to(logits.dtype)
+
+
+def _filter(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
+    """Mask logits outside each row's top-k / top-p / min-p set to -inf."""
+    vocab = logits.shape[-1]
+    sorted_logits, order = logits.sort(dim=-1, descending=True)
+    k = torch.where(top_k > 0, top_k.clamp(max=vocab), torch.full_like(top_k, vocab))
+    ranks = torch.arange(vocab, device=logits.device)[None, :]
+    drop = ranks >= k[:, None]
+    probs = sorted_logits.softmax(dim=-1)
+    cum = probs.cumsum(dim=-1)
+    drop |= (cum - probs) > top_p[:, None]  # keep the smallest prefix whose mass reaches top_p
+    drop |= probs < (min_p[:, None] * probs[:, :1])
+    drop[:, 0] = False
+    sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
+    return torch.empty_like(logits).scatter_(-1, order, sorted_logits)
+
+
+def sample(logits: torch.Tensor, rows: list[SamplingRow]) -> SamplerOutput:
+    """Pick one token per row of float32 logits [B, V]."""
+    logits = logits.float()
+    want_logprobs = [r.params.logprobs for r in rows]
+    raw_logprobs = logits.log_softmax(dim=-1) if any(n is not None for n in want_logprobs) else None
+    for i, row in enumerate(rows):
+        if row.suppress_ids:
+            logits[i, torch.tensor(row.suppress_ids, device=logits.device)] = float("-inf")
+    if any(r.params.repetition_penalty != 1.0 or r.params.presence_penalty or r.params.frequency_penalty
+           for r in rows):
+        _apply_penalties(logits, rows)
+
+    greedy = torch.tensor([r.params.greedy for r in rows], device=logits.device)
+    chosen = logits.argmax(dim=-1)
+    if not bool(greedy.all()):
+        dev = logits.device
+        temps = torch.tensor([max(r.params.temperature, 1e-5) for r in rows], device=dev)
+        scaled = logits / temps[:, None]
+        if any(r.params.top_k or r.params.top_p < 1.0 or r.params.min_p > 0.0 for r in rows):
+            scaled = _filter(scaled,
+                             torch.tensor([r.params.top_k for r in rows], device=dev),
+                             torch.tensor([r.params.top_p for r in rows], device=dev),
+                             torch.tensor([r.params.min_p for r in rows], device=dev))
+        probs = scaled.softmax(dim=-1)
+        noise = torch.empty_like(probs)
+        for i, row in enumerate(rows):
+            if not row.params.greedy:
+                noise[i].exponential_(generator=row.generator)
+        # Gumbel-max in exponential form: argmax p/E with E ~ Exp(1) samples from p.
+        sampled = (probs / noise.clamp_min(1e-10)).argmax(dim=-1)
+        chosen = torch.where(greedy, chosen, sampled)
+
+    token_ids = chosen.tolist()
+    logprobs: list[dict[int, float] | None] = [None] * len(rows)
+    if raw_logprobs is not None:
+        k_max = max(n or 0 for n in want_logprobs)
+        top_vals, top_ids = raw_logprobs.topk(max(k_max, 1), dim=-1)
+        picked = raw_logprobs.gather(1, chosen[:, None]).squeeze(1).tolist()
+        top_vals, top_ids = top_vals.tolist(), top_ids.tolist()
+        for i, n in enumerate(want_logprobs):
+            if n is None:
+                continue
+            entry = {token_ids[i]: picked[i]}
+            for tid, val in zip(top_ids[i][:n], top_vals[i][:n]):
+                entry.setdefault(tid, val)
+            logprobs[i] = entry
+    return SamplerOutput(token_ids, logprobs)

@@ -1,0 +1,181 @@
+"""Continuous batching under one token budget; knows nothing about models or tensors.
+
+Every step: running sequences first (decodes and unfinished prefill chunks), preempting the
+lowest-priority not-yet-scheduled one when blocks run out; then swapped sequences come back;
+then waiting ones are admitted (with prefix-cache hits) while blocks, seats and budget last.
+"""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass, field
+
+from railyard.engine.block_manager import BlockManager
+from railyard.engine.config import EngineConfig
+from railyard.engine.sequence import Sequence, SequenceStatus
+
+
+@dataclass
+class ScheduledSequence:
+    """One sequence's work this step: num_new_tokens from seq.num_computed_tokens on."""
+
+    seq: Sequence
+    num_new_tokens: int
+    sample: bool  # this chunk reaches the sequence's last token, so a new token is sampled
+
+
+@dataclass
+class SchedulerOutput:
+    """What the model runner executes this step, in order: swaps, then the forward pass."""
+
+    scheduled: list[ScheduledSequence] = field(default_factory=list)
+    swap_out: list[tuple[int, int]] = field(default_factory=list)  # (gpu_block, cpu_block)
+    swap_in: list[tuple[int, int]] = field(default_factory=list)  # (cpu_block, gpu_block)
+    preempted: list[Sequence] = field(default_factory=list)
+
+    @property
+    def num_batched_tokens(self) -> int:
+        return sum(s.num_new_tokens for s in self.scheduled)
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.scheduled and not self.swap_out and not self.swap_in
+
+
+class Scheduler:
+    """Decides, each step, which sequences run and how many tokens each computes."""
+
+    def __init__(self, config: EngineConfig, block_manager: BlockManager) -> None:
+        self.config = config
+        self.bm = block_manager
+        self.max_num_seqs = config.max_num_seqs
+        self.budget = config.max_num_batched_tokens
+        self.chunked = config.enable_chunked_prefill
+        self.priority_mode = config.scheduling_policy == "priority"
+        self.waiting: list[Sequence] = []
+        self.running: list[Sequence] = []
+        self.swapped: list[Sequence] = []
+        self.num_preemptions = 0
+
+    # -- queues ----------------------------------------------------------------------------------
+    def _key(self, seq: Sequence) -> tuple:
+        # Lower priority value runs first (vLLM's convention); FCFS ignores priority.
+        return (seq.priority if self.priority_mode else 0, seq.arrival_time, seq.seq_id)
+
+    def _insert(self, queue: list[Sequence], seq: Sequence) -> None:
+        keys = [self._key(s) for s in queue]
+        queue.insert(bisect.bisect(keys, self._key(seq)), seq)
+
+    def add(self, seq: Sequence) -> None:
+        seq.status = SequenceStatus.WAITING
+        self._insert(self.waiting, seq)
+
+    def abort(self, seq: Sequence) -> None:
+        for queue in (self.waiting, self.running, self.swapped):
+            if seq in queue:
+                queue.remove(seq)
+        self.bm.free(seq)
+        seq.finish("abort")
+
+    def finish(self, seq: Sequence) -> None:
+        """Release a sequence that has just finished (status already set)."""
+        if seq in self.running:
+            self.running.remove(seq)
+        self.bm.free(seq)
+
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting or self.running or self.swapped)
+
+    @property
+    def live(self) -> list[Sequence]:
+        return self.waiting + self.running + self.swapped
+
+    # -- one step --------------------------------------------------------------------------------
+    def schedule(self) -> SchedulerOutput:
+        out = SchedulerOutput()
+        budget = self.budget
+        i = 0
+        while i < len(self.running) and budget > 0:
+            seq = self.running[i]
+            num_new = min(seq.num_uncomputed_tokens, budget)
+            if self._make_room(seq, num_new, i, out):
+                out.scheduled.append(ScheduledSequence(seq, num_new, seq.num_computed_tokens + num_new == seq.num_tokens))
+                budget -= num_new
+                i += 1
+        if out.preempted:
+            return out  # blocks are short: admit nothing new this step
+        budget = self._schedule_swapped(out, budget)
+        if not self.swapped:
+            self._schedule_waiting(out, budget)
+        return out
+
+    def _make_room(self, seq: Sequence, num_new: int, first_unscheduled: int, out: SchedulerOutput) -> bool:
+        """Allocate slots for seq, preempting lowest-priority unscheduled sequences as needed."""
+        while not self.bm.allocate_slots(seq, num_new):
+            victim = max(self.running[first_unscheduled:], key=self._key)
+            self._preempt(victim, out)
+            if victim is seq:
+                return False
+        return True
+
+    def _preempt(self, seq: Sequence, out: SchedulerOutput) -> None:
+        self.running.remove(seq)
+        self.num_preemptions += 1
+        seq.num_preemptions += 1
+        out.preempted.append(seq)
+        if self.config.preemption_mode == "swap" and self.bm.can_swap_out(seq):
+            out.swap_out.extend(self.bm.swap_out(seq))
+            seq.status = SequenceStatus.SWAPPED
+            self._insert(self.swapped, seq)
+        else:
+            # Recompute: drop the KV; the tokens so far (prompt + output) are prefilled again later.
+            self.bm.free(seq)
+            seq.num_computed_tokens = 0
+            seq.status = SequenceStatus.PREEMPTED
+            self._insert(self.waiting, seq)
+
+    def _schedule_swapped(self, out: SchedulerOutput, budget: int) -> int:
+        while self.swapped and budget > 0 and len(self.running) < self.max_num_seqs:
+            seq = self.swapped[0]
+            num_new = min(seq.num_uncomputed_tokens, budget)
+            if not self.bm.can_swap_in(seq, num_new):
+                break
+            self.swapped.pop(0)
+            out.swap_in.extend(self.bm.swap_in(seq))
+            if not self.bm.allocate_slots(seq, num_new):
+                raise RuntimeError("swap-in reserved too few blocks")
+            seq.status = SequenceStatus.RUNNING
+            self.running.append(seq)
+            out.scheduled.append(ScheduledSequence(seq, num_new, seq.num_computed_tokens + num_new == seq.num_tokens))
+            budget -= num_new
+        return budget
+
+    def _schedule_waiting(self, out: SchedulerOutput, budget: int) -> None:
+        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
+            seq = self.waiting[0]
+            cached = self.bm.find_cached_prefix(seq)
+            num_cached = len(cached) * self.bm.block_size
+            remaining = seq.num_tokens - num_cached
+            if remaining > budget and not self.chunked:
+                break
+            num_new = min(remaining, budget)
+            if not self.bm.admit(seq, cached, num_cached + num_new):
+                break
+            self.waiting.pop(0)
+            if seq.num_preemptions == 0:
+                self.bm.record_prefix_lookup(seq.num_prompt_tokens, num_cached)
+                seq.num_cached_prompt_tokens = num_cached
+            seq.status = SequenceStatus.RUNNING
+            if self.priority_mode:
+                self._insert(self.running, seq)
+            else:
+                self.running.append(seq)
+            out.scheduled.append(ScheduledSequence(seq, num_new, num_cached + num_new == seq.num_tokens))
+            budget -= num_new
+
+    # -- after the model ran ---------------------------------------------------------------------
+    def mark_computed(self, out: SchedulerOutput) -> None:
+        """Advance computed-token counts and publish newly full blocks to the prefix cache."""
+        for item in out.scheduled:
+            item.seq.num_computed_tokens += item.num_new_tokens
+            self.bm.cache_full_blocks(item.seq)

@@ -1,0 +1,49 @@
+"""Tokenizer loading (HF tokenizers from the checkpoint dir) and incremental detokenisation."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from railyard.errors import ModelLoadError
+
+
+def load_tokenizer(path: str | Path):
+    """The checkpoint's own HF tokenizer (tokenizer.json / tokenizer_config.json), local files only."""
+    from transformers import AutoTokenizer
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()
+    try:
+        return AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+    except Exception as exc:  # transformers raises many types for a broken tokenizer
+        raise ModelLoadError(f"cannot load the tokenizer from {path}: {exc}") from None
+
+
+class IncrementalDetokenizer:
+    """Turns a growing list of token ids into text without re-decoding everything each step.
+
+    Multi-byte characters split over tokens are held back until complete (no U+FFFD mid-stream).
+    """
+
+    def __init__(self, tokenizer, prompt_ids: list[int], skip_special_tokens: bool = True) -> None:
+        self.tokenizer = tokenizer
+        self.skip_special = skip_special_tokens
+        self.context = prompt_ids[-6:]  # a few prompt tokens so leading spaces decode as in the full text
+        self.ids: list[int] = list(self.context)
+        self.prefix_offset = 0
+        self.read_offset = len(self.ids)
+        self.text = ""
+
+    def append(self, token_id: int) -> str:
+        """Add a token; returns the newly completed text (maybe empty)."""
+        self.ids.append(token_id)
+        prefix = self.tokenizer.decode(self.ids[self.prefix_offset:self.read_offset],
+                                       skip_special_tokens=self.skip_special)
+        full = self.tokenizer.decode(self.ids[self.prefix_offset:], skip_special_tokens=self.skip_special)
+        if len(full) > len(prefix) and not full.endswith("\ufffd"):
+            delta = full[len(prefix):]
+            self.prefix_offset = self.read_offset
+            self.read_offset = len(self.ids)
+            self.text += delta
+            return delta
+        return ""
