@@ -19,3 +19,11 @@ class ModelLoadError(RailyardError):
 
 class EngineDeadError(RailyardError):
     """The engine loop or one of its workers has died; nothing more can be served."""
+
+
+class EngineOverloadedError(RailyardError):
+    """Too many requests are already waiting; retry later (HTTP 503 with Retry-After)."""
+
+    def __init__(self, message: str, retry_after_s: int = 1) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
