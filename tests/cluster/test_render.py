@@ -1,0 +1,180 @@
+"""Rendered manifests pass the real schemas, for every stack shape and with each policy on or off.
+
+Oracles: kubernetes-validate (Kubernetes' own OpenAPI schemas, strict) for core objects, and the
+vendored KubeRay/VPA CRD schemas (referencing those same Kubernetes definitions) for custom resources.
+"""
+
+from __future__ import annotations
+
+import kubernetes_validate
+import pytest
+import yaml
+
+from railyard.cluster.render import render, to_yaml
+from railyard.cluster.validate import validate_object
+from railyard.errors import ConfigError
+from railyard.stack import to_serve_config
+
+from .conftest import ONE_GPU, STACKS, TP2, make_stack
+
+POLICIES_ON_BY_DEFAULT = [
+    "gpu_limits", "gpu_toleration", "gpu_node_affinity", "probes", "pdb",
+    "resources", "shm", "security_context", "prometheus",
+]
+
+
+def _assert_valid(objects, version="1.30"):
+    for obj in objects:
+        if obj["apiVersion"] in ("ray.io/v1", "autoscaling.k8s.io/v1"):
+            assert validate_object(obj, version) == []
+        else:
+            kubernetes_validate.validate(obj, version, strict=True)  # raises on any schema error
+
+
+def _pods(objects):
+    """Every pod template in the rendered objects."""
+    out = []
+    for obj in objects:
+        if obj["kind"] == "RayService":
+            cluster = obj["spec"]["rayClusterConfig"]
+            out.append(cluster["headGroupSpec"]["template"])
+            out += [g["template"] for g in cluster["workerGroupSpecs"]]
+        elif obj["kind"] == "Deployment":
+            out.append(obj["spec"]["template"])
+    return out
+
+
+def _gpu_pods(objects):
+    return [p for p in _pods(objects) if "nvidia.com/gpu" in str(p)]
+
+
+@pytest.mark.parametrize("version", ["1.25", "1.30", "1.33"])
+def test_every_stack_renders_valid_rayservice_manifests(any_stack, version):
+    _assert_valid(render(any_stack, "rayservice"), version)
+
+
+@pytest.mark.parametrize("name", ["one-gpu", "tp2"])
+def test_single_engine_stacks_render_valid_deployment_manifests(name):
+    objects = render(make_stack(STACKS[name]), "deployment")
+    assert [o["kind"] for o in objects] == ["Deployment", "Service", "PodDisruptionBudget"]
+    _assert_valid(objects)
+
+
+@pytest.mark.parametrize("policy", POLICIES_ON_BY_DEFAULT)
+@pytest.mark.parametrize("mode", ["rayservice", "deployment"])
+def test_manifests_stay_valid_with_each_policy_switched_off(policy, mode):
+    stack = make_stack(ONE_GPU, policies={policy: False})
+    _assert_valid(render(stack, mode))
+
+
+@pytest.mark.parametrize("spread", ["off", "preferred", "required"])
+def test_manifests_stay_valid_with_each_spread_mode(spread):
+    _assert_valid(render(make_stack(TP2, policies={"spread": spread}), "rayservice"))
+
+
+def test_vpa_is_valid_and_limited_to_cpu_and_memory_without_evicting_gpu_replicas():
+    objects = render(make_stack(ONE_GPU, policies={"vpa": True}), "deployment")
+    _assert_valid(objects)
+    (vpa,) = [o for o in objects if o["kind"] == "VerticalPodAutoscaler"]
+    (policy,) = vpa["spec"]["resourcePolicy"]["containerPolicies"]
+    assert policy["controlledResources"] == ["cpu", "memory"]
+    assert vpa["spec"]["updatePolicy"]["updateMode"] == "Initial"
+    assert vpa["spec"]["targetRef"]["name"] == objects[0]["metadata"]["name"]
+
+
+def test_vpa_with_a_rayservice_is_refused_with_the_reason():
+    with pytest.raises(ConfigError, match="VPA cannot target"):
+        render(make_stack(ONE_GPU, policies={"vpa": True}), "rayservice")
+
+
+def test_rayservice_serve_config_is_the_same_config_layer_2_runs():
+    stack = make_stack(STACKS["two-models"])
+    (service, *_) = render(stack, "rayservice")
+    assert service["apiVersion"] == "ray.io/v1"
+    assert yaml.safe_load(service["spec"]["serveConfigV2"]) == to_serve_config(stack)
+
+
+def test_one_worker_group_per_deployment_sized_for_one_replica():
+    (service, *_) = render(make_stack(STACKS["two-models"]), "rayservice")
+    groups = service["spec"]["rayClusterConfig"]["workerGroupSpecs"]
+    assert [g["groupName"] for g in groups] == ["engine-qwen2-7b-short", "engine-qwen2-7b-long", "engine-llama3-8b-default"]
+    tp2 = groups[2]
+    assert (tp2["minReplicas"], tp2["replicas"], tp2["maxReplicas"]) == (1, 1, 4)
+    limits = tp2["template"]["spec"]["containers"][0]["resources"]["limits"]
+    assert limits["nvidia.com/gpu"] == 2  # the whole STRICT_PACK group in one pod, hence one node
+    assert service["spec"]["rayClusterConfig"]["enableInTreeAutoscaling"] is True
+
+
+def test_head_takes_no_gpus_and_no_gpu_scheduling_policies():
+    (service, *_) = render(make_stack(ONE_GPU), "rayservice")
+    head = service["spec"]["rayClusterConfig"]["headGroupSpec"]
+    assert head["rayStartParams"]["num-gpus"] == "0"
+    assert "nvidia.com/gpu" not in str(head["template"])
+
+
+def test_gpu_pods_get_gpu_limits_toleration_and_gfd_affinity():
+    for template in _gpu_pods(render(make_stack(TP2), "rayservice")):
+        spec = template["spec"]
+        assert spec["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == 2
+        assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in spec["tolerations"]
+        terms = spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+        assert terms[0]["matchExpressions"] == [
+            {"key": "nvidia.com/gpu.product", "operator": "In", "values": ["NVIDIA-H200"]},
+            {"key": "nvidia.com/gpu.count", "operator": "Gt", "values": ["1"]},
+        ]
+
+
+@pytest.mark.parametrize(
+    ("policy", "marker"),
+    [
+        ("gpu_limits", "'nvidia.com/gpu': 1"),
+        ("gpu_toleration", "tolerations"),
+        ("gpu_node_affinity", "nodeAffinity"),
+        ("probes", "readinessProbe"),
+        ("resources", "'requests'"),
+        ("shm", "/dev/shm"),
+        ("security_context", "allowPrivilegeEscalation"),
+        ("prometheus", "prometheus.io/scrape"),
+    ],
+)
+def test_switching_a_policy_off_removes_exactly_its_fields(policy, marker):
+    on = render(make_stack(ONE_GPU), "deployment")
+    off = render(make_stack(ONE_GPU, policies={policy: False}), "deployment")
+    assert marker in str(on[0])
+    assert marker not in str(off[0])
+
+
+def test_pdb_policy_adds_one_budget_per_worker_group():
+    on = render(make_stack(STACKS["two-models"]), "rayservice")
+    off = render(make_stack(STACKS["two-models"], policies={"pdb": False}), "rayservice")
+    assert [o["kind"] for o in on].count("PodDisruptionBudget") == 3
+    assert [o["kind"] for o in off] == ["RayService"]
+
+
+def test_spread_preferred_is_soft_and_required_is_hard_anti_affinity():
+    soft = _gpu_pods(render(make_stack(ONE_GPU), "deployment"))[0]["spec"]["affinity"]["podAntiAffinity"]
+    hard = _gpu_pods(render(make_stack(ONE_GPU, policies={"spread": "required"}), "deployment"))[0]
+    assert "preferredDuringSchedulingIgnoredDuringExecution" in soft
+    assert "requiredDuringSchedulingIgnoredDuringExecution" in hard["spec"]["affinity"]["podAntiAffinity"]
+
+
+def test_probes_hit_health_on_the_single_engine():
+    container = _gpu_pods(render(make_stack(ONE_GPU), "deployment"))[0]["spec"]["containers"][0]
+    assert container["readinessProbe"]["httpGet"]["path"] == "/health"
+    assert container["livenessProbe"]["httpGet"]["path"] == "/health"
+
+
+def test_requests_equal_limits_for_guaranteed_qos():
+    resources = _gpu_pods(render(make_stack(ONE_GPU), "deployment"))[0]["spec"]["containers"][0]["resources"]
+    assert resources["requests"]["cpu"] == resources["limits"]["cpu"]
+    assert resources["requests"]["memory"] == resources["limits"]["memory"]
+
+
+def test_deployment_mode_refuses_several_models():
+    with pytest.raises(ConfigError, match="deployment mode runs one engine"):
+        render(make_stack(STACKS["two-models"]), "deployment")
+
+
+def test_yaml_output_round_trips_to_the_same_objects():
+    objects = render(make_stack(STACKS["two-models"]), "rayservice")
+    assert list(yaml.safe_load_all(to_yaml(objects))) == objects

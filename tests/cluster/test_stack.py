@@ -1,0 +1,107 @@
+"""The stack file: validated once at the edge, and the single source of the Ray Serve config."""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+
+from railyard.errors import ConfigError
+from railyard.stack import load_stack, parse_stack, to_serve_config
+
+from .conftest import EXAMPLES, ONE_GPU, TP2, TWO_MODELS, make_stack
+
+
+@pytest.mark.parametrize("name", ["stack.yaml", "stack-tp2-two-models.yaml"])
+def test_example_stacks_load(name):
+    stack = load_stack(EXAMPLES / name)
+    assert stack.models
+
+
+def test_serve_config_is_a_standard_ray_serve_application():
+    config = to_serve_config(make_stack(ONE_GPU))
+    (app,) = config["applications"]
+    assert app["name"] == "railyard"
+    assert app["route_prefix"] == "/"
+    assert app["import_path"] == "railyard.serve.app:build_app"
+    assert [d["name"] for d in app["deployments"]] == ["engine-qwen2-7b-default"]
+
+
+def test_one_gpu_replica_asks_ray_for_one_gpu_and_no_placement_group():
+    (dep,) = to_serve_config(make_stack(ONE_GPU))["applications"][0]["deployments"]
+    assert dep["ray_actor_options"]["num_gpus"] == 1
+    assert dep["num_replicas"] == 2
+    assert "placement_group_bundles" not in dep
+
+
+def test_tensor_parallel_replica_takes_a_strict_pack_placement_group_of_tp_bundles():
+    (dep,) = to_serve_config(make_stack(TP2))["applications"][0]["deployments"]
+    assert dep["placement_group_bundles"] == [{"GPU": 1, "CPU": 1}, {"GPU": 1, "CPU": 1}]
+    assert dep["placement_group_strategy"] == "STRICT_PACK"
+
+
+def test_each_pool_is_its_own_deployment_with_the_pool_engine_options_over_the_model_ones():
+    app = to_serve_config(make_stack(TWO_MODELS))["applications"][0]
+    names = [d["name"] for d in app["deployments"]]
+    assert names == ["engine-qwen2-7b-short", "engine-qwen2-7b-long", "engine-llama3-8b-default"]
+    pools = app["args"]["models"][0]["pools"]
+    assert pools[0] == {
+        "name": "short",
+        "max_prompt_tokens": 1024,
+        "deployment": "engine-qwen2-7b-short",
+        "engine": pools[0]["engine"],
+    }
+    assert pools[0]["engine"]["max_num_batched_tokens"] == 2048
+    assert pools[1]["engine"]["max_num_batched_tokens"] == 8192  # the default, pool sets nothing
+
+
+def test_autoscaling_maps_to_ray_autoscaling_config_on_pending_requests():
+    dep = to_serve_config(make_stack(TWO_MODELS))["applications"][0]["deployments"][2]
+    assert "num_replicas" not in dep
+    assert dep["autoscaling_config"]["min_replicas"] == 1
+    assert dep["autoscaling_config"]["max_replicas"] == 4
+    assert dep["autoscaling_config"]["target_ongoing_requests"] == 8.0
+
+
+def test_max_ongoing_requests_lets_the_engine_batch_max_num_seqs():
+    (dep,) = to_serve_config(make_stack(ONE_GPU))["applications"][0]["deployments"]
+    assert dep["max_ongoing_requests"] == 256
+
+
+def test_serve_config_args_are_plain_yaml_data():
+    config = to_serve_config(make_stack(TWO_MODELS))
+    assert yaml.safe_load(yaml.safe_dump(config)) == config
+
+
+@pytest.mark.parametrize(
+    ("change", "field"),
+    [
+        ({"name": "Rail_Yard"}, "name"),
+        ({"kubernetes_version": "latest"}, "kubernetes_version"),
+        ({"models": []}, "models"),
+        ({"models": [{"name": "m", "model": "/m", "tensor_parallel_size": 0}]}, "models.0.tensor_parallel_size"),
+        ({"models": [{"name": "m", "model": "/m", "resources": {"memory": "64GB"}}]}, "models.0.resources.memory"),
+        ({"models": [{"name": "m", "model": "/m", "engine": {"gpu_memory_utilization": 1.5}}]}, "models.0.engine.gpu_memory_utilization"),
+        ({"policies": {"gpu_limts": False}}, "policies.gpu_limts"),
+    ],
+)
+def test_a_bad_field_is_one_config_error_naming_it(change, field):
+    data = dict(ONE_GPU, **change)
+    with pytest.raises(ConfigError, match=rf"stack: {field}:"):
+        parse_stack(data)
+
+
+def test_num_replicas_and_autoscaling_together_are_rejected():
+    model = {"name": "m", "model": "/m", "num_replicas": 2, "autoscaling": {"max_replicas": 3}}
+    with pytest.raises(ConfigError, match="either num_replicas or autoscaling"):
+        parse_stack(dict(ONE_GPU, models=[model]))
+
+
+def test_only_the_last_pool_may_omit_its_prompt_limit():
+    pools = [{"name": "any"}, {"name": "short", "max_prompt_tokens": 512}]
+    with pytest.raises(ConfigError, match="only the last pool may omit"):
+        parse_stack(dict(ONE_GPU, models=[{"name": "m", "model": "/m", "pools": pools}]))
+
+
+def test_missing_stack_file_is_a_config_error(tmp_path):
+    with pytest.raises(ConfigError, match="not found"):
+        load_stack(tmp_path / "nope.yaml")
