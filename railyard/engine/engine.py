@@ -75,6 +75,7 @@ class Engine:
         self.requests: dict[str, _Request] = {}
         self._seq_ids = itertools.count()
         self.prompt_tokens_total = 0
+        self.computed_tokens_total = 0
         self.generation_tokens_total = 0
         self.requests_finished_total = 0
         log.info("engine ready: %d KV blocks of %d tokens (%d CPU swap blocks); max_model_len %d; "
@@ -154,6 +155,7 @@ class Engine:
             return []
         now = time.monotonic()
         sampled = self.executor.execute(out)
+        self.computed_tokens_total += out.num_batched_tokens
         self.scheduler.mark_computed(out)
         touched: dict[str, _Request] = {}
         rows = iter(zip(sampled.token_ids, sampled.logprobs))
@@ -245,7 +247,8 @@ class Engine:
             kv_cache_usage=bm.num_used_blocks / total if total else 0.0,
             num_cpu_blocks=bm.cpu.num_blocks, num_free_cpu_blocks=bm.cpu.num_free,
             prefix_cache_queries=bm.prefix_queries, prefix_cache_hits=bm.prefix_hits,
-            prompt_tokens_total=self.prompt_tokens_total, generation_tokens_total=self.generation_tokens_total,
+            prompt_tokens_total=self.prompt_tokens_total, computed_tokens_total=self.computed_tokens_total,
+            generation_tokens_total=self.generation_tokens_total,
             num_preemptions_total=sch.num_preemptions, num_requests_finished_total=self.requests_finished_total,
             block_size=self.config.block_size, max_num_seqs=self.config.max_num_seqs,
             max_num_batched_tokens=self.config.max_num_batched_tokens)

@@ -16,7 +16,7 @@ from railyard.errors import InvalidRequestError
 class LLM:
     """Load a local checkpoint once, then `generate` for many prompts at a time."""
 
-    def __init__(self, model: str, **engine_args) -> None:
+    def __init__(self, model: str = "", **engine_args) -> None:
         self.engine = Engine(EngineConfig(model=model, **engine_args))
         self._ids = itertools.count()
 

@@ -44,12 +44,18 @@ def resolve_dtype(name: str, spec: ModelSpec, device: torch.device) -> torch.dty
 
 
 @dataclass
-class StepInputs:
-    input_ids: torch.Tensor
-    positions: torch.Tensor
-    meta: AttentionMetadata
-    sample_indices: torch.Tensor  # rows of the flattened batch whose logits are sampled
-    rows: list[SamplingRow]
+class StepPlan:
+    """A step's inputs as plain host lists: cheap to build, to pickle and to broadcast to TP workers."""
+
+    input_ids: list[int]
+    positions: list[int]
+    slot_mapping: list[int]
+    query_start_loc: list[int]
+    seq_lens: list[int]
+    block_tables: list[list[int]]
+    sample_indices: list[int]  # rows of the flattened batch whose logits are sampled
+    swap_out: list[tuple[int, int]]
+    swap_in: list[tuple[int, int]]
 
 
 class ModelRunner:
@@ -89,7 +95,9 @@ class ModelRunner:
 
     def _profile_num_blocks(self) -> int:
         if self.device.type != "cuda":
-            return max(1, int(CPU_KV_CACHE_GIB * 2**30 // self.block_bytes))
+            # No device memory to profile: a fixed budget, no more than every seat at full length needs.
+            seats = -(-self.config.max_num_seqs * self.config.max_model_len // self.block_size)
+            return max(1, min(seats, int(CPU_KV_CACHE_GIB * 2**30 // self.block_bytes)))
         # Measure weights + peak activations of the largest step, give the rest to KV blocks.
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(self.device)
@@ -135,14 +143,14 @@ class ModelRunner:
         return int(self.config.swap_space * 2**30 // self.block_bytes)
 
     # -- one step --------------------------------------------------------------------------------
-    def prepare(self, out: SchedulerOutput) -> StepInputs:
+    def plan(self, out: SchedulerOutput) -> StepPlan:
+        """Flatten the scheduled sequences into host lists (no device work)."""
         bs = self.block_size
-        ids, positions, slots, starts, seq_lens, tables, sample_idx, rows = [], [], [], [0], [], [], [], []
+        ids, positions, slots, starts, seq_lens, tables, sample_idx = [], [], [], [0], [], [], []
         for item in out.scheduled:
             seq, n = item.seq, item.num_new_tokens
             start = seq.num_computed_tokens
-            all_ids = seq.all_token_ids
-            ids.extend(all_ids[start:start + n])
+            ids.extend(seq.token_at(i) for i in range(start, start + n))
             positions.extend(range(start, start + n))
             table = seq.block_table
             slots.extend(table[p // bs] * bs + p % bs for p in range(start, start + n))
@@ -151,23 +159,26 @@ class ModelRunner:
             tables.append(table)
             if item.sample:
                 sample_idx.append(starts[-1] - 1)
-                rows.append(self._row(seq))
-        width = max(len(t) for t in tables)
+        return StepPlan(ids, positions, slots, starts, seq_lens, tables, sample_idx, out.swap_out, out.swap_in)
+
+    def sampling_rows(self, out: SchedulerOutput) -> list[SamplingRow]:
+        return [self._row(item.seq) for item in out.scheduled if item.sample]
+
+    def to_metadata(self, plan: StepPlan) -> AttentionMetadata:
         dev = self.device
-        padded = [t + [0] * (width - len(t)) for t in tables]
-        meta = AttentionMetadata(
-            slot_mapping=torch.tensor(slots, dtype=torch.long, device=dev),
+        width = max(len(t) for t in plan.block_tables)
+        padded = [t + [0] * (width - len(t)) for t in plan.block_tables]
+        starts = plan.query_start_loc
+        return AttentionMetadata(
+            slot_mapping=torch.tensor(plan.slot_mapping, dtype=torch.long, device=dev),
             query_start_loc=torch.tensor(starts, dtype=torch.int32, device=dev),
-            seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=dev),
+            seq_lens=torch.tensor(plan.seq_lens, dtype=torch.int32, device=dev),
             block_tables=torch.tensor(padded, dtype=torch.int32, device=dev),
             max_query_len=max(b - a for a, b in zip(starts, starts[1:])),
-            max_seq_len=max(seq_lens),
+            max_seq_len=max(plan.seq_lens),
             query_start_loc_cpu=starts,
-            seq_lens_cpu=seq_lens,
+            seq_lens_cpu=plan.seq_lens,
         )
-        return StepInputs(torch.tensor(ids, dtype=torch.long, device=dev),
-                          torch.tensor(positions, dtype=torch.long, device=dev), meta,
-                          torch.tensor(sample_idx, dtype=torch.long, device=dev), rows)
 
     def _row(self, seq) -> SamplingRow:
         p = seq.params
@@ -186,26 +197,39 @@ class ModelRunner:
         """Drop per-sequence state (its sampling generator) once it finished."""
         self.generators.pop(seq_id, None)
 
-    def swap(self, out: SchedulerOutput) -> None:
-        if out.swap_out:
-            src = torch.tensor([g for g, _ in out.swap_out], device=self.device)
-            dst = torch.tensor([c for _, c in out.swap_out])
+    def swap(self, plan: StepPlan) -> None:
+        if plan.swap_out:
+            src = torch.tensor([g for g, _ in plan.swap_out], device=self.device)
+            dst = torch.tensor([c for _, c in plan.swap_out])
             for gpu, cpu in zip(self.kv_caches, self.cpu_caches):
                 cpu[:, dst] = gpu[:, src].to("cpu")
-        if out.swap_in:
-            src = torch.tensor([c for c, _ in out.swap_in])
-            dst = torch.tensor([g for _, g in out.swap_in], device=self.device)
+        if plan.swap_in:
+            src = torch.tensor([c for c, _ in plan.swap_in])
+            dst = torch.tensor([g for _, g in plan.swap_in], device=self.device)
             for gpu, cpu in zip(self.kv_caches, self.cpu_caches):
                 gpu[:, dst] = cpu[:, src].to(self.device, non_blocking=True)
 
     @torch.inference_mode()
+    def compute_logits(self, plan: StepPlan) -> torch.Tensor | None:
+        """Swap, run the forward pass and return float logits of the sampled rows (None if none).
+
+        Every tensor-parallel rank runs this with the same plan (its collectives must match).
+        """
+        self.swap(plan)
+        if not plan.input_ids:
+            return None
+        meta = self.to_metadata(plan)
+        ids = torch.tensor(plan.input_ids, dtype=torch.long, device=self.device)
+        pos = torch.tensor(plan.positions, dtype=torch.long, device=self.device)
+        hidden = self.model(ids, pos, self.kv_caches, meta)
+        if not plan.sample_indices:
+            return None
+        idx = torch.tensor(plan.sample_indices, dtype=torch.long, device=self.device)
+        return self.model.compute_logits(hidden[idx])
+
     def execute(self, out: SchedulerOutput) -> SamplerOutput:
-        self.swap(out)
-        if not out.scheduled:
+        """One whole step in this process: plan, forward, sample."""
+        logits = self.compute_logits(self.plan(out))
+        if logits is None:
             return SamplerOutput([], [])
-        inputs = self.prepare(out)
-        hidden = self.model(inputs.input_ids, inputs.positions, self.kv_caches, inputs.meta)
-        if not inputs.rows:
-            return SamplerOutput([], [])
-        logits = self.model.compute_logits(hidden[inputs.sample_indices])
-        return sample(logits, inputs.rows)
+        return sample(logits, self.sampling_rows(out))

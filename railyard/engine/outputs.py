@@ -63,6 +63,7 @@ class EngineStats:
     prefix_cache_queries: int = 0  # prompt tokens looked up in the prefix cache
     prefix_cache_hits: int = 0  # of those, tokens found
     prompt_tokens_total: int = 0
+    computed_tokens_total: int = 0  # tokens run through the model (prefill chunks + decodes)
     generation_tokens_total: int = 0
     num_preemptions_total: int = 0
     num_requests_finished_total: int = 0

@@ -1,0 +1,1 @@
+"""Benchmark tools: offline throughput, online serving load, reports."""

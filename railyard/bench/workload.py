@@ -1,0 +1,51 @@
+"""Seeded synthetic workloads: prompt token ids of random lengths, output lengths."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+from railyard.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class LengthRange:
+    """A fixed length ("256") or an inclusive range ("100-1024") drawn uniformly."""
+
+    low: int
+    high: int
+
+    @classmethod
+    def parse(cls, text: str | int) -> "LengthRange":
+        try:
+            if isinstance(text, int):
+                low = high = text
+            elif "-" in text:
+                a, b = text.split("-", 1)
+                low, high = int(a), int(b)
+            else:
+                low = high = int(text)
+        except ValueError:
+            raise ConfigError(f"length {text!r} must be N or LOW-HIGH (e.g. 256 or 100-1024)") from None
+        if low < 1 or high < low:
+            raise ConfigError(f"length range {text!r} must have 1 <= LOW <= HIGH")
+        return cls(low, high)
+
+    def draw(self, rng: random.Random) -> int:
+        return rng.randint(self.low, self.high)
+
+
+@dataclass
+class Request:
+    prompt_token_ids: list[int]
+    output_len: int
+
+
+def synthetic_requests(num: int, input_len: LengthRange, output_len: LengthRange, vocab_size: int,
+                       seed: int = 0, reserved_low: int = 0) -> list[Request]:
+    """num requests with random token ids in [reserved_low, vocab_size) and seeded lengths."""
+    rng = random.Random(seed)
+    hi = vocab_size - 1
+    lo = min(reserved_low, hi)
+    return [Request([rng.randint(lo, hi) for _ in range(input_len.draw(rng))], output_len.draw(rng))
+            for _ in range(num)]

@@ -1,0 +1,29 @@
+"""HF transformers as the oracle: greedy continuations from `generate` on the same checkpoint."""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+import transformers
+
+
+@functools.lru_cache(maxsize=8)
+def hf_model(path: str):
+    transformers.logging.set_verbosity_error()
+    model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    model.generation_config.eos_token_id = None  # compare fixed-length continuations (ignore_eos)
+    return model
+
+
+def hf_greedy(path: str, prompts: list[list[int]], max_new_tokens: int) -> list[list[int]]:
+    """HF `generate` greedy, one prompt at a time (no padding that could perturb numerics)."""
+    model = hf_model(path)
+    outs = []
+    with torch.no_grad():
+        for ids in prompts:
+            x = torch.tensor([ids])
+            y = model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=max_new_tokens,
+                               do_sample=False, pad_token_id=0)
+            outs.append(y[0, len(ids):].tolist())
+    return outs
