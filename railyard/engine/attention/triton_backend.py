@@ -1,0 +1,41 @@
+"""Triton paged attention (GPU): same interface and results as the torch reference backend.
+
+Decode-only steps use the split-context decode kernel (graph-capturable: it reads lengths and
+block tables from device tensors only); any step with a longer query (prefill chunks, prefix-cache
+hits, mixed batches) uses the varlen prefill kernel over the paged cache.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from railyard.engine.attention.metadata import AttentionMetadata
+from railyard.engine.kernels.paged_attention import decode_splits, paged_decode, paged_prefill, store_kv
+
+
+@functools.lru_cache(maxsize=None)
+def _num_sms(device_index: int) -> int:
+    if not torch.cuda.is_available():
+        return 1  # Triton's CPU interpreter (kernel tests without a GPU)
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+class TritonAttentionBackend:
+    """Causal attention of each sequence's new queries over its whole cached context, in Triton kernels."""
+
+    name = "triton"
+
+    def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, scale: float) -> None:
+        self.num_heads, self.num_kv_heads, self.head_dim, self.scale = num_heads, num_kv_heads, head_dim, scale
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor,
+                meta: AttentionMetadata) -> torch.Tensor:
+        store_kv(kv_cache, k, v, meta.slot_mapping)
+        if meta.decode_only:
+            splits = decode_splits(q.shape[0], self.num_kv_heads, meta.max_seq_len,
+                                   _num_sms(q.device.index or 0))
+            return paged_decode(q, kv_cache, meta.block_tables, meta.seq_lens, self.scale, splits)
+        return paged_prefill(q, kv_cache, meta.block_tables, meta.seq_lens, meta.query_start_loc,
+                             meta.max_query_len, self.scale)

@@ -1,0 +1,1 @@
+"""Triton GPU kernels (imported only on the GPU path: CI has no GPU and no triton)."""

@@ -1,0 +1,235 @@
+"""Triton kernels for paged attention over the KV cache layout [2, num_blocks, block_size, kv_heads, head_dim].
+
+- `store_kv`: writes a step's new keys/values at their flat slots (slot < 0 is skipped, so padded
+  rows of a CUDA-graph batch write nothing).
+- `paged_decode`: one query token per sequence. A program handles all query heads of one KV head
+  (GQA: each key/value is read once per group) over one split of the context; splits are merged by
+  `_merge_splits`. Splitting long contexts keeps the GPU full when the batch is small; the split
+  count depends only on the batch shape, so it is fixed inside a captured graph.
+- `paged_prefill`: varlen causal attention of each sequence's new queries over its whole cached
+  context (prefix-cache hits and earlier chunks included) read straight from the paged cache.
+
+Softmax runs in float32 with exp2; float32 models use IEEE dot products (not TF32) so greedy
+outputs match a float32 reference.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+_LOG2E = 1.4426950408889634
+
+
+@triton.jit
+def _store_kv_kernel(k_ptr, v_ptr, cache_ptr, slot_ptr,
+                     k_stride_t, k_stride_h, v_stride_t, v_stride_h, plane_stride,
+                     NUM_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
+                     H_PAD: tl.constexpr, D_PAD: tl.constexpr):
+    t = tl.program_id(0)
+    slot = tl.load(slot_ptr + t).to(tl.int64)
+    if slot >= 0:
+        h = tl.arange(0, H_PAD)
+        d = tl.arange(0, D_PAD)
+        mask = (h < NUM_KV_HEADS)[:, None] & (d < HEAD_DIM)[None, :]
+        k = tl.load(k_ptr + t * k_stride_t + h[:, None] * k_stride_h + d[None, :], mask=mask)
+        v = tl.load(v_ptr + t * v_stride_t + h[:, None] * v_stride_h + d[None, :], mask=mask)
+        dst = slot * (NUM_KV_HEADS * HEAD_DIM) + h[:, None] * HEAD_DIM + d[None, :]
+        tl.store(cache_ptr + dst, k, mask=mask)
+        tl.store(cache_ptr + plane_stride + dst, v, mask=mask)
+
+
+def store_kv(kv_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slot_mapping: torch.Tensor) -> None:
+    """kv_cache [2, nb, bs, hk, d] (contiguous); k, v [T, hk, d] (any row/head strides, unit last stride)."""
+    t, hk, d = k.shape
+    if t == 0:
+        return
+    assert kv_cache.is_contiguous() and k.stride(2) == 1 and v.stride(2) == 1
+    _store_kv_kernel[(t,)](
+        k, v, kv_cache, slot_mapping, k.stride(0), k.stride(1), v.stride(0), v.stride(1), kv_cache.stride(0),
+        NUM_KV_HEADS=hk, HEAD_DIM=d, H_PAD=triton.next_power_of_2(hk), D_PAD=triton.next_power_of_2(d),
+        num_warps=1 if hk * d <= 512 else 4)
+
+
+@triton.jit
+def _decode_split_kernel(q_ptr, cache_ptr, block_tables_ptr, seq_lens_ptr, part_acc_ptr, part_ml_ptr,
+                         qk_scale, q_stride_t, q_stride_h, bt_stride, plane_stride, num_splits,
+                         NUM_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr, GROUP: tl.constexpr,
+                         G_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr,
+                         PAGE: tl.constexpr, BLOCK_N: tl.constexpr, IEEE: tl.constexpr):
+    b = tl.program_id(0)
+    kvh = tl.program_id(1)
+    split = tl.program_id(2)
+    seq_len = tl.load(seq_lens_ptr + b)
+    n_pages = tl.cdiv(seq_len, PAGE)
+    pages_per_split = tl.cdiv(n_pages, num_splits)
+    tok_start = split * pages_per_split * PAGE
+    tok_end = tl.minimum(seq_len, tok_start + pages_per_split * PAGE)
+
+    g = tl.arange(0, G_PAD)
+    d = tl.arange(0, D_PAD)
+    gmask = g < GROUP
+    dmask = d < HEAD_DIM
+    heads = kvh * GROUP + g
+    q = tl.load(q_ptr + b * q_stride_t + heads[:, None] * q_stride_h + d[None, :],
+                mask=gmask[:, None] & dmask[None, :], other=0.0)
+    m = tl.full([G_PAD], float("-inf"), tl.float32)
+    l = tl.zeros([G_PAD], tl.float32)
+    acc = tl.zeros([G_PAD, D_PAD], tl.float32)
+    tok_stride = NUM_KV_HEADS * HEAD_DIM
+    bt_row = block_tables_ptr + b.to(tl.int64) * bt_stride
+    for start in range(tok_start, tok_end, BLOCK_N):
+        toks = start + tl.arange(0, BLOCK_N)
+        valid = toks < tok_end
+        page = tl.load(bt_row + toks // PAGE, mask=valid, other=0).to(tl.int64)
+        off = (page * PAGE + toks % PAGE) * tok_stride + kvh * HEAD_DIM
+        kv_mask = valid[:, None] & dmask[None, :]
+        k = tl.load(cache_ptr + off[:, None] + d[None, :], mask=kv_mask, other=0.0)
+        if IEEE:
+            s = tl.dot(q, tl.trans(k), input_precision="ieee")
+        else:
+            s = tl.dot(q, tl.trans(k))
+        s = tl.where(valid[None, :], s * qk_scale, float("-inf"))
+        m_new = tl.maximum(m, tl.max(s, 1))
+        p = tl.exp2(s - m_new[:, None])
+        alpha = tl.exp2(m - m_new)
+        l = l * alpha + tl.sum(p, 1)
+        v = tl.load(cache_ptr + plane_stride + off[:, None] + d[None, :], mask=kv_mask, other=0.0)
+        if IEEE:
+            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
+        else:
+            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+        m = m_new
+    # partials: acc [B, H, S, D], (m, l) [B, H, S, 2]
+    row = (b * NUM_HEADS + heads) * num_splits + split
+    tl.store(part_acc_ptr + row[:, None] * D_PAD + d[None, :], acc, mask=gmask[:, None])
+    tl.store(part_ml_ptr + row * 2, m, mask=gmask)
+    tl.store(part_ml_ptr + row * 2 + 1, l, mask=gmask)
+
+
+@triton.jit
+def _merge_splits_kernel(part_acc_ptr, part_ml_ptr, out_ptr, out_stride_t, out_stride_h, num_splits,
+                         NUM_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr,
+                         S_PAD: tl.constexpr):
+    b = tl.program_id(0)
+    h = tl.program_id(1)
+    s = tl.arange(0, S_PAD)
+    d = tl.arange(0, D_PAD)
+    smask = s < num_splits
+    row = (b * NUM_HEADS + h) * num_splits + s
+    m = tl.load(part_ml_ptr + row * 2, mask=smask, other=float("-inf"))
+    l = tl.load(part_ml_ptr + row * 2 + 1, mask=smask, other=0.0)
+    m_max = tl.max(m, 0)
+    m_max = tl.where(m_max == float("-inf"), 0.0, m_max)  # empty sequence (a padded graph row)
+    w = tl.exp2(m - m_max)
+    acc = tl.load(part_acc_ptr + row[:, None] * D_PAD + d[None, :], mask=smask[:, None], other=0.0)
+    total = tl.sum(l * w, 0)
+    out = tl.sum(acc * w[:, None], 0) / tl.maximum(total, 1e-30)
+    tl.store(out_ptr + b * out_stride_t + h * out_stride_h + d, out.to(out_ptr.dtype.element_ty), mask=d < HEAD_DIM)
+
+
+def decode_splits(batch: int, num_kv_heads: int, max_seq_len: int, num_sms: int) -> int:
+    """How many context splits keep ~4 programs per SM busy without splits shorter than 256 tokens."""
+    want = triton.cdiv(4 * num_sms, batch * num_kv_heads)
+    return max(1, min(want, triton.cdiv(max_seq_len, 256), 64))
+
+
+def paged_decode(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Tensor, seq_lens: torch.Tensor,
+                 scale: float, num_splits: int, out: torch.Tensor | None = None) -> torch.Tensor:
+    """q [B, H, d] -> out [B, H, d]; one new token per sequence whose KV is already in the cache."""
+    b, num_heads, d = q.shape
+    _, _, page, hk, _ = kv_cache.shape
+    group = num_heads // hk
+    d_pad = triton.next_power_of_2(d)
+    out = torch.empty_like(q) if out is None else out
+    part_acc = torch.empty((b, num_heads, num_splits, d_pad), dtype=torch.float32, device=q.device)
+    part_ml = torch.empty((b, num_heads, num_splits, 2), dtype=torch.float32, device=q.device)
+    _decode_split_kernel[(b, hk, num_splits)](
+        q, kv_cache, block_tables, seq_lens, part_acc, part_ml, scale * _LOG2E,
+        q.stride(0), q.stride(1), block_tables.stride(0), kv_cache.stride(0), num_splits,
+        NUM_HEADS=num_heads, NUM_KV_HEADS=hk, GROUP=group, G_PAD=max(16, triton.next_power_of_2(group)),
+        HEAD_DIM=d, D_PAD=d_pad, PAGE=page, BLOCK_N=64 if d_pad <= 128 else 32,
+        IEEE=q.dtype == torch.float32, num_warps=4, num_stages=2)
+    _merge_splits_kernel[(b, num_heads)](
+        part_acc, part_ml, out, out.stride(0), out.stride(1), num_splits,
+        NUM_HEADS=num_heads, HEAD_DIM=d, D_PAD=d_pad, S_PAD=max(2, triton.next_power_of_2(num_splits)),
+        num_warps=1 if d_pad <= 64 else 2)
+    return out
+
+
+@triton.jit
+def _prefill_kernel(q_ptr, cache_ptr, block_tables_ptr, seq_lens_ptr, query_start_ptr, out_ptr,
+                    qk_scale, q_stride_t, q_stride_h, out_stride_t, out_stride_h, bt_stride, plane_stride,
+                    NUM_KV_HEADS: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr,
+                    D_PAD: tl.constexpr, PAGE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                    IEEE: tl.constexpr):
+    q_block = tl.program_id(0)
+    b = tl.program_id(1)
+    h = tl.program_id(2)
+    q_start = tl.load(query_start_ptr + b)
+    q_len = tl.load(query_start_ptr + b + 1) - q_start
+    if q_block * BLOCK_M < q_len:
+        seq_len = tl.load(seq_lens_ptr + b)
+        ctx = seq_len - q_len  # tokens cached before this chunk
+        kvh = h // GROUP
+        rows = q_block * BLOCK_M + tl.arange(0, BLOCK_M)
+        rmask = rows < q_len
+        d = tl.arange(0, D_PAD)
+        dmask = d < HEAD_DIM
+        q = tl.load(q_ptr + (q_start + rows)[:, None].to(tl.int64) * q_stride_t + h * q_stride_h + d[None, :],
+                    mask=rmask[:, None] & dmask[None, :], other=0.0)
+        q_pos = ctx + rows
+        m = tl.full([BLOCK_M], float("-inf"), tl.float32)
+        l = tl.zeros([BLOCK_M], tl.float32)
+        acc = tl.zeros([BLOCK_M, D_PAD], tl.float32)
+        tok_stride = NUM_KV_HEADS * HEAD_DIM
+        bt_row = block_tables_ptr + b.to(tl.int64) * bt_stride
+        end = tl.minimum(seq_len, ctx + (q_block + 1) * BLOCK_M)
+        for start in range(0, end, BLOCK_N):
+            toks = start + tl.arange(0, BLOCK_N)
+            valid = toks < end
+            page = tl.load(bt_row + toks // PAGE, mask=valid, other=0).to(tl.int64)
+            off = (page * PAGE + toks % PAGE) * tok_stride + kvh * HEAD_DIM
+            kv_mask = valid[:, None] & dmask[None, :]
+            k = tl.load(cache_ptr + off[:, None] + d[None, :], mask=kv_mask, other=0.0)
+            if IEEE:
+                s = tl.dot(q, tl.trans(k), input_precision="ieee")
+            else:
+                s = tl.dot(q, tl.trans(k))
+            causal = valid[None, :] & (toks[None, :] <= q_pos[:, None])
+            s = tl.where(causal, s * qk_scale, float("-inf"))
+            m_new = tl.maximum(m, tl.max(s, 1))
+            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+            p = tl.exp2(s - m_safe[:, None])
+            alpha = tl.exp2(m - m_safe)
+            l = l * alpha + tl.sum(p, 1)
+            v = tl.load(cache_ptr + plane_stride + off[:, None] + d[None, :], mask=kv_mask, other=0.0)
+            if IEEE:
+                acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
+            else:
+                acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+            m = m_new
+        out = acc / tl.maximum(l, 1e-30)[:, None]
+        tl.store(out_ptr + (q_start + rows)[:, None].to(tl.int64) * out_stride_t + h * out_stride_h + d[None, :],
+                 out.to(out_ptr.dtype.element_ty), mask=rmask[:, None] & dmask[None, :])
+
+
+def paged_prefill(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Tensor, seq_lens: torch.Tensor,
+                  query_start_loc: torch.Tensor, max_query_len: int, scale: float,
+                  out: torch.Tensor | None = None) -> torch.Tensor:
+    """q [T, H, d] (sequences' new tokens back to back) -> out [T, H, d], causal over the paged context."""
+    t, num_heads, d = q.shape
+    _, _, page, hk, _ = kv_cache.shape
+    num_seqs = seq_lens.shape[0]
+    d_pad = triton.next_power_of_2(d)
+    out = torch.empty_like(q) if out is None else out
+    block_m = 64 if max_query_len > 16 else 16
+    grid = (triton.cdiv(max_query_len, block_m), num_seqs, num_heads)
+    _prefill_kernel[grid](
+        q, kv_cache, block_tables, seq_lens, query_start_loc, out, scale * _LOG2E,
+        q.stride(0), q.stride(1), out.stride(0), out.stride(1), block_tables.stride(0), kv_cache.stride(0),
+        NUM_KV_HEADS=hk, GROUP=num_heads // hk, HEAD_DIM=d, D_PAD=d_pad, PAGE=page, BLOCK_M=block_m,
+        BLOCK_N=64 if d_pad <= 128 else 32, IEEE=q.dtype == torch.float32,
+        num_warps=4, num_stages=2)
+    return out

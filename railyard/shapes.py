@@ -1,0 +1,59 @@
+"""Named model shapes as HF config dicts, for benchmarks with random weights (no weights travel).
+
+Torch-free: the bench CLI and the cluster planner can read a shape without importing the engine.
+The numbers are those of the public checkpoints' config.json files.
+"""
+
+from __future__ import annotations
+
+import copy
+
+from railyard.errors import ConfigError
+
+SHAPES: dict[str, dict] = {
+    "qwen2-7b": dict(
+        architectures=["Qwen2ForCausalLM"], model_type="qwen2", hidden_size=3584, intermediate_size=18944,
+        num_hidden_layers=28, num_attention_heads=28, num_key_value_heads=4, vocab_size=152064,
+        max_position_embeddings=32768, rope_theta=1e6, rms_norm_eps=1e-6, tie_word_embeddings=False,
+        use_sliding_window=False, torch_dtype="bfloat16", bos_token_id=151643, eos_token_id=151643),
+    "qwen3-0.6b": dict(
+        architectures=["Qwen3ForCausalLM"], model_type="qwen3", hidden_size=1024, intermediate_size=3072,
+        num_hidden_layers=28, num_attention_heads=16, num_key_value_heads=8, head_dim=128, vocab_size=151936,
+        max_position_embeddings=40960, rope_theta=1e6, rms_norm_eps=1e-6, tie_word_embeddings=True,
+        attention_bias=False, use_sliding_window=False, torch_dtype="bfloat16", bos_token_id=151643,
+        eos_token_id=151645),
+    "llama3-8b": dict(
+        architectures=["LlamaForCausalLM"], model_type="llama", hidden_size=4096, intermediate_size=14336,
+        num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8, vocab_size=128256,
+        max_position_embeddings=8192, rope_theta=500000.0, rms_norm_eps=1e-5, tie_word_embeddings=False,
+        attention_bias=False, mlp_bias=False, torch_dtype="bfloat16", bos_token_id=128000,
+        eos_token_id=128001),
+}
+
+
+def shape_names() -> list[str]:
+    return sorted(SHAPES)
+
+
+def is_shape(name: str) -> bool:
+    return name in SHAPES
+
+
+def shape_config(name: str) -> dict:
+    """A copy of the HF config dict of a named shape; ConfigError names the known ones."""
+    if name not in SHAPES:
+        raise ConfigError(f"unknown model shape {name!r}; known shapes: {', '.join(shape_names())}")
+    return copy.deepcopy(SHAPES[name])
+
+
+def parameter_count(cfg: dict) -> int:
+    """Weights of a Llama-family config (embedding and LM head counted once each unless tied)."""
+    h, inter, v, n = cfg["hidden_size"], cfg["intermediate_size"], cfg["vocab_size"], cfg["num_hidden_layers"]
+    heads, kv = cfg["num_attention_heads"], cfg.get("num_key_value_heads") or cfg["num_attention_heads"]
+    d = cfg.get("head_dim") or h // heads
+    bias = cfg["model_type"] == "qwen2" or bool(cfg.get("attention_bias"))
+    attn = h * (heads + 2 * kv) * d + heads * d * h + (bias and (heads + 2 * kv) * d)
+    norms = 2 * h + (2 * d if cfg["model_type"] == "qwen3" else 0)
+    layer = attn + 3 * h * inter + norms
+    embed = v * h * (1 if cfg.get("tie_word_embeddings") else 2)
+    return n * layer + embed + h
