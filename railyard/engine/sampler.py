@@ -64,6 +64,7 @@ def _filter(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, min_
     return torch.empty_like(logits).scatter_(-1, order, sorted_logits)
 
 
+@torch.inference_mode()
 def sample(logits: torch.Tensor, rows: list[SamplingRow]) -> SamplerOutput:
     """Pick one token per row of float32 logits [B, V]."""
     logits = logits.float()
