@@ -11,6 +11,7 @@ from railyard.errors import RailyardError
 # Each module exposes register(subparsers); a sub-command sets `func(args) -> int`.
 _COMMAND_MODULES = (
     "railyard.engine.cli",
+    "railyard.api.cli",
     "railyard.bench.cli",
     "railyard.cluster.cli",
 )

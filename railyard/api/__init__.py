@@ -1,0 +1,1 @@
+"""The OpenAI-compatible HTTP front: FastAPI app, streaming, Prometheus metrics, `railyard serve`."""

@@ -1,0 +1,86 @@
+"""The FastAPI app: OpenAI routes, /health, /metrics, wrapped in the size-limit and auth guards."""
+
+from __future__ import annotations
+
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST
+
+from railyard.api.chat import create_chat_completion
+from railyard.api.completions import create_completion
+from railyard.api.errors import ModelNotFoundError, error_response, install_error_handlers
+from railyard.api.generation import Generation
+from railyard.api.metrics import ServerMetrics
+from railyard.api.middleware import BearerAuth, BodySizeLimit
+from railyard.api.protocol import ChatCompletionRequest, CompletionRequest
+from railyard.engine.async_engine import AsyncEngine
+from railyard.engine.models.loader import resolve_model_dir
+from railyard.engine.tokenizer import load_tokenizer
+
+DEFAULT_MAX_REQUEST_BYTES = 8 * 1024 * 1024
+
+
+def default_model_name(engine: AsyncEngine) -> str:
+    config = engine.engine.config
+    return config.served_model_name or Path(config.model).name
+
+
+def build_app(engine: AsyncEngine, *, served_model_name: str | None = None, api_key: str | None = None,
+              max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES) -> FastAPI:
+    """An app serving `engine`; its lifespan starts the engine loop and shuts the engine down."""
+    config = engine.engine.config
+    name = served_model_name or default_model_name(engine)
+    metrics = ServerMetrics(name, engine.stats)
+    engine.listener = metrics
+    gen = Generation(engine, name, load_tokenizer(config.tokenizer or resolve_model_dir(config.model)))
+    created = int(Path(config.model).stat().st_mtime) if Path(config.model).exists() else 0
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI):
+        await engine.start()
+        yield
+        await engine.shutdown()
+
+    app = FastAPI(title="railyard", summary="OpenAI-compatible LLM server", lifespan=lifespan)
+    app.state.engine, app.state.generation, app.state.metrics = engine, gen, metrics
+    install_error_handlers(app)
+
+    @app.post("/v1/completions")
+    async def completions(body: CompletionRequest, raw: Request) -> Response:
+        return await create_completion(gen, body, raw)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(body: ChatCompletionRequest, raw: Request) -> Response:
+        return await create_chat_completion(gen, body, raw)
+
+    def model_card() -> dict:
+        return {"id": name, "object": "model", "created": created, "owned_by": "railyard", "root": config.model,
+                "max_model_len": config.max_model_len}
+
+    @app.get("/v1/models")
+    async def models() -> dict:
+        return {"object": "list", "data": [model_card()]}
+
+    @app.get("/v1/models/{model:path}")
+    async def model(model: str) -> dict:
+        if model != name:
+            raise ModelNotFoundError(model)
+        return model_card()
+
+    @app.get("/health")
+    async def health() -> Response:
+        if engine.is_running:
+            return JSONResponse({"status": "ok"})
+        return error_response(503, str(engine.dead or "the engine loop is not running"))
+
+    @app.get("/metrics")
+    async def prometheus() -> Response:
+        return Response(metrics.render(), media_type=CONTENT_TYPE_LATEST)
+
+    app.add_middleware(BodySizeLimit, max_bytes=max_request_bytes)
+    if api_key:
+        app.add_middleware(BearerAuth, api_key=api_key)  # added last: runs first, before any body is read
+    return app

@@ -1,0 +1,110 @@
+"""POST /v1/chat/completions: messages through the checkpoint's own chat template, n choices, optional SSE."""
+
+from __future__ import annotations
+
+import time
+import uuid
+
+from fastapi import Request
+from fastapi.responses import JSONResponse, Response
+
+from railyard.api.errors import error_body
+from railyard.api.generation import DeltaTracker, Generation, Prompt, now_s
+from railyard.api.protocol import ChatCompletionRequest
+from railyard.api.sse import EventStreamResponse, sse
+from railyard.engine.outputs import RequestOutput
+from railyard.errors import InvalidRequestError
+
+
+def render_chat(gen: Generation, req: ChatCompletionRequest) -> Prompt:
+    """The prompt text and ids, exactly as transformers' apply_chat_template renders the messages."""
+    if getattr(gen.tokenizer, "chat_template", None) is None:
+        raise InvalidRequestError("this model has no chat template; use /v1/completions")
+    messages = [m.template_dict() for m in req.messages]
+    try:
+        text = gen.tokenizer.apply_chat_template(messages, tokenize=False,
+                                                 add_generation_prompt=req.add_generation_prompt)
+    except Exception as exc:  # the template itself rejects the conversation (jinja raise_exception etc.)
+        raise InvalidRequestError(f"the chat template cannot render these messages: {exc}") from None
+    # The template already carries any special tokens it wants; adding more would change the prompt.
+    return Prompt(text, gen.tokenize(text, add_special_tokens=False))
+
+
+def _check_supported(req: ChatCompletionRequest) -> None:
+    if req.tools:
+        raise InvalidRequestError("tools are not supported by this server.")
+    if req.tool_choice not in (None, "none", "auto"):
+        raise InvalidRequestError("tool_choice is not supported by this server.")
+    if req.response_format is not None and req.response_format.type != "text":
+        raise InvalidRequestError(f"response_format {req.response_format.type!r} is not supported; use 'text'.")
+    if req.top_logprobs is not None and not req.logprobs:
+        raise InvalidRequestError("top_logprobs requires logprobs to be true.")
+
+
+def _logprobs(gen: Generation, token_ids: list[int], logprobs: list[dict[int, float]], k: int) -> list[dict]:
+    def entry(t: int, v: float) -> dict:
+        text = gen.token_text(t)
+        return {"token": text, "logprob": v, "bytes": list(text.encode("utf-8"))}
+
+    return [{**entry(t, lp[t]),
+             "top_logprobs": [entry(a, v) for a, v in sorted(lp.items(), key=lambda kv: -kv[1])[:k]]}
+            for t, lp in zip(token_ids, logprobs)]
+
+
+def _usage(out: RequestOutput) -> dict:
+    prompt, completion = len(out.prompt_token_ids), sum(len(c.token_ids) for c in out.outputs)
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+
+
+async def create_chat_completion(gen: Generation, req: ChatCompletionRequest, raw: Request) -> Response:
+    arrival = time.monotonic()
+    gen.check_model(req.model)
+    _check_supported(req)
+    prompt = render_chat(gen, req)
+    max_tokens = req.max_completion_tokens or req.max_tokens
+    gen.check_length(prompt, max_tokens)
+    k = (req.top_logprobs or 0) if req.logprobs else None
+    params = gen.sampling_params(req, max_tokens, k)
+    request_id = f"chatcmpl-{uuid.uuid4().hex}"
+    streams = await gen.submit(request_id, [prompt], params, req.priority, arrival)
+    created = now_s()
+    if req.stream:
+        return EventStreamResponse(_stream(gen, req, request_id, created, streams[0]))
+    outputs = await gen.collect(streams, raw)
+    if outputs is None:
+        return Response(status_code=499)  # the client left; nobody reads this
+    out = outputs[0]
+    choices = [{"index": c.index, "message": {"role": "assistant", "content": c.text},
+                "logprobs": {"content": _logprobs(gen, c.token_ids, c.logprobs, k)} if k is not None else None,
+                "finish_reason": c.finish_reason, "stop_reason": c.stop_reason}
+               for c in out.outputs]
+    return JSONResponse({"id": request_id, "object": "chat.completion", "created": created, "model": gen.model_name,
+                         "choices": choices, "usage": _usage(out)})
+
+
+async def _stream(gen: Generation, req: ChatCompletionRequest, request_id: str, created: int, stream):
+    tracker = DeltaTracker(req.n)
+    k = (req.top_logprobs or 0) if req.logprobs else None
+    include_usage = req.stream_options is not None and req.stream_options.include_usage
+    head = {"id": request_id, "object": "chat.completion.chunk", "created": created, "model": gen.model_name}
+    usage_field = {"usage": None} if include_usage else {}
+    last = None
+    try:
+        async for out in stream:
+            last = out
+            choices = []
+            for d in tracker.deltas(0, out):
+                if d.first:  # OpenAI opens each choice with the role
+                    yield sse({**head, "choices": [{"index": d.index, "delta": {"role": "assistant", "content": ""},
+                                                    "logprobs": None, "finish_reason": None}], **usage_field})
+                delta = {"content": d.text} if d.text else {}
+                logprobs = {"content": _logprobs(gen, d.token_ids, d.logprobs, k)} if k is not None else None
+                choices.append({"index": d.index, "delta": delta, "logprobs": logprobs,
+                                "finish_reason": d.finish_reason, "stop_reason": d.stop_reason})
+            if choices:
+                yield sse({**head, "choices": choices, **usage_field})
+        if include_usage and last is not None:
+            yield sse({**head, "choices": [], "usage": _usage(last)})
+    except Exception as exc:  # the engine died mid-stream: say so in-band, then end the stream
+        yield sse(error_body(503, str(exc)))
+    yield sse("[DONE]")

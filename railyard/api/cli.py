@@ -1,0 +1,77 @@
+"""`railyard serve`: one engine behind the OpenAI-compatible HTTP API (uvicorn)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import sys
+
+from railyard.engine.args import add_engine_args, engine_config_from_args
+from railyard.errors import ConfigError
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("serve", help="serve a model over the OpenAI-compatible HTTP API")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default: loopback only)")
+    p.add_argument("--port", type=int, default=8000, help="port to bind (0: any free port)")
+    p.add_argument("--api-key", default=os.environ.get("RAILYARD_API_KEY"),
+                   help="require 'Authorization: Bearer KEY' on /v1 routes (default: $RAILYARD_API_KEY)")
+    p.add_argument("--served-model-name", help="the model name clients use (default: the checkpoint dir name)")
+    p.add_argument("--max-waiting-requests", type=int, default=1024,
+                   help="requests allowed to wait for a batch slot before new ones get 503 + Retry-After")
+    p.add_argument("--max-request-bytes", type=int, default=8 * 1024 * 1024, help="largest request body (413 above)")
+    p.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"])
+    add_engine_args(p)
+    p.set_defaults(func=run_serve)
+
+
+def curl_example(base_url: str, model: str, api_key: str | None) -> str:
+    auth = " -H 'Authorization: Bearer $RAILYARD_API_KEY'" if api_key else ""
+    body = json.dumps({"model": model, "messages": [{"role": "user", "content": "Hello!"}], "max_tokens": 16})
+    return f"curl -s {base_url}/v1/chat/completions -H 'Content-Type: application/json'{auth} -d '{body}'"
+
+
+def run_serve(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from railyard.api.app import build_app, default_model_name
+    from railyard.engine.async_engine import AsyncEngine
+
+    if not 0 <= args.port <= 65535:
+        raise ConfigError(f"--port must be in [0, 65535], got {args.port}")
+    if args.max_waiting_requests < 1 or args.max_request_bytes < 1:
+        raise ConfigError("--max-waiting-requests and --max-request-bytes must be positive")
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    config = engine_config_from_args(args)
+    engine = AsyncEngine.from_config(config, max_waiting_requests=args.max_waiting_requests)
+    name = args.served_model_name or default_model_name(engine)
+    app = build_app(engine, served_model_name=name, api_key=args.api_key, max_request_bytes=args.max_request_bytes)
+    server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
+                                           timeout_graceful_shutdown=5))
+
+    async def announce() -> None:
+        while not server.started:
+            if server.should_exit:
+                return
+            await asyncio.sleep(0.05)
+        port = server.servers[0].sockets[0].getsockname()[1]
+        host = "127.0.0.1" if args.host in ("0.0.0.0", "::", "") else args.host
+        base = f"http://{host}:{port}"
+        print(f"railyard serve: {name} on {base} (OpenAI API under {base}/v1, metrics at {base}/metrics)\n"
+              f"try:\n  {curl_example(base, name, args.api_key)}", flush=True)
+
+    async def main() -> None:
+        announcer = asyncio.ensure_future(announce())
+        try:
+            await server.serve()
+        finally:
+            announcer.cancel()
+
+    asyncio.run(main())
+    if not server.started:
+        print(f"railyard serve: error: could not listen on {args.host}:{args.port}", file=sys.stderr)
+        return 2
+    return 0

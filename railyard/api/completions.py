@@ -1,0 +1,112 @@
+"""POST /v1/completions: one or several prompts (text or token ids), n choices each, optionally streamed."""
+
+from __future__ import annotations
+
+import time
+import uuid
+
+from fastapi import Request
+from fastapi.responses import JSONResponse, Response
+
+from railyard.api.errors import error_body
+from railyard.api.generation import DeltaTracker, Generation, Prompt, merge_streams, now_s
+from railyard.api.protocol import CompletionRequest
+from railyard.api.sse import EventStreamResponse, sse
+from railyard.engine.outputs import RequestOutput
+from railyard.errors import InvalidRequestError
+
+
+def _prompts(gen: Generation, req: CompletionRequest) -> list[Prompt]:
+    p = req.prompt
+    if isinstance(p, str):
+        return [Prompt(p, gen.tokenize(p))]
+    if not p:
+        raise InvalidRequestError("The prompt is empty.")
+    if all(isinstance(x, str) for x in p):
+        return [Prompt(x, gen.tokenize(x)) for x in p]
+    if all(isinstance(x, int) for x in p):
+        gen.check_token_ids(p)
+        return [Prompt(None, list(p))]
+    for ids in p:
+        gen.check_token_ids(ids)
+    return [Prompt(None, list(ids)) for ids in p]
+
+
+def _logprobs(gen: Generation, token_ids: list[int], logprobs: list[dict[int, float]], k: int, offset: int) -> dict:
+    tokens = [gen.token_text(t) for t in token_ids]
+    offsets = []
+    for t in tokens:
+        offsets.append(offset)
+        offset += len(t)
+    return {
+        "tokens": tokens,
+        "token_logprobs": [lp[t] for t, lp in zip(token_ids, logprobs)],
+        "top_logprobs": [{gen.token_text(t): v for t, v in sorted(lp.items(), key=lambda kv: -kv[1])[:k]}
+                         for lp in logprobs],
+        "text_offset": offsets,
+    }
+
+
+def _usage(outputs: list[RequestOutput]) -> dict:
+    prompt = sum(len(o.prompt_token_ids) for o in outputs)
+    completion = sum(len(c.token_ids) for o in outputs for c in o.outputs)
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+
+
+async def create_completion(gen: Generation, req: CompletionRequest, raw: Request) -> Response:
+    arrival = time.monotonic()
+    gen.check_model(req.model)
+    if req.echo:
+        raise InvalidRequestError("echo is not supported.")
+    if req.suffix:
+        raise InvalidRequestError("suffix is not supported.")
+    if req.best_of is not None and req.best_of != req.n:
+        raise InvalidRequestError("best_of must equal n (or be left out): railyard does not rank candidates.")
+    prompts = _prompts(gen, req)
+    for p in prompts:
+        gen.check_length(p, req.max_tokens)
+    params = gen.sampling_params(req, req.max_tokens, req.logprobs)
+    request_id = f"cmpl-{uuid.uuid4().hex}"
+    streams = await gen.submit(request_id, prompts, params, req.priority, arrival)
+    created = now_s()
+    if req.stream:
+        return EventStreamResponse(_stream(gen, req, request_id, created, streams))
+    outputs = await gen.collect(streams, raw)
+    if outputs is None:
+        return Response(status_code=499)  # the client left; nobody reads this
+    choices = []
+    for i, out in enumerate(outputs):
+        for c in out.outputs:
+            choices.append({
+                "index": i * req.n + c.index, "text": c.text,
+                "logprobs": _logprobs(gen, c.token_ids, c.logprobs, req.logprobs, 0) if req.logprobs is not None
+                else None,
+                "finish_reason": c.finish_reason, "stop_reason": c.stop_reason})
+    return JSONResponse({"id": request_id, "object": "text_completion", "created": created, "model": gen.model_name,
+                         "choices": choices, "usage": _usage(outputs)})
+
+
+async def _stream(gen: Generation, req: CompletionRequest, request_id: str, created: int, streams):
+    tracker = DeltaTracker(req.n)
+    offsets: dict[int, int] = {}
+    latest: dict[int, RequestOutput] = {}
+    include_usage = req.stream_options is not None and req.stream_options.include_usage
+    head = {"id": request_id, "object": "text_completion", "created": created, "model": gen.model_name}
+    try:
+        async for i, out in merge_streams(streams):
+            latest[i] = out
+            choices = []
+            for d in tracker.deltas(i, out):
+                logprobs = None
+                if req.logprobs is not None:
+                    logprobs = _logprobs(gen, d.token_ids, d.logprobs, req.logprobs, offsets.get(d.index, 0))
+                offsets[d.index] = offsets.get(d.index, 0) + len(d.text)
+                choices.append({"index": d.index, "text": d.text, "logprobs": logprobs,
+                                "finish_reason": d.finish_reason, "stop_reason": d.stop_reason})
+            if choices:
+                yield sse({**head, "choices": choices, **({"usage": None} if include_usage else {})})
+        if include_usage:
+            yield sse({**head, "choices": [], "usage": _usage(list(latest.values()))})
+    except Exception as exc:  # the engine died mid-stream: say so in-band, then end the stream
+        yield sse(error_body(503, str(exc)))
+    yield sse("[DONE]")

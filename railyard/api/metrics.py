@@ -1,0 +1,118 @@
+"""Prometheus metrics under vLLM's names (`vllm:*`), so existing dashboards and autoscalers work.
+
+Engine-wide gauges and counters are read from the latest EngineStats at scrape time (the engine
+owns the counts; nothing is counted twice). Per-request latencies are observed from each step's
+outputs, as vLLM does: TTFT at the first token, inter-token latency at every later step, the
+rest when a request finishes.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+from railyard.engine.outputs import EngineStats, RequestOutput
+
+_LABELS = ("model_name", "engine")
+_TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+                 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
+_ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
+                40.0, 80.0)
+_REQUEST_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0,
+                    240.0, 480.0, 960.0, 1920.0, 7680.0)
+_TOKEN_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 20000, 50000, 100000)
+
+
+class _EngineStatsCollector:
+    """Gauges and counters straight from the engine's own stats."""
+
+    def __init__(self, metrics: "ServerMetrics") -> None:
+        self.metrics = metrics
+
+    def collect(self):
+        s, labels = self.metrics.stats, self.metrics.label_values
+        for name, doc, value in (
+            ("vllm:num_requests_running", "Number of requests in model execution batches.", s.num_running),
+            ("vllm:num_requests_waiting", "Number of requests waiting to be processed.", s.num_waiting),
+            ("vllm:num_requests_swapped", "Number of requests swapped to CPU.", s.num_swapped),
+            ("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", s.kv_cache_usage),
+        ):
+            family = GaugeMetricFamily(name, doc, labels=_LABELS)
+            family.add_metric(labels, value)
+            yield family
+        for name, doc, value in (
+            ("vllm:prompt_tokens", "Number of prefill tokens processed.", s.prompt_tokens_total),
+            ("vllm:generation_tokens", "Number of generation tokens processed.", s.generation_tokens_total),
+            ("vllm:num_preemptions", "Cumulative number of preemptions from the engine.", s.num_preemptions_total),
+            ("vllm:prefix_cache_queries", "Prefix cache queries, in terms of number of queried tokens.",
+             s.prefix_cache_queries),
+            ("vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens.", s.prefix_cache_hits),
+        ):
+            family = CounterMetricFamily(name, doc, labels=_LABELS)
+            family.add_metric(labels, value)
+            yield family
+
+
+class ServerMetrics:
+    """One server's metrics registry; an AsyncEngine StepListener."""
+
+    def __init__(self, model_name: str, stats: EngineStats | None = None) -> None:
+        self.registry = CollectorRegistry()
+        self.label_values = [model_name, "0"]
+        self.stats = stats or EngineStats()
+        self._last_token_time: dict[str, float] = {}
+        self.registry.register(_EngineStatsCollector(self))
+
+        def histogram(name: str, doc: str, buckets) -> Histogram:
+            return Histogram(name, doc, _LABELS, buckets=buckets, registry=self.registry).labels(*self.label_values)
+
+        self.ttft = histogram("vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.",
+                              _TTFT_BUCKETS)
+        self.itl = histogram("vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.",
+                             _ITL_BUCKETS)
+        self.tpot = histogram("vllm:request_time_per_output_token_seconds",
+                              "Histogram of time_per_output_token_seconds per request.", _ITL_BUCKETS)
+        self.e2e = histogram("vllm:e2e_request_latency_seconds",
+                             "Histogram of e2e request latency in seconds.", _REQUEST_BUCKETS)
+        self.queue = histogram("vllm:request_queue_time_seconds",
+                               "Histogram of time spent in WAITING phase for request.", _REQUEST_BUCKETS)
+        self.prompt_len = histogram("vllm:request_prompt_tokens", "Number of prefill tokens processed.",
+                                    _TOKEN_BUCKETS)
+        self.output_len = histogram("vllm:request_generation_tokens", "Number of generation tokens processed.",
+                                    _TOKEN_BUCKETS)
+        self.success = Counter("vllm:request_success", "Count of successfully processed requests.",
+                               (*_LABELS, "finished_reason"), registry=self.registry)
+
+    # -- StepListener ----------------------------------------------------------------------------
+    def on_step(self, outputs: list[RequestOutput], stats: EngineStats, now: float) -> None:
+        self.stats = stats
+        for out in outputs:
+            m = out.metrics
+            previous = self._last_token_time.get(out.request_id)
+            if previous is None:
+                self.ttft.observe(m.first_token_time - m.arrival_time)
+            else:
+                self.itl.observe(m.last_token_time - previous)
+            self._last_token_time[out.request_id] = m.last_token_time
+            if out.finished:
+                self._finished(out)
+
+    def on_abort(self, request_id: str) -> None:
+        self._last_token_time.pop(request_id, None)
+
+    def _finished(self, out: RequestOutput) -> None:
+        m = out.metrics
+        self._last_token_time.pop(out.request_id, None)
+        num_out = max(len(c.token_ids) for c in out.outputs)
+        self.e2e.observe(m.finished_time - m.arrival_time)
+        self.queue.observe(m.first_scheduled_time - m.arrival_time)
+        if num_out > 1:
+            self.tpot.observe((m.last_token_time - m.first_token_time) / (num_out - 1))
+        self.prompt_len.observe(len(out.prompt_token_ids))
+        self.output_len.observe(sum(len(c.token_ids) for c in out.outputs))
+        for c in out.outputs:
+            self.success.labels(*self.label_values, c.finish_reason or "stop").inc()
+
+    def render(self) -> bytes:
+        """The Prometheus text exposition of every metric."""
+        return generate_latest(self.registry)
