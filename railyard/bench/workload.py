@@ -32,7 +32,8 @@ class LengthRange:
         return cls(low, high)
 
     def draw(self, rng: random.Random) -> int:
-        return rng.randint(self.low, self.high)
+        # A fixed length draws nothing, so the token stream matches peers' generators (hf_baseline.py).
+        return self.low if self.low == self.high else rng.randint(self.low, self.high)
 
 
 @dataclass
@@ -42,10 +43,10 @@ class Request:
 
 
 def synthetic_requests(num: int, input_len: LengthRange, output_len: LengthRange, vocab_size: int,
-                       seed: int = 0, reserved_low: int = 0) -> list[Request]:
-    """num requests with random token ids in [reserved_low, vocab_size) and seeded lengths."""
+                       seed: int = 0, reserved_low: int = 0, reserved_high: int = 0) -> list[Request]:
+    """num requests with random token ids in [reserved_low, vocab_size - reserved_high) and seeded lengths."""
     rng = random.Random(seed)
-    hi = vocab_size - 1
+    hi = max(0, vocab_size - 1 - reserved_high)
     lo = min(reserved_low, hi)
     return [Request([rng.randint(lo, hi) for _ in range(input_len.draw(rng))], output_len.draw(rng))
             for _ in range(num)]

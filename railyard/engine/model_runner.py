@@ -13,6 +13,7 @@ from pathlib import Path
 import torch
 
 from railyard.engine.attention import AttentionMetadata, get_backend
+from railyard.engine.cuda_graphs import DecodeGraphs, padded_block_tables
 from railyard.engine.config import EngineConfig
 from railyard.engine.models.loader import build_empty, load_model, random_weights
 from railyard.engine.models.spec import ModelSpec
@@ -86,6 +87,16 @@ class ModelRunner:
         self.cpu_caches = [torch.zeros(cpu_shape, dtype=self.dtype, pin_memory=pin)
                            for _ in range(spec.num_layers)] if self.num_cpu_blocks else []
         self.generators: dict[int, torch.Generator] = {}
+        self.graphs = self._capture_graphs()
+
+    def _capture_graphs(self) -> DecodeGraphs | None:
+        """Decode CUDA graphs: single-GPU Triton runs only (TP collectives and the torch backend run eager)."""
+        c = self.config
+        if (c.enforce_eager or self.device.type != "cuda" or self.ps.world_size > 1
+                or self.backend_cls.name != "triton"):
+            return None
+        max_batch = min(c.cuda_graph_max_batch_size, c.max_num_seqs)
+        return DecodeGraphs(self.model, self.kv_caches, max_batch, c.max_model_len, self.block_size, self.device)
 
     # -- sizing ----------------------------------------------------------------------------------
     @property
@@ -100,15 +111,18 @@ class ModelRunner:
             return max(1, min(seats, int(CPU_KV_CACHE_GIB * 2**30 // self.block_bytes)))
         # Measure weights + peak activations of the largest step, give the rest to KV blocks.
         torch.cuda.empty_cache()
+        weights = torch.cuda.memory_allocated(self.device)
         torch.cuda.reset_peak_memory_stats(self.device)
         n = min(self.config.max_num_batched_tokens, self.config.max_model_len * self.config.max_num_seqs)
-        self._dummy_forward(n)
+        scratch_bytes = self._dummy_forward(n)
         torch.cuda.synchronize(self.device)
-        peak = torch.cuda.max_memory_allocated(self.device)
+        peak = torch.cuda.max_memory_allocated(self.device) - scratch_bytes
         free, total = torch.cuda.mem_get_info(self.device)
-        # Memory used by others on this GPU (other processes) counts against our share.
+        # Memory used by others on this GPU (other processes, the CUDA context) counts against our share.
         used_elsewhere = total - free - torch.cuda.memory_reserved(self.device)
-        budget = total * self.config.gpu_memory_utilization - peak - max(0, used_elsewhere)
+        # Decode CUDA graphs and the sampler's float32 logits live outside the profiled step.
+        reserve = 0 if self.config.enforce_eager else self.config.max_num_seqs * self.spec.vocab_size * 12 + 2**30
+        budget = total * self.config.gpu_memory_utilization - peak - max(0, used_elsewhere) - reserve
         blocks = int(budget // self.block_bytes)
         if blocks < 1:
             raise ConfigError(
@@ -116,24 +130,33 @@ class ModelRunner:
                 f"{total / 2**30:.1f} GiB); raise gpu_memory_utilization or lower max_num_batched_tokens"
             )
         torch.cuda.empty_cache()
+        log.info("memory profile: weights %.2f GiB, peak of a %d-token step %.2f GiB, others %.2f GiB, "
+                 "GPU %.1f GiB x %.2f -> KV cache %.2f GiB (%d blocks)", weights / 2**30, n,
+                 (peak - weights) / 2**30, max(0, used_elsewhere) / 2**30, total / 2**30,
+                 self.config.gpu_memory_utilization, blocks * self.block_bytes / 2**30, blocks)
         return blocks
 
-    def _dummy_forward(self, num_tokens: int) -> None:
-        """One prefill of num_tokens through a scratch one-block cache (for memory profiling)."""
-        scratch = [torch.zeros((2, 1, self.block_size, self.num_kv_heads, self.head_dim), dtype=self.dtype,
-                               device=self.device) for _ in range(self.spec.num_layers)]
-        ids = torch.zeros(num_tokens, dtype=torch.long, device=self.device)
-        pos = torch.arange(num_tokens, device=self.device) % self.spec.max_position_embeddings
+    def _dummy_forward(self, num_tokens: int) -> int:
+        """One prefill of num_tokens through a scratch cache (for memory profiling); returns the scratch bytes."""
+        dev, bs = self.device, self.block_size
+        n_blocks = -(-num_tokens // bs)
+        scratch = [torch.zeros((2, n_blocks, bs, self.num_kv_heads, self.head_dim), dtype=self.dtype, device=dev)
+                   for _ in range(self.spec.num_layers)]
+        ids = torch.zeros(num_tokens, dtype=torch.long, device=dev)
+        pos = torch.arange(num_tokens, device=dev) % self.spec.max_position_embeddings
         meta = AttentionMetadata(
-            slot_mapping=torch.zeros(num_tokens, dtype=torch.long, device=self.device),
-            query_start_loc=torch.tensor([0, num_tokens], dtype=torch.int32, device=self.device),
-            seq_lens=torch.tensor([1], dtype=torch.int32, device=self.device),
-            block_tables=torch.zeros((1, 1), dtype=torch.int32, device=self.device),
-            max_query_len=num_tokens, max_seq_len=1, query_start_loc_cpu=[0, num_tokens], seq_lens_cpu=[1])
+            slot_mapping=torch.arange(num_tokens, dtype=torch.long, device=dev),
+            query_start_loc=torch.tensor([0, num_tokens], dtype=torch.int32, device=dev),
+            seq_lens=torch.tensor([num_tokens], dtype=torch.int32, device=dev),
+            block_tables=torch.arange(n_blocks, dtype=torch.int32, device=dev)[None],
+            max_query_len=num_tokens, max_seq_len=num_tokens, query_start_loc_cpu=[0, num_tokens],
+            seq_lens_cpu=[num_tokens])
         with torch.inference_mode():
             hidden = self.model(ids, pos, scratch, meta)
-            self.model.compute_logits(hidden[-min(num_tokens, self.config.max_num_seqs):])
+            self.model.compute_logits(hidden[-min(num_tokens, self.config.max_num_seqs):]).float()
+        scratch_bytes = sum(t.numel() * t.element_size() for t in scratch)
         del scratch
+        return scratch_bytes
 
     def _num_cpu_blocks(self) -> int:
         if self.config.preemption_mode != "swap":
@@ -166,14 +189,12 @@ class ModelRunner:
 
     def to_metadata(self, plan: StepPlan) -> AttentionMetadata:
         dev = self.device
-        width = max(len(t) for t in plan.block_tables)
-        padded = [t + [0] * (width - len(t)) for t in plan.block_tables]
         starts = plan.query_start_loc
         return AttentionMetadata(
             slot_mapping=torch.tensor(plan.slot_mapping, dtype=torch.long, device=dev),
             query_start_loc=torch.tensor(starts, dtype=torch.int32, device=dev),
             seq_lens=torch.tensor(plan.seq_lens, dtype=torch.int32, device=dev),
-            block_tables=torch.tensor(padded, dtype=torch.int32, device=dev),
+            block_tables=torch.from_numpy(padded_block_tables(plan.block_tables)).to(dev),
             max_query_len=max(b - a for a, b in zip(starts, starts[1:])),
             max_seq_len=max(plan.seq_lens),
             query_start_loc_cpu=starts,
@@ -218,6 +239,11 @@ class ModelRunner:
         self.swap(plan)
         if not plan.input_ids:
             return None
+        n = len(plan.input_ids)
+        if (self.graphs is not None and n == len(plan.seq_lens) == len(plan.sample_indices)
+                and n <= self.graphs.max_batch):  # decode only: one new token per sequence, each sampled
+            return self.graphs.run(plan.input_ids, plan.positions, plan.slot_mapping, plan.seq_lens,
+                                   plan.block_tables)
         meta = self.to_metadata(plan)
         ids = torch.tensor(plan.input_ids, dtype=torch.long, device=self.device)
         pos = torch.tensor(plan.positions, dtype=torch.long, device=self.device)
