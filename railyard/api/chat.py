@@ -92,17 +92,15 @@ async def _stream(gen: Generation, req: ChatCompletionRequest, request_id: str, 
     try:
         async for out in stream:
             last = out
-            choices = []
-            for d in tracker.deltas(0, out):
+            for d in tracker.deltas(0, out):  # one choice per chunk, as OpenAI streams them
                 if d.first:  # OpenAI opens each choice with the role
                     yield sse({**head, "choices": [{"index": d.index, "delta": {"role": "assistant", "content": ""},
                                                     "logprobs": None, "finish_reason": None}], **usage_field})
                 delta = {"content": d.text} if d.text else {}
                 logprobs = {"content": _logprobs(gen, d.token_ids, d.logprobs, k)} if k is not None else None
-                choices.append({"index": d.index, "delta": delta, "logprobs": logprobs,
-                                "finish_reason": d.finish_reason, "stop_reason": d.stop_reason})
-            if choices:
-                yield sse({**head, "choices": choices, **usage_field})
+                choice = {"index": d.index, "delta": delta, "logprobs": logprobs, "finish_reason": d.finish_reason,
+                          "stop_reason": d.stop_reason}
+                yield sse({**head, "choices": [choice], **usage_field})
         if include_usage and last is not None:
             yield sse({**head, "choices": [], "usage": _usage(last)})
     except Exception as exc:  # the engine died mid-stream: say so in-band, then end the stream

@@ -95,16 +95,14 @@ async def _stream(gen: Generation, req: CompletionRequest, request_id: str, crea
     try:
         async for i, out in merge_streams(streams):
             latest[i] = out
-            choices = []
-            for d in tracker.deltas(i, out):
+            for d in tracker.deltas(i, out):  # one choice per chunk, as OpenAI streams them
                 logprobs = None
                 if req.logprobs is not None:
                     logprobs = _logprobs(gen, d.token_ids, d.logprobs, req.logprobs, offsets.get(d.index, 0))
                 offsets[d.index] = offsets.get(d.index, 0) + len(d.text)
-                choices.append({"index": d.index, "text": d.text, "logprobs": logprobs,
-                                "finish_reason": d.finish_reason, "stop_reason": d.stop_reason})
-            if choices:
-                yield sse({**head, "choices": choices, **({"usage": None} if include_usage else {})})
+                choice = {"index": d.index, "text": d.text, "logprobs": logprobs, "finish_reason": d.finish_reason,
+                          "stop_reason": d.stop_reason}
+                yield sse({**head, "choices": [choice], **({"usage": None} if include_usage else {})})
         if include_usage:
             yield sse({**head, "choices": [], "usage": _usage(list(latest.values()))})
     except Exception as exc:  # the engine died mid-stream: say so in-band, then end the stream

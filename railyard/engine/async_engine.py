@@ -94,6 +94,7 @@ class AsyncEngine:
         self._wakeup: asyncio.Event | None = None
         self._task: asyncio.Task | None = None
         self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="railyard-engine")
+        self.loop: asyncio.AbstractEventLoop | None = None
         self.dead: EngineDeadError | None = None
 
     @classmethod
@@ -104,8 +105,9 @@ class AsyncEngine:
     async def start(self) -> None:
         """Start the step loop on the running event loop (idempotent)."""
         if self._task is None:
+            self.loop = asyncio.get_running_loop()  # other threads submit coroutines here
             self._wakeup = asyncio.Event()
-            self._task = asyncio.get_running_loop().create_task(self._loop(), name="railyard-engine-loop")
+            self._task = self.loop.create_task(self._loop(), name="railyard-engine-loop")
 
     async def shutdown(self) -> None:
         """Stop the loop after the step in flight; open streams end with EngineDeadError."""

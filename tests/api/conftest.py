@@ -1,0 +1,78 @@
+"""A real uvicorn server on localhost, in a background thread, serving the tiny model (shared per session)."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import pytest
+import uvicorn
+
+from railyard.api.app import build_app
+from railyard.engine.async_engine import AsyncEngine
+from railyard.engine.config import EngineConfig
+from railyard.engine.tokenizer import load_tokenizer
+
+MODEL_NAME = "tiny"
+MAX_MODEL_LEN = 256
+
+
+@dataclass
+class RunningServer:
+    url: str
+    engine: AsyncEngine
+    model: str = MODEL_NAME
+
+    def in_loop(self, coro, timeout: float = 60.0):
+        """Run a coroutine on the server's event loop (where the engine lives) and return its result."""
+        return asyncio.run_coroutine_threadsafe(coro, self.engine.loop).result(timeout)
+
+    def idle_stats(self, timeout: float = 30.0):
+        """Engine stats once nothing is running or waiting (aborts land between steps)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            stats = self.engine.stats
+            if stats.num_pending == 0 and not self.engine._streams or time.monotonic() > deadline:
+                return stats
+            time.sleep(0.05)
+
+
+@contextmanager
+def serve_in_thread(engine: AsyncEngine, **app_kwargs) -> Iterator[RunningServer]:
+    """uvicorn on 127.0.0.1 (any free port) until the block ends."""
+    app = build_app(engine, served_model_name=MODEL_NAME, **app_kwargs)
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning"))
+    thread = threading.Thread(target=server.run, name="uvicorn", daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 120
+    while not server.started:
+        if not thread.is_alive() or time.monotonic() > deadline:
+            raise RuntimeError("uvicorn did not start")
+        time.sleep(0.02)
+    port = server.servers[0].sockets[0].getsockname()[1]
+    try:
+        yield RunningServer(f"http://127.0.0.1:{port}", engine)
+    finally:
+        server.should_exit = True
+        thread.join(timeout=30)
+
+
+def tiny_engine(model_dir: str, **overrides) -> AsyncEngine:
+    config = dict(model=model_dir, max_model_len=MAX_MODEL_LEN, num_gpu_blocks=1024, max_num_seqs=64)
+    max_waiting = overrides.pop("max_waiting_requests", 4096)
+    return AsyncEngine.from_config(EngineConfig(**{**config, **overrides}), max_waiting_requests=max_waiting)
+
+
+@pytest.fixture(scope="session")
+def server(tiny_model) -> Iterator[RunningServer]:
+    with serve_in_thread(tiny_engine(tiny_model)) as running:
+        yield running
+
+
+@pytest.fixture(scope="session")
+def tokenizer(tiny_model):
+    return load_tokenizer(tiny_model)
