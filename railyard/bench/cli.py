@@ -17,6 +17,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     tp.add_argument("--input-len", default="32-128", help="N or LOW-HIGH prompt tokens (seeded uniform)")
     tp.add_argument("--output-len", default="32", help="N or LOW-HIGH output tokens (EOS ignored)")
     tp.add_argument("--workload-seed", type=int, default=0)
+    tp.add_argument("--peak-tflops", type=float, default=None,
+                    help="matmul peak for the roofline (default: 790, bf16 measured on an H200)")
+    tp.add_argument("--hbm-tbs", type=float, default=None,
+                    help="memory bandwidth for the roofline in TB/s (default: 4.3, measured on an H200)")
     add_engine_args(tp)
     tp.set_defaults(func=run_throughput_cmd)
 
@@ -31,5 +35,28 @@ def run_throughput_cmd(args: argparse.Namespace) -> int:
     input_len, output_len = LengthRange.parse(args.input_len), LengthRange.parse(args.output_len)
     engine = build_engine(engine_config_from_args(args))
     result = run_throughput(engine, args.num_prompts, input_len, output_len, args.workload_seed)
-    print(json.dumps(result.to_dict(), indent=1))
+    report = result.to_dict()
+    report.update(roofline_report(engine, args, input_len, output_len, result.elapsed_s))
+    print(json.dumps(report, indent=1))
     return 0
+
+
+def roofline_report(engine, args: argparse.Namespace, input_len, output_len, elapsed_s: float) -> dict:
+    """DESIGN.md's floor for this workload and model, and how close the measured run came (a line on stderr)."""
+    import sys
+
+    from railyard.bench.roofline import H200_HBM_TBS, H200_PEAK_TFLOPS, ModelShape, offline_roofline
+    from railyard.bench.throughput import workload_requests
+
+    reqs = workload_requests(engine, args.num_prompts, input_len, output_len, args.workload_seed)
+    peak, bw = args.peak_tflops or H200_PEAK_TFLOPS, args.hbm_tbs or H200_HBM_TBS
+    runner = getattr(engine.executor, "runner", None)
+    dtype_bytes = runner.dtype.itemsize if runner is not None else 2
+    roof = offline_roofline(ModelShape.of(engine.spec, dtype_bytes), [len(r.prompt_token_ids) for r in reqs],
+                            [r.output_len for r in reqs], peak, bw)
+    pct = 100.0 * roof.total_s / elapsed_s
+    print(f"roofline: floor {roof.total_s:.2f} s (prefill {roof.prefill_s:.2f} s + decode {roof.decode_s:.2f} s at "
+          f"{peak:g} TFLOP/s, {bw:g} TB/s); measured {elapsed_s:.2f} s = {elapsed_s / roof.total_s:.2f}x the floor "
+          f"({pct:.1f}% of roofline)", file=sys.stderr)
+    return {"roofline": roof.to_dict(), "measured_over_roofline": round(elapsed_s / roof.total_s, 3),
+            "percent_of_roofline": round(pct, 1)}

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from dataclasses import asdict, dataclass
 
-from railyard.bench.workload import LengthRange, synthetic_requests
+from railyard.bench.workload import LengthRange, Request, synthetic_requests
 from railyard.engine.config import EngineConfig, SamplingParams
 from railyard.engine.engine import Engine
 
@@ -30,7 +30,7 @@ class ThroughputResult:
 def run_throughput(engine: Engine, num_prompts: int, input_len: LengthRange, output_len: LengthRange,
                    seed: int = 0) -> ThroughputResult:
     """Submit every request at once (ignore_eos, greedy) and time until all have finished."""
-    reqs = synthetic_requests(num_prompts, input_len, output_len, engine.spec.vocab_size, seed)
+    reqs = workload_requests(engine, num_prompts, input_len, output_len, seed)
     for i, r in enumerate(reqs):
         params = SamplingParams(temperature=0.0, max_tokens=r.output_len, ignore_eos=True)
         engine.add_request(f"bench-{i}", None, params, prompt_token_ids=r.prompt_token_ids)
@@ -51,5 +51,22 @@ def run_throughput(engine: Engine, num_prompts: int, input_len: LengthRange, out
         prefix_cache_hit_rate=stats.prefix_cache_hit_rate, num_kv_blocks=stats.num_total_blocks)
 
 
+def workload_requests(engine: Engine, num_prompts: int, input_len: LengthRange, output_len: LengthRange,
+                      seed: int = 0) -> list[Request]:
+    """The seeded workload; for a named shape, token ids in [100, vocab - 100) as hf_baseline.py draws them,
+    so both run the very same prompts."""
+    from railyard.shapes import is_shape
+
+    margin = 100 if is_shape(engine.config.model) else 0
+    return synthetic_requests(num_prompts, input_len, output_len, engine.spec.vocab_size, seed, margin, margin)
+
+
 def build_engine(config: EngineConfig) -> Engine:
+    """An engine for a checkpoint directory, or for a named shape (railyard.shapes) with random weights."""
+    from railyard.shapes import is_shape, shape_config
+
+    if is_shape(config.model):
+        from railyard.engine.models.spec import ModelSpec
+
+        return Engine(config, spec=ModelSpec.from_hf_config(shape_config(config.model)))
     return Engine(config)
