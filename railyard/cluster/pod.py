@@ -178,14 +178,14 @@ def _pod(
 
 
 def engine_cli_args(model: ModelSpec, engine: dict[str, Any]) -> list[str]:
-    """`railyard serve` arguments for one single-engine pod (Deployment mode)."""
+    """`railyard serve` arguments for one single-engine pod (Deployment mode): EngineConfig fields as
+    kebab-case flags, as railyard.engine.args derives them."""
     args = ["serve", "--model", model.model, "--served-model-name", model.name]
     args += ["--host", "0.0.0.0", "--port", str(HTTP_PORT)]
     for key, value in engine.items():
         flag = "--" + key.replace("_", "-")
         if isinstance(value, bool):
-            if value:
-                args.append(flag)
+            args.append(flag if value else "--no-" + flag[2:])  # the engine's BooleanOptionalAction flags
         else:
             args += [flag, str(value)]
     return args

@@ -151,6 +151,8 @@ class Scheduler:
         # existing pods' required anti-affinity: (selector, topologyKey) -> domains they hold
         self._existing_anti: dict[tuple, Counter] = {}
         self._bound: list[tuple[dict[str, str], int]] = []
+        self._alloc: dict[str, list[int]] = {}
+        self._used: dict[str, list[int]] = {}
         self._alloc_cpu = [n.allocatable.get("cpu", 0) for n in nodes]
         self._alloc_mem = [n.allocatable.get("memory", 0) for n in nodes]
         self._req_cpu = [n.requested.get("cpu", 0) for n in nodes]
@@ -218,8 +220,12 @@ class Scheduler:
             if a_mem and used <= a_mem:
                 least += (a_mem - used) * MAX_SCORE // a_mem
             if a_cpu and a_mem:
-                f_cpu = min(1.0, (req_cpu[i] + pod_cpu) / a_cpu)
-                f_mem = min(1.0, (req_mem[i] + pod_mem) / a_mem)
+                f_cpu = (req_cpu[i] + pod_cpu) / a_cpu
+                f_mem = (req_mem[i] + pod_mem) / a_mem
+                if f_cpu > 1.0:
+                    f_cpu = 1.0
+                if f_mem > 1.0:
+                    f_mem = 1.0
                 balanced = int((1 - abs(f_cpu - f_mem) / 2) * MAX_SCORE)
             else:
                 balanced = MAX_SCORE
@@ -273,11 +279,27 @@ class Scheduler:
                 totals[k] += 2 * (MAX_SCORE if high == 0 else MAX_SCORE * (high + low - value) // high)
         return totals
 
+    def _array(self, table: dict[str, list[int]], resource: str) -> list[int]:
+        """Per-node allocatable (or used) amounts of one resource, built on first use."""
+        values = table.get(resource)
+        if values is None:
+            if table is self._alloc:
+                default = 110 if resource == "pods" else 0
+                values = [n.allocatable.get(resource, default) for n in self.nodes]
+            else:
+                values = [n.pods if resource == "pods" else n.requested.get(resource, 0) for n in self.nodes]
+            table[resource] = values
+        return values
+
     def _bind(self, pod: PodSpec, i: int) -> None:
         node = self.nodes[i]
         for resource, amount in pod.requests.items():
             node.requested[resource] = node.requested.get(resource, 0) + amount
+            if resource in self._used:
+                self._used[resource][i] += amount
         node.pods += 1
+        if "pods" in self._used:
+            self._used["pods"][i] += 1
         self._bound.append((pod.labels, i))
         self._req_cpu[i] += pod.requests.get("cpu", 0)
         self._req_mem[i] += pod.requests.get("memory", 0)
@@ -309,12 +331,25 @@ class Scheduler:
         feasible: list[int] = []
         reasons = Counter()
         stopped_at = None
-        for k in range(len(order)):
-            i = order[(first + k) % len(order)]
-            why = self._dynamic_reasons(pod, self.nodes[i], cache)
-            if why:
-                reasons.update(why)
-                continue
+        # Fast path: plain resource arithmetic on per-resource arrays; the full filter (with its reasons)
+        # runs only for nodes that fail it, or when the pod has spread or anti-affinity terms.
+        checks = [(self._array(self._alloc, r), self._array(self._used, r), a) for r, a in pod.requests.items() if a]
+        pods_alloc, pods_used = self._array(self._alloc, "pods"), self._array(self._used, "pods")
+        simple = not (pod.spread_hard or pod.anti_required or self._existing_anti)
+        count = len(order)
+        for k in range(count):
+            i = order[(first + k) % count]
+            fits = pods_used[i] < pods_alloc[i]
+            if fits:
+                for alloc, used, amount in checks:
+                    if used[i] + amount > alloc[i]:
+                        fits = False
+                        break
+            if not (fits and simple):
+                why = self._dynamic_reasons(pod, self.nodes[i], cache)
+                if why:
+                    reasons.update(why)
+                    continue
             feasible.append(i)
             if len(feasible) >= wanted:
                 stopped_at = i

@@ -1,0 +1,117 @@
+"""KV-cache sizing from a model's shape and replica counts from a measured engine profile."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from railyard.cluster.placement import RayNode, place_replicas
+from railyard.cluster.sizing import (
+    GIB, SHAPES, EngineProfile, kv_bytes_per_block, load_profile, replicas_for_rate, resolve_shape, size_kv_cache,
+)
+from railyard.cluster.workload import Replica
+from railyard.errors import ConfigError
+
+
+@pytest.mark.parametrize(
+    ("name", "published"),
+    # Parameter counts on the models' Hugging Face cards / safetensors metadata.
+    [("llama3-8b", 8_030_261_248), ("qwen2-7b", 7_615_616_512), ("qwen3-0.6b", 596_049_920)],
+)
+def test_named_shapes_reproduce_the_published_parameter_counts(name, published):
+    assert SHAPES[name].params() == published
+
+
+@pytest.mark.parametrize(
+    ("name", "layers", "kv_heads", "head_dim"),
+    [("qwen2-7b", 28, 4, 128), ("llama3-8b", 32, 8, 128), ("qwen3-0.6b", 28, 8, 128)],
+)
+def test_bytes_per_block_is_two_times_layers_kv_heads_head_dim_block_dtype(name, layers, kv_heads, head_dim):
+    block_size, dtype_bytes = 16, 2
+    expected = 2 * layers * kv_heads * head_dim * block_size * dtype_bytes
+    assert kv_bytes_per_block(SHAPES[name], block_size, dtype_bytes) == expected
+
+
+def test_kv_cache_is_what_memory_times_utilization_leaves_after_weights_and_overhead():
+    shape = SHAPES["llama3-8b"]
+    sizing = size_kv_cache(
+        shape, gpu_memory_bytes=80 * GIB, tensor_parallel_size=1, gpu_memory_utilization=0.9,
+        block_size=16, dtype="bfloat16", max_model_len=8192, overhead_bytes_per_gpu=2 * GIB,
+    )
+    kv = int(80 * GIB * 0.9) - 8_030_261_248 * 2 - 2 * GIB
+    per_block = 2 * 32 * 8 * 128 * 16 * 2
+    assert sizing.kv_cache_bytes == kv
+    assert sizing.num_blocks == kv // per_block
+    assert sizing.tokens == sizing.num_blocks * 16
+    assert sizing.max_seqs_at_max_len == sizing.num_blocks // (8192 // 16)
+
+
+def test_tensor_parallelism_pools_the_memory_of_every_gpu_in_the_replica():
+    args = dict(gpu_memory_bytes=24 * GIB, gpu_memory_utilization=0.9, block_size=16, dtype="bfloat16", max_model_len=4096)
+    one = size_kv_cache(SHAPES["llama3-8b"], tensor_parallel_size=1, **args)
+    two = size_kv_cache(SHAPES["llama3-8b"], tensor_parallel_size=2, **args)
+    assert two.num_blocks > 2 * one.num_blocks  # the weights are paid once, the memory twice
+
+
+def test_a_model_too_big_for_the_gpu_gets_no_kv_cache():
+    sizing = size_kv_cache(
+        SHAPES["qwen2-7b"], gpu_memory_bytes=16 * GIB, tensor_parallel_size=1, gpu_memory_utilization=0.9,
+        block_size=16, dtype="bfloat16", max_model_len=8192,
+    )
+    assert sizing.num_blocks == 0
+
+
+def test_a_checkpoint_config_json_wins_over_named_shapes(tmp_path):
+    config = {
+        "model_type": "qwen3", "num_hidden_layers": 28, "hidden_size": 1024, "num_attention_heads": 16,
+        "num_key_value_heads": 8, "head_dim": 128, "intermediate_size": 3072, "vocab_size": 151936,
+        "tie_word_embeddings": True,
+    }
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    shape, source = resolve_shape("llama3-8b", str(tmp_path))
+    assert shape == SHAPES["qwen3-0.6b"]
+    assert source.endswith("config.json")
+
+
+def test_an_unknown_named_shape_is_a_config_error():
+    with pytest.raises(ConfigError, match="unknown model shape 'gpt-5'"):
+        resolve_shape("m", "/nonexistent", "gpt-5")
+
+
+def test_replicas_for_rate_keep_each_replica_under_80_percent_of_its_measured_rate():
+    profile = EngineProfile(requests_per_s=5.0, output_tokens_per_s=None, source="x")
+    assert replicas_for_rate(18, profile) == 5  # 18 / (5 * 0.8) = 4.5
+    assert replicas_for_rate(4, profile) == 1
+    assert replicas_for_rate(8, profile) == 2  # exactly at 80%
+
+
+@pytest.mark.parametrize("field", ["requests_per_s", "request_throughput"])
+def test_bench_json_rate_is_read_from_railyard_or_vllm_field_names(tmp_path, field):
+    path = tmp_path / "bench.json"
+    path.write_text(json.dumps({field: 12.5, "output_tokens_per_s": 3000.0, "num_prompts": 200, "elapsed_s": 16.0}))
+    profile = load_profile(path)
+    assert profile.requests_per_s == 12.5
+    assert profile.output_tokens_per_s == 3000.0
+
+
+def test_bench_json_without_a_request_rate_is_a_config_error(tmp_path):
+    path = tmp_path / "bench.json"
+    path.write_text(json.dumps({"elapsed_s": 3.0}))
+    with pytest.raises(ConfigError, match="requests_per_s or request_throughput"):
+        load_profile(path)
+
+
+def test_strict_pack_group_needs_all_its_gpus_on_one_ray_node():
+    # Two worker pods with 4 free GPUs each: 8 GPUs in total, but STRICT_PACK of 8 fits on neither.
+    nodes = [RayNode("w0", "g", "n0", 4, 32), RayNode("w1", "g", "n1", 4, 32)]
+    (placed,) = place_replicas([Replica("g", 0, 8, 8, True)], nodes, head_running=True)
+    assert placed.node is None
+    assert "placement group STRICT_PACK 8 x {GPU: 1, CPU: 1} fits no Ray node" in placed.message
+    assert "the most free on any running worker pod is 4" in placed.message
+
+
+def test_replicas_fill_their_own_worker_group_first():
+    nodes = [RayNode("other", "a", "n0", 2, 8), RayNode("mine", "b", "n1", 2, 8)]
+    (placed,) = place_replicas([Replica("b", 0, 2, 2, True)], nodes, head_running=True)
+    assert placed.pod == "mine"
