@@ -41,7 +41,9 @@ def error_bytes(status: int, message: str, **kwargs) -> bytes:
 
 
 def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
-    err = exc.errors()[0]
+    errors = exc.errors()
+    # Like OpenAI, name an unrecognised argument before any bad value.
+    err = next((e for e in errors if e.get("type") == "extra_forbidden"), errors[0])
     loc = [str(p) for p in err.get("loc", ()) if p != "body"]
     if err.get("type") == "json_invalid":
         return ("We could not parse the JSON body of your request. (HINT: This likely means you aren't using your "
@@ -50,8 +52,8 @@ def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
         return f"Unrecognized request argument supplied: {'.'.join(loc)}", loc[-1] if loc else None
     if err.get("type") == "missing" and not loc:
         return "The request body is missing: send a JSON object.", None
-    where = ".".join(loc) or "body"
-    return f"Invalid value for '{where}': {err.get('msg', 'invalid')}.", where
+    field = loc[0] if loc else "body"  # deeper parts name union members and list positions, not fields
+    return f"Invalid value for '{field}': {err.get('msg', 'invalid')}.", field
 
 
 def install_error_handlers(app: FastAPI) -> None:
