@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import datetime
 import logging
+import multiprocessing
 import multiprocessing.connection
 import os
 import queue
@@ -139,10 +140,13 @@ class TensorParallelExecutor:
     def _spawn_workers(self, rv: Rendezvous, config: EngineConfig, spec: ModelSpec, model_dir: Path | None) -> None:
         ctx = torch_mp.get_context("spawn")
         os.environ.update(NCCL_ENV)  # inherited by the workers (rank 0 sets it again in join_group)
+        # Daemon workers die with a normally exiting parent; a daemon parent may not have daemon children,
+        # and there (as after a SIGKILL) the workers' own parent-death watch ends them.
+        daemon = not multiprocessing.current_process().daemon
         for rank in range(1, rv.world_size):
             parent_end, child_end = ctx.Pipe()
             proc = ctx.Process(target=worker_main, args=(rank, rv, config, spec, model_dir, child_end),
-                               name=f"railyard-tp-rank{rank}", daemon=True)
+                               name=f"railyard-tp-rank{rank}", daemon=daemon)
             proc.start()
             child_end.close()
             self._workers.append(proc)
