@@ -71,12 +71,15 @@ def _plan(args: argparse.Namespace) -> int:
 
     if not args.nodes or not args.config:
         raise ConfigError("plan needs --nodes FILE and --config STACK (or --bench)")
+    if (args.target_rps is None) != (args.profile is None):
+        raise ConfigError("--target-rps and --profile go together: the profile says what one replica serves")
     result = plan_from_files(
         args.config,
         args.nodes,
         mode=args.mode,
         bench=args.profile,
         target_rps=args.target_rps,
+        at_max=args.at_max,
     )
     if args.json:
         print(json.dumps(result.as_dict(), indent=2))
@@ -116,6 +119,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     plan.add_argument("--mode", choices=["rayservice", "deployment"])
     plan.add_argument("--profile", help="engine bench JSON (railyard bench throughput) for replica sizing")
     plan.add_argument("--target-rps", type=float, help="target requests/s to size replicas for")
+    plan.add_argument("--at-max", action="store_true", help="plan autoscaled groups at their max replicas")
     plan.add_argument("--json", action="store_true")
     plan.add_argument("--bench", action="store_true", help="time the planner on a synthetic cluster")
     plan.add_argument("--bench-nodes", type=int, default=1000)

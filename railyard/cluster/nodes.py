@@ -119,11 +119,23 @@ def _from_inventory(entry: dict[str, Any]) -> list[Node]:
 def parse_nodes(data: Any, source: str = "nodes") -> list[Node]:
     """Nodes from parsed `kubectl get nodes -o json` output or an inventory mapping."""
     if isinstance(data, dict) and data.get("kind") in ("List", "NodeList"):
-        return [_from_k8s(item) for item in data.get("items", []) if item.get("kind", "Node") == "Node"]
+        try:
+            return [_from_k8s(item) for item in data.get("items", []) if item.get("kind", "Node") == "Node"]
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            if isinstance(exc, ConfigError):
+                raise
+            raise ConfigError(f"{source}: malformed Node ({type(exc).__name__}: {exc})") from None
     if isinstance(data, dict) and data.get("kind") == "Node":
         return [_from_k8s(data)]
     if isinstance(data, dict) and isinstance(data.get("nodes"), list):
-        nodes = [n for entry in data["nodes"] for n in _from_inventory(entry)]
+        nodes = []
+        for i, entry in enumerate(data["nodes"]):
+            try:
+                nodes += _from_inventory(entry)
+            except (KeyError, TypeError, ValueError, AttributeError) as exc:
+                if isinstance(exc, ConfigError):
+                    raise
+                raise ConfigError(f"{source}: nodes[{i}]: malformed entry ({type(exc).__name__}: {exc})") from None
         names = [n.name for n in nodes]
         if len(set(names)) != len(names):
             raise ConfigError(f"{source}: node names must be unique")

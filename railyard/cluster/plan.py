@@ -98,6 +98,8 @@ def hint(pod: PodSpec, reasons: dict[str, int], nodes: list[Node]) -> str:
                 f"{pod.gpus}-GPU nodes"
             )
         return f"every node that could take it has fewer than {pod.gpus} free {GPU}: add GPU nodes or lower num_replicas"
+    if top.startswith("node(s) had untolerated taint") and pod.group == "head":
+        return "the Ray head runs on CPU and tolerates no GPU taint: add an untainted CPU node (pool)"
     if top.startswith("node(s) had untolerated taint"):
         return "the pod does not tolerate the node taint: keep policies.gpu_toleration on (or tolerate that taint)"
     if top == AFFINITY:
@@ -189,10 +191,11 @@ def plan_from_files(
     mode: str | None = None,
     bench: str | Path | None = None,
     target_rps: float | None = None,
+    at_max: bool = False,
 ) -> PlanResult:
     """`railyard plan`'s entry: read the stack, the nodes and (optionally) a bench profile."""
     profile = load_profile(bench) if bench else None
-    return plan(load_stack(config), load_nodes(nodes_path), mode=mode, profile=profile, target_rps=target_rps)
+    return plan(load_stack(config), load_nodes(nodes_path), mode=mode, profile=profile, target_rps=target_rps, at_max=at_max)
 
 
 def _gib(n: int) -> str:

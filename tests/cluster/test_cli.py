@@ -102,3 +102,24 @@ def test_layer_1_commands_run_without_torch(tmp_path):
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
+
+
+def test_plan_the_examples_at_max_replicas_on_the_example_inventory(capsys):
+    code = main(["plan", "--nodes", str(EXAMPLES / "nodes.yaml"), "-c", str(EXAMPLES / "stack-tp2-two-models.yaml"), "--at-max"])
+    out = capsys.readouterr().out
+    assert code == 0
+    assert out.rstrip().endswith("7/7 pods scheduled, 6/6 Serve replicas placed")
+
+
+def test_target_rate_without_a_profile_is_a_usage_error(capsys):
+    assert main(["plan", "--nodes", str(NODES), "-c", str(EXAMPLES / "stack.yaml"), "--target-rps", "5"]) == 2
+    assert "--target-rps and --profile go together" in capsys.readouterr().err
+
+
+def test_a_malformed_inventory_is_one_line_naming_the_entry(tmp_path, capsys):
+    inventory = tmp_path / "nodes.yaml"
+    inventory.write_text("nodes:\n  - name: a\n    taints: [{value: x}]\n")
+    assert main(["plan", "--nodes", str(inventory), "-c", str(EXAMPLES / "stack.yaml")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "nodes[0]: malformed entry" in err
+    assert "\n" not in err

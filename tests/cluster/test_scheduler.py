@@ -220,3 +220,8 @@ def test_the_planner_benchmark_runs_and_reports_json_fields():
     assert (result["nodes"], result["pods"]) == (120, 200)
     assert result["scheduled"] + result["pending"] == 200
     assert result["scheduled"] == 200  # 108 GPU nodes x 8 GPUs hold the 395 GPUs asked for
+
+
+def test_a_gpu_only_cluster_strands_the_ray_head_with_a_hint():
+    result = plan(make_stack(ONE_GPU), nodes(*gpu_nodes(1)))
+    assert "add an untainted CPU node" in result.hints[result.pods[0].pod.name]

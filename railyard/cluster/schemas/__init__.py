@@ -1,0 +1,1 @@
+"""Vendored CRD schemas (package data); see README.md for their sources and versions."""
