@@ -41,6 +41,14 @@ def _dns_label(value: str, what: str, max_len: int) -> str:
     return value
 
 
+def _cores(quantity: str) -> float | None:
+    """A cpu quantity in cores ('8', '500m'); None for the rarer forms the API server also accepts."""
+    try:
+        return float(quantity[:-1]) / 1000 if quantity.endswith("m") else float(quantity)
+    except ValueError:
+        return None
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -139,6 +147,12 @@ class ModelSpec(_Strict):
                 raise ValueError(f"pool {pool.name!r} has no max_prompt_tokens; only the last pool may omit it")
             if pool.max_prompt_tokens is not None and last and len(self.pools) > 1:
                 raise ValueError(f"the last pool {pool.name!r} must omit max_prompt_tokens to take the longest prompts")
+        cpus = _cores(self.resources.cpu)
+        if cpus is not None and cpus < self.tensor_parallel_size:
+            raise ValueError(
+                f"resources.cpu ({self.resources.cpu}) must be at least tensor_parallel_size "
+                f"({self.tensor_parallel_size}): each STRICT_PACK bundle of a replica takes one CPU"
+            )
         limits = [p.max_prompt_tokens for p in self.pools if p.max_prompt_tokens is not None]
         if limits != sorted(set(limits)):
             raise ValueError(f"pool max_prompt_tokens must increase strictly, got {limits}")

@@ -66,14 +66,13 @@ def place_replicas(
         chosen = next((n for n in ordered if n.free_gpus >= replica.gpus and n.free_cpus >= replica.cpus), None)
         if chosen is None:
             largest = max((n.free_gpus for n in nodes), default=0)
+            cpus = max((n.free_cpus for n in nodes if n.free_gpus >= replica.gpus), default=None)
             why = f"worker pods of {replica.deployment} are Pending (see above); " if replica.deployment in pending_groups else ""
-            out.append(
-                ReplicaPlacement(
-                    replica, None, None,
-                    f"{why}{_describe(replica)} fits no Ray node: needs {replica.gpus} GPU(s) on one node, "
-                    f"the most free on any running worker pod is {largest}",
-                )
-            )
+            if cpus is not None:  # GPUs would fit somewhere; CPUs do not
+                need = f"needs {replica.cpus} CPU(s) beside its GPUs, the most free is {cpus}"
+            else:
+                need = f"needs {replica.gpus} GPU(s) on one node, the most free on any running worker pod is {largest}"
+            out.append(ReplicaPlacement(replica, None, None, f"{why}{_describe(replica)} fits no Ray node: {need}"))
             continue
         chosen.free_gpus -= replica.gpus
         chosen.free_cpus -= replica.cpus

@@ -115,3 +115,9 @@ def test_replicas_fill_their_own_worker_group_first():
     nodes = [RayNode("other", "a", "n0", 2, 8), RayNode("mine", "b", "n1", 2, 8)]
     (placed,) = place_replicas([Replica("b", 0, 2, 2, True)], nodes, head_running=True)
     assert placed.pod == "mine"
+
+
+def test_a_replica_short_of_cpus_says_so_rather_than_blaming_gpus():
+    nodes = [RayNode("w0", "g", "n0", 2, 1)]
+    (placed,) = place_replicas([Replica("g", 0, 2, 2, True)], nodes, head_running=True)
+    assert placed.message.endswith("fits no Ray node: needs 2 CPU(s) beside its GPUs, the most free is 1")

@@ -105,3 +105,9 @@ def test_only_the_last_pool_may_omit_its_prompt_limit():
 def test_missing_stack_file_is_a_config_error(tmp_path):
     with pytest.raises(ConfigError, match="not found"):
         load_stack(tmp_path / "nope.yaml")
+
+
+def test_a_tp_replica_needs_a_cpu_per_bundle():
+    model = {"name": "m", "model": "/m", "tensor_parallel_size": 8, "resources": {"cpu": "4"}}
+    with pytest.raises(ConfigError, match=r"resources.cpu \(4\) must be at least tensor_parallel_size \(8\)"):
+        parse_stack(dict(ONE_GPU, models=[model]))
