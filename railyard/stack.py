@@ -29,7 +29,9 @@ ENGINE_DEFAULTS: dict[str, Any] = {
 
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 # Kubernetes resource.Quantity, as the API server's OpenAPI pattern spells it.
-_QUANTITY = re.compile(r"^(\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))(([KMGTPE]i)|[numkMGTPE]|([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$")
+_QUANTITY = re.compile(
+    r"^(\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))(([KMGTPE]i)|[numkMGTPE]|([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$"
+)
 
 
 def _dns_label(value: str, what: str, max_len: int) -> str:
@@ -335,9 +337,7 @@ def to_serve_config(stack: Stack) -> dict[str, Any]:
     "pools": [{"name", "max_prompt_tokens" (None = no limit), "deployment", "engine": {...}}]}]}`,
     where each pool's `deployment` names its entry in `deployments` and `engine` is fully resolved.
     """
-    deployments = [
-        _deployment(model, name, pool) for model in stack.models for name, pool in replica_pools(model)
-    ]
+    deployments = [_deployment(model, name, pool) for model in stack.models for name, pool in replica_pools(model)]
     app = {
         "name": stack.name,
         "route_prefix": "/",

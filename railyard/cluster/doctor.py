@@ -81,21 +81,28 @@ def check_nvidia_smi(probe: Probe) -> CheckResult:
     out = probe.output("nvidia-smi")
     if not out.found:
         return _fail(
-            name, "nvidia-smi not found: no NVIDIA driver on this node",
+            name,
+            "nvidia-smi not found: no NVIDIA driver on this node",
             "install the NVIDIA datacenter driver (or let the GPU Operator's driver DaemonSet do it), then re-run",
         )
     if not out.ok:
+        said = (out.stderr or out.stdout).strip()
         return _fail(
-            name, f"nvidia-smi failed: {(out.stderr or out.stdout).strip().splitlines()[0] if (out.stderr or out.stdout).strip() else 'exit ' + str(out.returncode)}",
+            name,
+            f"nvidia-smi failed: {said.splitlines()[0] if said else f'exit {out.returncode}'}",
             "the driver is installed but not loaded: check `dmesg | grep -i nvrm`, rebuild the module for the "
             "running kernel (dkms) or reboot after the driver install",
         )
     info = parse_nvidia_smi(out.stdout)
     if "driver" not in info:
-        return _warn(name, "could not read the driver version from nvidia-smi", "run `nvidia-smi` by hand and check its header")
+        return _warn(
+            name, "could not read the driver version from nvidia-smi", "run `nvidia-smi` by hand and check its header"
+        )
     gpus = parse_gpu_query(probe.output("nvidia-smi-query").stdout)
     names = sorted({g["name"] for g in gpus})
-    return _pass(name, f"driver {info['driver']}, CUDA {info.get('cuda', '?')}, {len(gpus)} GPU(s) {', '.join(names)}".strip())
+    return _pass(
+        name, f"driver {info['driver']}, CUDA {info.get('cuda', '?')}, {len(gpus)} GPU(s) {', '.join(names)}".strip()
+    )
 
 
 def _torch_info(probe: Probe) -> dict[str, Any] | None:
@@ -119,17 +126,21 @@ def check_cuda_compat(probe: Probe) -> CheckResult:
     built, driver = torch.get("cuda"), parse_nvidia_smi(smi.stdout)["cuda"]
     if not built:
         return _fail(
-            name, f"torch {torch.get('torch')} is a CPU-only build",
+            name,
+            f"torch {torch.get('torch')} is a CPU-only build",
             "install a CUDA build of torch in the image (e.g. the cu124 wheel) matching the driver",
         )
     if _version(built)[0] > _version(driver)[0]:
         return _fail(
-            name, f"torch built for CUDA {built}, driver supports at most CUDA {driver}",
-            f"upgrade the driver to one supporting CUDA {built}, or install torch built for CUDA {driver.split('.')[0]}.x",
+            name,
+            f"torch built for CUDA {built}, driver supports at most CUDA {driver}",
+            f"upgrade the driver to one supporting CUDA {built}, "
+            f"or install torch built for CUDA {driver.split('.')[0]}.x",
         )
     if _version(built) > _version(driver):
         return _warn(
-            name, f"torch built for CUDA {built}, driver supports CUDA {driver} (minor-version compatibility only)",
+            name,
+            f"torch built for CUDA {built}, driver supports CUDA {driver} (minor-version compatibility only)",
             f"works except PTX JIT and features newer than {driver}; upgrade the driver to one supporting CUDA {built}",
         )
     return _pass(name, f"torch {torch.get('torch')} built for CUDA {built}, driver supports CUDA {driver}")
@@ -143,14 +154,16 @@ def check_torch_gpus(probe: Probe) -> CheckResult:
     gpus = parse_gpu_query(probe.output("nvidia-smi-query").stdout)
     if not torch.get("available"):
         return _fail(
-            name, "torch.cuda.is_available() is False",
+            name,
+            "torch.cuda.is_available() is False",
             "check CUDA_VISIBLE_DEVICES/NVIDIA_VISIBLE_DEVICES, that the container runs with the nvidia runtime, "
             "and the driver/CUDA check above",
         )
     count = int(torch.get("device_count", 0))
     if gpus and count != len(gpus):
         return _warn(
-            name, f"torch sees {count} GPU(s), nvidia-smi lists {len(gpus)}",
+            name,
+            f"torch sees {count} GPU(s), nvidia-smi lists {len(gpus)}",
             "CUDA_VISIBLE_DEVICES or the pod's nvidia.com/gpu limit hides some GPUs; that is expected inside a pod",
         )
     return _pass(name, f"torch sees {count} GPU(s)")
@@ -161,12 +174,15 @@ def check_container_toolkit(probe: Probe) -> CheckResult:
     out = probe.output("nvidia-container-cli")
     if not out.found:
         return _fail(
-            name, "nvidia-container-cli not found: containers cannot be given GPUs",
+            name,
+            "nvidia-container-cli not found: containers cannot be given GPUs",
             "install nvidia-container-toolkit, then `nvidia-ctk runtime configure --runtime=containerd` "
             "and restart containerd",
         )
     if not out.ok:
-        return _fail(name, f"nvidia-container-cli failed: {out.stderr.strip()[:200]}", "reinstall nvidia-container-toolkit")
+        return _fail(
+            name, f"nvidia-container-cli failed: {out.stderr.strip()[:200]}", "reinstall nvidia-container-toolkit"
+        )
     version = re.search(r"cli-version:\s*([\w.\-]+)|version\s+([\d.]+)", out.stdout)
     found = next((g for g in version.groups() if g), "?") if version else "?"
     return _pass(name, f"nvidia-container-cli {found}")
@@ -178,7 +194,8 @@ def check_device_files(probe: Probe) -> CheckResult:
     lines = [line.split() for line in out.stdout.strip().splitlines() if line.strip()]
     if not out.ok or not lines:
         return _fail(
-            name, "no /dev/nvidia* device files",
+            name,
+            "no /dev/nvidia* device files",
             "the driver's device nodes are missing: run `nvidia-modprobe -c 0 -u` (or load nvidia and nvidia-uvm)",
         )
     # Only the character devices matter; /dev/nvidia-caps is a directory (0755 is right for it).
@@ -186,13 +203,15 @@ def check_device_files(probe: Probe) -> CheckResult:
     missing = [p for p in ("/dev/nvidiactl", "/dev/nvidia-uvm") if p not in paths]
     if missing:
         return _fail(
-            name, f"missing {', '.join(missing)}",
+            name,
+            f"missing {', '.join(missing)}",
             "load the nvidia-uvm module: `nvidia-modprobe -u -c=0` (CUDA needs /dev/nvidia-uvm)",
         )
     closed = [p for p, mode in paths.items() if len(mode) >= 3 and int(mode[-1]) & 6 != 6]
     if closed:
         return _fail(
-            name, f"not readable and writable by other users (non-root pods): {', '.join(sorted(closed))}",
+            name,
+            f"not readable and writable by other users (non-root pods): {', '.join(sorted(closed))}",
             "set `options nvidia NVreg_DeviceFileMode=0666` in /etc/modprobe.d/nvidia.conf and reload the driver",
         )
     return _pass(name, f"{len(paths)} device files, mode rw for all")
@@ -207,7 +226,11 @@ def _items(probe: Probe, name: str) -> list[dict[str, Any]] | CheckResult:
         return _skip(f"kubectl get {name}", "kubectl not found: cluster checks skipped")
     if not out.ok:
         first = (out.stderr.strip().splitlines() or ["no output"])[0]
-        return _fail(f"kubectl get {name}", f"kubectl failed: {first}", "check the kubeconfig context and your RBAC (get nodes, daemonsets)")
+        return _fail(
+            f"kubectl get {name}",
+            f"kubectl failed: {first}",
+            "check the kubeconfig context and your RBAC (get nodes, daemonsets)",
+        )
     try:
         return json.loads(out.stdout).get("items", [])
     except ValueError:
@@ -237,13 +260,15 @@ def check_device_plugin(probe: Probe) -> CheckResult:
         return items
     # By name: GFD ships in the same k8s-device-plugin image, so the image alone cannot tell them apart.
     plugins = [
-        ds for ds in items
+        ds
+        for ds in items
         if "device-plugin" in ds.get("metadata", {}).get("name", "")
         and "feature-discovery" not in ds.get("metadata", {}).get("name", "")
     ]
     if not plugins:
         return _fail(
-            name, "no NVIDIA device plugin DaemonSet: nodes cannot advertise nvidia.com/gpu",
+            name,
+            "no NVIDIA device plugin DaemonSet: nodes cannot advertise nvidia.com/gpu",
             "install it: `helm install nvdp nvdp/nvidia-device-plugin -n nvidia-device-plugin --create-namespace` "
             "(or the NVIDIA GPU Operator)",
         )
@@ -256,12 +281,14 @@ def check_device_plugin(probe: Probe) -> CheckResult:
             bad.append(f"{meta.get('namespace', '?')}/{meta['name']} {ready}/{desired} ready")
     if bad:
         return _fail(
-            name, f"device plugin not running everywhere: {'; '.join(bad)}",
+            name,
+            f"device plugin not running everywhere: {'; '.join(bad)}",
             "`kubectl -n <namespace> describe ds <name>` and check its pods' logs; a plugin pod that cannot "
             "schedule usually lacks the nvidia.com/gpu toleration or the GPU node label",
         )
     ds = plugins[0]
-    return _pass(name, f"{ds['metadata'].get('namespace', '?')}/{ds['metadata']['name']} ready on {ds['status'].get('numberReady')} node(s)")
+    where = f"{ds['metadata'].get('namespace', '?')}/{ds['metadata']['name']}"
+    return _pass(name, f"{where} ready on {ds['status'].get('numberReady')} node(s)")
 
 
 def _gpu_nodes(probe: Probe) -> list[dict[str, Any]] | CheckResult:
@@ -277,7 +304,11 @@ def check_gpu_capacity(probe: Probe) -> CheckResult:
     if isinstance(nodes, CheckResult):
         return nodes
     if not nodes:
-        return _fail(name, "no GPU nodes found (no GFD labels, no nvidia.com/gpu capacity)", "add GPU nodes and deploy GPU Feature Discovery")
+        return _fail(
+            name,
+            "no GPU nodes found (no GFD labels, no nvidia.com/gpu capacity)",
+            "add GPU nodes and deploy GPU Feature Discovery",
+        )
     problems, degraded = [], []
     for node in nodes:
         status = node.get("status", {})
@@ -296,13 +327,15 @@ def check_gpu_capacity(probe: Probe) -> CheckResult:
             degraded.append(f"{_node_name(node)} reports {cap} nvidia.com/gpu but GFD counts {label} GPUs")
     if problems:
         return _fail(
-            name, "; ".join(problems),
+            name,
+            "; ".join(problems),
             "the device plugin is not advertising GPUs on these nodes: check its pod there "
             "(`kubectl -n <ns> get pods -o wide | grep device-plugin`) and its log for NVML errors",
         )
     if degraded:
         return _warn(
-            name, "; ".join(degraded),
+            name,
+            "; ".join(degraded),
             "the device plugin marked GPUs unhealthy (XID errors) or a GPU fell off the bus: check `nvidia-smi -q` "
             "and `dmesg` on the node, drain and reset it",
         )
@@ -319,10 +352,15 @@ def check_gpu_taints(probe: Probe) -> CheckResult:
     nodes = _gpu_nodes(probe)
     if isinstance(nodes, CheckResult):
         return nodes
-    untainted = [_node_name(n) for n in nodes if not any(_tolerable_gpu_taint(t) for t in n.get("spec", {}).get("taints", []) or [])]
+    untainted = [
+        _node_name(n)
+        for n in nodes
+        if not any(_tolerable_gpu_taint(t) for t in n.get("spec", {}).get("taints", []) or [])
+    ]
     if untainted:
         return _warn(
-            name, f"GPU nodes without the nvidia.com/gpu:NoSchedule taint: {', '.join(untainted)}",
+            name,
+            f"GPU nodes without the nvidia.com/gpu:NoSchedule taint: {', '.join(untainted)}",
             "CPU-only pods can fill these nodes and strand their GPUs: "
             + " && ".join(f"kubectl taint nodes {n} nvidia.com/gpu=present:NoSchedule" for n in untainted[:3]),
         )
@@ -344,26 +382,34 @@ def check_mig(probe: Probe) -> CheckResult:
         mig = sorted(k for k in capacity if k.startswith("nvidia.com/mig-"))
         product = labels.get("nvidia.com/gpu.product", "")
         if strategy == "mixed" and not mig:
-            problems.append(f"{_node_name(node)}: strategy mixed but no nvidia.com/mig-* resources (MIG disabled on its GPUs?)")
+            problems.append(
+                f"{_node_name(node)}: strategy mixed but no nvidia.com/mig-* resources (MIG disabled on its GPUs?)"
+            )
         if strategy in ("none", "single") and mig:
             problems.append(f"{_node_name(node)}: strategy {strategy} but the node advertises {', '.join(mig)}")
         if strategy == "single" and "-MIG-" not in product:
-            problems.append(f"{_node_name(node)}: strategy single but gpu.product {product!r} names no MIG profile (MIG disabled?)")
+            problems.append(
+                f"{_node_name(node)}: strategy single but gpu.product {product!r} names no MIG profile (MIG disabled?)"
+            )
         if strategy == "none" and "-MIG-" in product:
             problems.append(f"{_node_name(node)}: strategy none but gpu.product {product!r} is a MIG device")
     if problems:
         return _fail(
-            name, "; ".join(problems),
+            name,
+            "; ".join(problems),
             "make the device plugin's and GFD's MIG_STRATEGY match how the GPUs are partitioned "
             "(`nvidia-smi -L`), e.g. helm `--set migStrategy=none` for whole GPUs, and re-apply the MIG config",
         )
     if len(strategies) > 1:
         detail = "; ".join(f"{s}: {', '.join(ns)}" for s, ns in sorted(strategies.items()))
         return _warn(
-            name, f"nodes disagree on the MIG strategy ({detail})",
+            name,
+            f"nodes disagree on the MIG strategy ({detail})",
             "one strategy per node pool is fine; make sure each model's gpu_product selects the pool it was sized for",
         )
-    return _pass(name, f"strategy {next(iter(strategies), 'none')} on all GPU nodes, consistent with what they advertise")
+    return _pass(
+        name, f"strategy {next(iter(strategies), 'none')} on all GPU nodes, consistent with what they advertise"
+    )
 
 
 def check_local_mig(probe: Probe) -> CheckResult:
@@ -374,7 +420,8 @@ def check_local_mig(probe: Probe) -> CheckResult:
     modes = {g["mig"] for g in parse_gpu_query(out.stdout)}
     if modes == {"Enabled", "Disabled"}:
         return _warn(
-            name, "some GPUs have MIG enabled and others not",
+            name,
+            "some GPUs have MIG enabled and others not",
             "with migStrategy single the device plugin then advertises only one kind; use the mixed strategy "
             "or make every GPU on the node the same (`nvidia-smi -mig 0|1` per GPU)",
         )
@@ -382,10 +429,18 @@ def check_local_mig(probe: Probe) -> CheckResult:
 
 
 NODE_CHECKS: tuple[Callable[[Probe], CheckResult], ...] = (
-    check_nvidia_smi, check_cuda_compat, check_torch_gpus, check_container_toolkit, check_device_files, check_local_mig,
+    check_nvidia_smi,
+    check_cuda_compat,
+    check_torch_gpus,
+    check_container_toolkit,
+    check_device_files,
+    check_local_mig,
 )
 CLUSTER_CHECKS: tuple[Callable[[Probe], CheckResult], ...] = (
-    check_device_plugin, check_gpu_capacity, check_gpu_taints, check_mig,
+    check_device_plugin,
+    check_gpu_capacity,
+    check_gpu_taints,
+    check_mig,
 )
 
 
@@ -413,7 +468,9 @@ def format_report(results: list[CheckResult]) -> str:
         if r.fix and r.status in ("warn", "fail"):
             lines.append(f"       fix: {r.fix}")
     counts = {s: sum(r.status == s for r in results) for s in marks}
-    lines.append(f"doctor: {counts['pass']} ok, {counts['fail']} failing, {counts['warn']} warning, {counts['skip']} skipped")
+    lines.append(
+        f"doctor: {counts['pass']} ok, {counts['fail']} failing, {counts['warn']} warning, {counts['skip']} skipped"
+    )
     return "\n".join(lines)
 
 

@@ -67,7 +67,11 @@ def place_replicas(
         if chosen is None:
             largest = max((n.free_gpus for n in nodes), default=0)
             cpus = max((n.free_cpus for n in nodes if n.free_gpus >= replica.gpus), default=None)
-            why = f"worker pods of {replica.deployment} are Pending (see above); " if replica.deployment in pending_groups else ""
+            why = (
+                f"worker pods of {replica.deployment} are Pending (see above); "
+                if replica.deployment in pending_groups
+                else ""
+            )
             if cpus is not None:  # GPUs would fit somewhere; CPUs do not
                 need = f"needs {replica.cpus} CPU(s) beside its GPUs, the most free is {cpus}"
             else:

@@ -16,7 +16,15 @@ from railyard.cluster.placement import ReplicaPlacement, place_replicas, ray_nod
 from railyard.cluster.render import render
 from railyard.cluster.scheduler import AFFINITY, ANTI_AFFINITY, Placement, Scheduler
 from railyard.cluster.sizing import (
-    GPU_MEMORY_MIB, MIB, EngineProfile, KVSizing, load_profile, replicas_for_rate, resolve_shape, size_kv_cache,
+    GPU_MEMORY_MIB,
+    SHAPES,
+    MIB,
+    EngineProfile,
+    KVSizing,
+    load_profile,
+    replicas_for_rate,
+    resolve_shape,
+    size_kv_cache,
 )
 from railyard.cluster.workload import PodSpec, pods_from_objects, replicas_from_objects
 from railyard.stack import Stack, load_stack, replica_pools, resolved_engine, scaling
@@ -56,23 +64,42 @@ class PlanResult:
         return {
             "all_placed": self.all_placed,
             "pods": [
-                {"pod": p.pod.name, "group": p.pod.group, "node": p.node, "message": p.message or None,
-                 "hint": self.hints.get(p.pod.name)}
+                {
+                    "pod": p.pod.name,
+                    "group": p.pod.group,
+                    "node": p.node,
+                    "message": p.message or None,
+                    "hint": self.hints.get(p.pod.name),
+                }
                 for p in self.pods
             ],
             "replicas": [
-                {"deployment": r.replica.deployment, "index": r.replica.index, "gpus": r.replica.gpus,
-                 "pod": r.pod, "node": r.node, "message": r.message or None}
+                {
+                    "deployment": r.replica.deployment,
+                    "index": r.replica.index,
+                    "gpus": r.replica.gpus,
+                    "pod": r.pod,
+                    "node": r.node,
+                    "message": r.message or None,
+                }
                 for r in self.replicas
             ],
             "sizing": [
-                {"deployment": s.deployment, "model": s.model, "gpu_product": s.gpu_product,
-                 "kv_cache": s.kv.as_dict() if s.kv else None, "note": s.note or None,
-                 "configured_replicas": s.configured_replicas, "needed_replicas": s.needed_replicas}
+                {
+                    "deployment": s.deployment,
+                    "model": s.model,
+                    "gpu_product": s.gpu_product,
+                    "kv_cache": s.kv.as_dict() if s.kv else None,
+                    "note": s.note or None,
+                    "configured_replicas": s.configured_replicas,
+                    "needed_replicas": s.needed_replicas,
+                }
                 for s in self.sizing
             ],
             "target_rps": self.target_rps,
-            "profile": {"requests_per_s": self.profile.requests_per_s, "source": self.profile.source} if self.profile else None,
+            "profile": {"requests_per_s": self.profile.requests_per_s, "source": self.profile.source}
+            if self.profile
+            else None,
         }
 
 
@@ -97,7 +124,9 @@ def hint(pod: PodSpec, reasons: dict[str, int], nodes: list[Node]) -> str:
                 f"but the largest node has {largest} allocatable {GPU}: lower tensor_parallel_size or add "
                 f"{pod.gpus}-GPU nodes"
             )
-        return f"every node that could take it has fewer than {pod.gpus} free {GPU}: add GPU nodes or lower num_replicas"
+        return (
+            f"every node that could take it has fewer than {pod.gpus} free {GPU}: add GPU nodes or lower num_replicas"
+        )
     if top.startswith("node(s) had untolerated taint") and pod.group == "head":
         return "the Ray head runs on CPU and tolerates no GPU taint: add an untainted CPU node (pool)"
     if top.startswith("node(s) had untolerated taint"):
@@ -118,7 +147,8 @@ def hint(pod: PodSpec, reasons: dict[str, int], nodes: list[Node]) -> str:
 
 def _gpu_memory(stack: Stack, product: str | None, nodes: list[Node]) -> tuple[int | None, str]:
     labelled = [
-        int(n.labels["nvidia.com/gpu.memory"]) for n in nodes
+        int(n.labels["nvidia.com/gpu.memory"])
+        for n in nodes
         if "nvidia.com/gpu.memory" in n.labels and (product is None or n.labels.get(PRODUCT) == product)
     ]
     if labelled:
@@ -140,9 +170,12 @@ def size_deployments(
         for name, pool in replica_pools(model):
             engine = resolved_engine(model, pool)
             replicas, auto = scaling(model, pool)
-            entry = DeploymentSizing(name, model.name, product, None, configured_replicas=auto.max_replicas if auto else replicas)
+            entry = DeploymentSizing(
+                name, model.name, product, None, configured_replicas=auto.max_replicas if auto else replicas
+            )
             if found is None:
-                entry.note = f"no shape for {model.name}: set `shape:` ({', '.join(['qwen2-7b', 'qwen3-0.6b', 'llama3-8b'])}) or mount the checkpoint"
+                known = ", ".join(sorted(SHAPES))
+                entry.note = f"no shape for {model.name}: set `shape:` ({known}) or mount the checkpoint"
             elif memory is None:
                 entry.note = "GPU memory unknown: no nvidia.com/gpu.memory label and no known gpu_product"
             else:
@@ -180,8 +213,12 @@ def plan(
     hints = {p.pod.name: hint(p.pod, p.reasons or {}, nodes) for p in placements if p.node is None}
     head_running = all(p.node for p in placements if p.pod.group == "head")
     pending = {p.pod.group for p in placements if p.node is None}
-    replicas = place_replicas(replicas_from_objects(objects, at_max=at_max), ray_nodes(placements), head_running, pending)
-    return PlanResult(placements, hints, replicas, size_deployments(stack, nodes, profile, target_rps), profile, target_rps)
+    replicas = place_replicas(
+        replicas_from_objects(objects, at_max=at_max), ray_nodes(placements), head_running, pending
+    )
+    return PlanResult(
+        placements, hints, replicas, size_deployments(stack, nodes, profile, target_rps), profile, target_rps
+    )
 
 
 def plan_from_files(
@@ -195,7 +232,9 @@ def plan_from_files(
 ) -> PlanResult:
     """`railyard plan`'s entry: read the stack, the nodes and (optionally) a bench profile."""
     profile = load_profile(bench) if bench else None
-    return plan(load_stack(config), load_nodes(nodes_path), mode=mode, profile=profile, target_rps=target_rps, at_max=at_max)
+    return plan(
+        load_stack(config), load_nodes(nodes_path), mode=mode, profile=profile, target_rps=target_rps, at_max=at_max
+    )
 
 
 def _gib(n: int) -> str:
@@ -231,7 +270,8 @@ def format_plan(result: PlanResult) -> str:
             f"{kv.max_seqs_at_max_len} sequences at max_model_len ({s.note})"
         )
     if result.profile and result.target_rps:
-        lines.append(f"Replicas for {result.target_rps:g} req/s at {result.profile.requests_per_s:g} req/s per replica (80% load):")
+        rate = result.profile.requests_per_s
+        lines.append(f"Replicas for {result.target_rps:g} req/s at {rate:g} req/s per replica (80% load):")
         for s in result.sizing:
             verdict = "ok" if s.configured_replicas >= (s.needed_replicas or 0) else "too few"
             lines.append(f"  {s.deployment}: need {s.needed_replicas}, configured {s.configured_replicas} ({verdict})")

@@ -30,7 +30,9 @@ def synthetic_nodes(count: int) -> list:
         entry = {
             "name": f"node-{i:05d}",
             "labels": {"topology.kubernetes.io/zone": f"zone-{i % 3}"},
-            "allocatable": {"cpu": "190", "memory": "2000Gi", "pods": 110} if i < gpu_nodes else {"cpu": "32", "memory": "128Gi", "pods": 110},
+            "allocatable": {"cpu": "190", "memory": "2000Gi", "pods": 110}
+            if i < gpu_nodes
+            else {"cpu": "32", "memory": "128Gi", "pods": 110},
         }
         if i < gpu_nodes:
             entry["gpu"] = {"product": PRODUCTS[i % 2], "count": 8, "memory_mib": 81559}
@@ -45,10 +47,16 @@ def synthetic_stack(pods: int):
     models = []
     for k, (tp, product) in enumerate(shares):
         replicas = per if k < len(shares) - 1 else pods - 1 - per * (len(shares) - 1)
-        models.append({
-            "name": f"model-{k}", "model": f"/models/m{k}", "tensor_parallel_size": tp, "num_replicas": replicas,
-            "gpu_product": product, "resources": {"cpu": str(8 * tp), "memory": f"{64 * tp}Gi"},
-        })
+        models.append(
+            {
+                "name": f"model-{k}",
+                "model": f"/models/m{k}",
+                "tensor_parallel_size": tp,
+                "num_replicas": replicas,
+                "gpu_product": product,
+                "resources": {"cpu": str(8 * tp), "memory": f"{64 * tp}Gi"},
+            }
+        )
     return parse_stack({"name": "bench", "image": "example/railyard:bench", "models": models})
 
 
@@ -78,8 +86,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     result = run(args.nodes, args.pods)
     print(json.dumps(result))
-    print(f"{result['pods']} pods on {result['nodes']} nodes: {result['elapsed_s']} s wall, {result['cpu_s']} s CPU "
-          f"({result['scheduled']} scheduled, {result['pending']} pending)", file=sys.stderr)
+    print(
+        f"{result['pods']} pods on {result['nodes']} nodes: {result['elapsed_s']} s wall, {result['cpu_s']} s CPU "
+        f"({result['scheduled']} scheduled, {result['pending']} pending)",
+        file=sys.stderr,
+    )
     return 0
 
 

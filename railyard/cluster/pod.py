@@ -206,8 +206,13 @@ def engine_pod(stack: Stack, model: ModelSpec, component: str, engine: dict[str,
     if stack.policies.probes:
         container.update(_probes("/health", "http"))
     return _pod(
-        stack, component, container, model=model, gpus=model.tensor_parallel_size,
-        shm=model.resources.shm, metrics_port=HTTP_PORT,
+        stack,
+        component,
+        container,
+        model=model,
+        gpus=model.tensor_parallel_size,
+        shm=model.resources.shm,
+        metrics_port=HTTP_PORT,
     )
 
 
@@ -235,8 +240,13 @@ def ray_worker_pod(stack: Stack, model: ModelSpec, component: str) -> dict[str, 
         container["readinessProbe"] = _http_probe("/api/local_raylet_healthz", 52365, 5, 10)
         container["livenessProbe"] = _http_probe("/api/local_raylet_healthz", 52365, 10, 12)
     return _pod(
-        stack, component, container, model=model, gpus=model.tensor_parallel_size,
-        shm=model.resources.shm, metrics_port=RAY_METRICS_PORT,
+        stack,
+        component,
+        container,
+        model=model,
+        gpus=model.tensor_parallel_size,
+        shm=model.resources.shm,
+        metrics_port=RAY_METRICS_PORT,
     )
 
 

@@ -46,9 +46,7 @@ def _worker_group(stack: Stack, model: ModelSpec, group: str, pool) -> dict[str,
 
 def ray_service(stack: Stack) -> dict[str, Any]:
     """The KubeRay RayService: a CPU head plus one worker group per engine deployment."""
-    groups = [
-        _worker_group(stack, model, group, p) for model in stack.models for group, p in replica_pools(model)
-    ]
+    groups = [_worker_group(stack, model, group, p) for model in stack.models for group, p in replica_pools(model)]
     autoscaled = any(g["minReplicas"] != g["maxReplicas"] for g in groups)
     cluster: dict[str, Any] = {
         "rayVersion": stack.ray_version,
@@ -124,7 +122,11 @@ def _vpa(stack: Stack, target: dict[str, Any]) -> dict[str, Any]:
             "updatePolicy": {"updateMode": "Initial"},
             "resourcePolicy": {
                 "containerPolicies": [
-                    {"containerName": "*", "controlledResources": ["cpu", "memory"], "controlledValues": "RequestsAndLimits"}
+                    {
+                        "containerName": "*",
+                        "controlledResources": ["cpu", "memory"],
+                        "controlledValues": "RequestsAndLimits",
+                    }
                 ]
             },
         },

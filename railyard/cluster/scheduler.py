@@ -84,7 +84,9 @@ def static_reason(pod: PodSpec, node: Node) -> str | None:
     if node.unschedulable and not _tolerates(pod.tolerations, "node.kubernetes.io/unschedulable", "", "NoSchedule"):
         return UNSCHEDULABLE
     for taint in node.taints:
-        if taint.effect in ("NoSchedule", "NoExecute") and not _tolerates(pod.tolerations, taint.key, taint.value, taint.effect):
+        if taint.effect in ("NoSchedule", "NoExecute") and not _tolerates(
+            pod.tolerations, taint.key, taint.value, taint.effect
+        ):
             return f"node(s) had untolerated taint {{{taint.key}: {taint.value}}}"
     if any(node.labels.get(k) != v for k, v in pod.node_selector.items()):
         return AFFINITY
@@ -125,7 +127,8 @@ class _GroupCache:
             if reason is None:
                 self.feasible.append(i)
                 bad = sum(
-                    1 for t in node.taints
+                    1
+                    for t in node.taints
                     if t.effect == "PreferNoSchedule" and not _tolerates(pod.tolerations, t.key, t.value, t.effect)
                 )
                 if bad:

@@ -140,7 +140,9 @@ def _quantities(node: Any, path: list[Any], out: list[tuple[str, str]]) -> None:
                         try:
                             parse_quantity(qty)
                         except ConfigError:
-                            out.append((_field_path(here + [res]), f"{qty!r} is not a quantity (e.g. '8', '500m', '64Gi')"))
+                            out.append(
+                                (_field_path(here + [res]), f"{qty!r} is not a quantity (e.g. '8', '500m', '64Gi')")
+                            )
             elif key == "sizeLimit" and isinstance(value, str):
                 try:
                     parse_quantity(value)

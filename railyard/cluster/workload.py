@@ -92,10 +92,13 @@ def pod_from_template(name: str, group: str, template: dict[str, Any]) -> PodSpe
         requests=_requests(spec.get("containers") or []),
         tolerations=list(spec.get("tolerations") or []),
         node_selector=dict(spec.get("nodeSelector") or {}),
-        node_terms=[t.get("matchExpressions") or [] for t in node_affinity["nodeSelectorTerms"]] if node_affinity else None,
+        node_terms=[t.get("matchExpressions") or [] for t in node_affinity["nodeSelectorTerms"]]
+        if node_affinity
+        else None,
         anti_required=[_term(t) for t in anti.get("requiredDuringSchedulingIgnoredDuringExecution") or []],
         anti_preferred=[
-            _term(t["podAffinityTerm"], t["weight"]) for t in anti.get("preferredDuringSchedulingIgnoredDuringExecution") or []
+            _term(t["podAffinityTerm"], t["weight"])
+            for t in anti.get("preferredDuringSchedulingIgnoredDuringExecution") or []
         ],
         spread_hard=[_term(c) for c in spread if c.get("whenUnsatisfiable") == "DoNotSchedule"],
         spread_soft=[_term(c) for c in spread if c.get("whenUnsatisfiable") == "ScheduleAnyway"],
@@ -113,7 +116,11 @@ def pods_from_objects(objects: list[dict[str, Any]], at_max: bool = False) -> li
             for group in cluster.get("workerGroupSpecs", []):
                 count = group.get("maxReplicas", 0) if at_max else group.get("replicas", 0)
                 for i in range(count):
-                    pods.append(pod_from_template(f"{name}-{group['groupName']}-worker-{i}", group["groupName"], group["template"]))
+                    pods.append(
+                        pod_from_template(
+                            f"{name}-{group['groupName']}-worker-{i}", group["groupName"], group["template"]
+                        )
+                    )
         elif obj["kind"] in ("Deployment", "StatefulSet"):
             for i in range(obj["spec"].get("replicas", 1)):
                 pods.append(pod_from_template(f"{name}-{i}", name, obj["spec"]["template"]))
@@ -130,7 +137,9 @@ def replicas_from_objects(objects: list[dict[str, Any]], at_max: bool = False) -
         for app in config.get("applications", []):
             for dep in app.get("deployments", []):
                 auto = dep.get("autoscaling_config")
-                count = (auto["max_replicas"] if at_max else auto["min_replicas"]) if auto else dep.get("num_replicas", 1)
+                count = (
+                    (auto["max_replicas"] if at_max else auto["min_replicas"]) if auto else dep.get("num_replicas", 1)
+                )
                 bundles = dep.get("placement_group_bundles")
                 if bundles:
                     gpus = int(sum(b.get("GPU", 0) for b in bundles))

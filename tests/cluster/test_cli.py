@@ -6,7 +6,6 @@ import json
 import subprocess
 import sys
 
-import pytest
 import yaml
 
 from railyard.cli import main
@@ -20,7 +19,11 @@ NODES = GOOD / "nodes.json"
 def test_render_writes_yaml_that_validate_accepts(tmp_path, capsys):
     out = tmp_path / "rendered.yaml"
     assert main(["deploy", "render", "-c", str(EXAMPLES / "stack.yaml"), "-o", str(out)]) == 0
-    assert [d["kind"] for d in yaml.safe_load_all(out.read_text())] == ["RayService", "PodDisruptionBudget", "PodDisruptionBudget"]
+    assert [d["kind"] for d in yaml.safe_load_all(out.read_text())] == [
+        "RayService",
+        "PodDisruptionBudget",
+        "PodDisruptionBudget",
+    ]
     assert main(["deploy", "validate", str(out), "--kubernetes-version", "1.30"]) == 0
     assert "OK" in capsys.readouterr().out
 
@@ -33,13 +36,22 @@ def test_render_to_stdout_in_deployment_mode(capsys):
 
 def test_validate_reports_the_field_and_exits_1(tmp_path, capsys):
     bad = tmp_path / "bad.yaml"
-    bad.write_text(yaml.safe_dump({
-        "apiVersion": "policy/v1", "kind": "PodDisruptionBudget", "metadata": {"name": "x"},
-        "spec": {"maxUnavailable": 1, "selecter": {}},
-    }))
+    bad.write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "policy/v1",
+                "kind": "PodDisruptionBudget",
+                "metadata": {"name": "x"},
+                "spec": {"maxUnavailable": 1, "selecter": {}},
+            }
+        )
+    )
     assert main(["deploy", "validate", str(bad)]) == 1
     out = capsys.readouterr().out
-    assert f"ERROR {bad}: PodDisruptionBudget/x: spec: Additional properties are not allowed ('selecter' was unexpected)" in out
+    assert (
+        f"ERROR {bad}: PodDisruptionBudget/x: spec: Additional properties are not allowed ('selecter' was unexpected)"
+        in out
+    )
 
 
 def test_bad_stack_is_one_line_and_exit_2(tmp_path, capsys):
@@ -69,10 +81,31 @@ def test_doctor_fails_the_deploy_gate_on_a_failure(tmp_path, capsys):
 
 def test_plan_prints_placement_and_sizing(tmp_path, capsys):
     bench = tmp_path / "bench.json"
-    bench.write_text(json.dumps({"requests_per_s": 4.0, "output_tokens_per_s": 900.0, "total_tokens_per_s": 2000.0,
-                                 "num_prompts": 100, "elapsed_s": 25.0}))
-    code = main(["plan", "--nodes", str(NODES), "-c", str(EXAMPLES / "stack.yaml"),
-                 "--profile", str(bench), "--target-rps", "10", "--json"])
+    bench.write_text(
+        json.dumps(
+            {
+                "requests_per_s": 4.0,
+                "output_tokens_per_s": 900.0,
+                "total_tokens_per_s": 2000.0,
+                "num_prompts": 100,
+                "elapsed_s": 25.0,
+            }
+        )
+    )
+    code = main(
+        [
+            "plan",
+            "--nodes",
+            str(NODES),
+            "-c",
+            str(EXAMPLES / "stack.yaml"),
+            "--profile",
+            str(bench),
+            "--target-rps",
+            "10",
+            "--json",
+        ]
+    )
     result = json.loads(capsys.readouterr().out)
     assert code == 0
     assert result["all_placed"] is True
@@ -105,7 +138,9 @@ def test_layer_1_commands_run_without_torch(tmp_path):
 
 
 def test_plan_the_examples_at_max_replicas_on_the_example_inventory(capsys):
-    code = main(["plan", "--nodes", str(EXAMPLES / "nodes.yaml"), "-c", str(EXAMPLES / "stack-tp2-two-models.yaml"), "--at-max"])
+    code = main(
+        ["plan", "--nodes", str(EXAMPLES / "nodes.yaml"), "-c", str(EXAMPLES / "stack-tp2-two-models.yaml"), "--at-max"]
+    )
     out = capsys.readouterr().out
     assert code == 0
     assert out.rstrip().endswith("7/7 pods scheduled, 6/6 Serve replicas placed")

@@ -81,21 +81,27 @@ def test_torch_built_for_a_newer_cuda_major_than_the_driver_fails(recording):
 
 
 def test_torch_one_minor_ahead_of_the_driver_warns_about_minor_version_compatibility(recording):
-    (recording / "torch.json").write_text('{"torch": "2.11.0+cu131", "cuda": "13.1", "available": true, "device_count": 1}\n')
+    (recording / "torch.json").write_text(
+        '{"torch": "2.11.0+cu131", "cuda": "13.1", "available": true, "device_count": 1}\n'
+    )
     result = _by_name(recording)["torch CUDA vs driver"]
     assert result.status == "warn"
     assert "minor-version compatibility" in result.detail
 
 
 def test_a_cpu_only_torch_build_fails(recording):
-    (recording / "torch.json").write_text('{"torch": "2.11.0+cpu", "cuda": null, "available": false, "device_count": 0}\n')
+    (recording / "torch.json").write_text(
+        '{"torch": "2.11.0+cpu", "cuda": null, "available": false, "device_count": 0}\n'
+    )
     results = _by_name(recording)
     assert results["torch CUDA vs driver"].status == "fail"
     assert "CPU-only" in results["torch CUDA vs driver"].detail
 
 
 def test_torch_that_cannot_see_the_gpus_fails(recording):
-    (recording / "torch.json").write_text('{"torch": "2.11.0+cu130", "cuda": "13.0", "available": false, "device_count": 0}\n')
+    (recording / "torch.json").write_text(
+        '{"torch": "2.11.0+cu130", "cuda": "13.0", "available": false, "device_count": 0}\n'
+    )
     result = _by_name(recording)["torch sees the GPUs"]
     assert result.status == "fail"
     assert "nvidia runtime" in result.fix
@@ -119,14 +125,17 @@ def test_device_files_closed_to_non_root_users_fail(recording):
 
 def test_missing_nvidia_uvm_fails(recording):
     path = recording / "dev-nvidia.txt"
-    path.write_text("".join(l for l in path.read_text().splitlines(True) if "uvm" not in l))
+    path.write_text("".join(line for line in path.read_text().splitlines(True) if "uvm" not in line))
     result = _by_name(recording)["/dev/nvidia* permissions"]
     assert result.status == "fail"
     assert "nvidia-modprobe -u" in result.fix
 
 
 def test_missing_device_plugin_daemonset_fails(recording):
-    _edit_json(recording / "daemonsets.json", lambda d: d.update(items=[i for i in d["items"] if "device-plugin" not in i["metadata"]["name"]]))
+    _edit_json(
+        recording / "daemonsets.json",
+        lambda d: d.update(items=[i for i in d["items"] if "device-plugin" not in i["metadata"]["name"]]),
+    )
     result = _by_name(recording)["NVIDIA device plugin"]
     assert result.status == "fail"
     assert "helm install nvdp" in result.fix
@@ -137,6 +146,7 @@ def test_device_plugin_not_ready_on_every_node_fails(recording):
         for ds in data["items"]:
             if ds["metadata"]["name"] == "nvdp-nvidia-device-plugin":
                 ds["status"]["numberReady"] = 1
+
     _edit_json(recording / "daemonsets.json", half_ready)
     result = _by_name(recording)["NVIDIA device plugin"]
     assert result.status == "fail"
@@ -148,6 +158,7 @@ def test_gpu_node_without_gpu_capacity_fails(recording):
         node = _gpu_nodes(data)[0]
         del node["status"]["capacity"]["nvidia.com/gpu"]
         del node["status"]["allocatable"]["nvidia.com/gpu"]
+
     _edit_json(recording / "nodes.json", drop)
     result = _by_name(recording)["GPU capacity"]
     assert result.status == "fail"
@@ -155,14 +166,18 @@ def test_gpu_node_without_gpu_capacity_fails(recording):
 
 
 def test_gpu_node_with_capacity_but_nothing_allocatable_fails(recording):
-    _edit_json(recording / "nodes.json", lambda d: _gpu_nodes(d)[1]["status"]["allocatable"].update({"nvidia.com/gpu": "0"}))
+    _edit_json(
+        recording / "nodes.json", lambda d: _gpu_nodes(d)[1]["status"]["allocatable"].update({"nvidia.com/gpu": "0"})
+    )
     result = _by_name(recording)["GPU capacity"]
     assert result.status == "fail"
     assert "capacity 8 but no allocatable" in result.detail
 
 
 def test_unhealthy_gpus_reduce_allocatable_and_warn(recording):
-    _edit_json(recording / "nodes.json", lambda d: _gpu_nodes(d)[1]["status"]["allocatable"].update({"nvidia.com/gpu": "7"}))
+    _edit_json(
+        recording / "nodes.json", lambda d: _gpu_nodes(d)[1]["status"]["allocatable"].update({"nvidia.com/gpu": "7"})
+    )
     result = _by_name(recording)["GPU capacity"]
     assert result.status == "warn"
     assert "allocatable 7 < capacity 8" in result.detail
@@ -176,7 +191,10 @@ def test_untainted_gpu_node_warns_with_the_taint_command(recording):
 
 
 def test_mixed_mig_strategy_without_mig_resources_fails(recording):
-    _edit_json(recording / "nodes.json", lambda d: _gpu_nodes(d)[0]["metadata"]["labels"].update({"nvidia.com/mig.strategy": "mixed"}))
+    _edit_json(
+        recording / "nodes.json",
+        lambda d: _gpu_nodes(d)[0]["metadata"]["labels"].update({"nvidia.com/mig.strategy": "mixed"}),
+    )
     result = _by_name(recording)["MIG strategy"]
     assert result.status == "fail"
     assert "strategy mixed but no nvidia.com/mig-* resources" in result.detail
@@ -186,6 +204,7 @@ def test_mig_devices_under_strategy_none_fail(recording):
     def mig(data):
         node = _gpu_nodes(data)[1]
         node["status"]["capacity"]["nvidia.com/mig-1g.18gb"] = "56"
+
     _edit_json(recording / "nodes.json", mig)
     result = _by_name(recording)["MIG strategy"]
     assert result.status == "fail"
@@ -193,7 +212,10 @@ def test_mig_devices_under_strategy_none_fail(recording):
 
 
 def test_single_strategy_on_whole_gpus_fails(recording):
-    _edit_json(recording / "nodes.json", lambda d: [n["metadata"]["labels"].update({"nvidia.com/mig.strategy": "single"}) for n in _gpu_nodes(d)])
+    _edit_json(
+        recording / "nodes.json",
+        lambda d: [n["metadata"]["labels"].update({"nvidia.com/mig.strategy": "single"}) for n in _gpu_nodes(d)],
+    )
     result = _by_name(recording)["MIG strategy"]
     assert result.status == "fail"
     assert "names no MIG profile" in result.detail

@@ -18,8 +18,15 @@ from railyard.stack import to_serve_config
 from .conftest import ONE_GPU, STACKS, TP2, make_stack
 
 POLICIES_ON_BY_DEFAULT = [
-    "gpu_limits", "gpu_toleration", "gpu_node_affinity", "probes", "pdb",
-    "resources", "shm", "security_context", "prometheus",
+    "gpu_limits",
+    "gpu_toleration",
+    "gpu_node_affinity",
+    "probes",
+    "pdb",
+    "resources",
+    "shm",
+    "security_context",
+    "prometheus",
 ]
 
 
@@ -97,7 +104,11 @@ def test_rayservice_serve_config_is_the_same_config_layer_2_runs():
 def test_one_worker_group_per_deployment_sized_for_one_replica():
     (service, *_) = render(make_stack(STACKS["two-models"]), "rayservice")
     groups = service["spec"]["rayClusterConfig"]["workerGroupSpecs"]
-    assert [g["groupName"] for g in groups] == ["engine-qwen2-7b-short", "engine-qwen2-7b-long", "engine-llama3-8b-default"]
+    assert [g["groupName"] for g in groups] == [
+        "engine-qwen2-7b-short",
+        "engine-qwen2-7b-long",
+        "engine-llama3-8b-default",
+    ]
     tp2 = groups[2]
     assert (tp2["minReplicas"], tp2["replicas"], tp2["maxReplicas"]) == (1, 1, 4)
     limits = tp2["template"]["spec"]["containers"][0]["resources"]["limits"]

@@ -20,8 +20,12 @@ from .conftest import ONE_GPU, TP2, TWO_MODELS, make_stack
 
 def gpu_nodes(n, gpus=1, product="NVIDIA-H200", **extra):
     return [
-        {"name": f"gpu-{i}", "gpu": {"product": product, "count": gpus, "memory_mib": 143771},
-         "allocatable": {"cpu": "64", "memory": "512Gi"}, **extra}
+        {
+            "name": f"gpu-{i}",
+            "gpu": {"product": product, "count": gpus, "memory_mib": 143771},
+            "allocatable": {"cpu": "64", "memory": "512Gi"},
+            **extra,
+        }
         for i in range(n)
     ]
 
@@ -56,7 +60,9 @@ def test_untolerated_gpu_taint():
     for n in tainted:
         n["gpu"] = dict(n["gpu"], tainted=False)
     result = plan(stack, nodes(*tainted), mode="deployment")
-    assert [p.message for p in result.pods] == ["0/2 nodes are available: 2 node(s) had untolerated taint {nvidia.com/gpu: }."] * 2
+    assert [p.message for p in result.pods] == [
+        "0/2 nodes are available: 2 node(s) had untolerated taint {nvidia.com/gpu: }."
+    ] * 2
     assert "gpu_toleration" in result.hints[result.pods[0].pod.name]
 
 
@@ -80,7 +86,9 @@ def test_without_the_affinity_policy_any_gpu_product_is_taken():
 
 
 def test_required_anti_affinity_allows_one_replica_per_node():
-    stack = make_stack(ONE_GPU, models=[{"name": "m", "model": "/m", "num_replicas": 3}], policies={"spread": "required"})
+    stack = make_stack(
+        ONE_GPU, models=[{"name": "m", "model": "/m", "num_replicas": 3}], policies={"spread": "required"}
+    )
     result = plan(stack, nodes(*gpu_nodes(2, gpus=8)), mode="deployment")
     assert sorted(p.node for p in result.pods[:2]) == ["gpu-0", "gpu-1"]
     assert result.pods[2].message == "0/2 nodes are available: 2 node(s) didn't match pod anti-affinity rules."
@@ -89,8 +97,16 @@ def test_required_anti_affinity_allows_one_replica_per_node():
 def test_preferred_anti_affinity_outweighs_least_allocated_and_spreads_replicas():
     # LeastAllocated alone keeps both replicas on the roomy node; the anti-affinity preference moves the
     # second one to the small node: InterPodAffinity (weight 2, normalized 0..100) beats the 55-point gap.
-    big = {"name": "big", "gpu": {"product": "NVIDIA-H200", "count": 8}, "allocatable": {"cpu": "190", "memory": "2000Gi"}}
-    small = {"name": "small", "gpu": {"product": "NVIDIA-H200", "count": 8}, "allocatable": {"cpu": "20", "memory": "100Gi"}}
+    big = {
+        "name": "big",
+        "gpu": {"product": "NVIDIA-H200", "count": 8},
+        "allocatable": {"cpu": "190", "memory": "2000Gi"},
+    }
+    small = {
+        "name": "small",
+        "gpu": {"product": "NVIDIA-H200", "count": 8},
+        "allocatable": {"cpu": "20", "memory": "100Gi"},
+    }
     model = {"name": "m", "model": "/m", "num_replicas": 2, "resources": {"cpu": "8", "memory": "64Gi"}}
     spread = plan(make_stack(ONE_GPU, models=[model]), nodes(big, small), mode="deployment")
     packed = plan(make_stack(ONE_GPU, models=[model], policies={"spread": "off"}), nodes(big, small), mode="deployment")
@@ -99,10 +115,10 @@ def test_preferred_anti_affinity_outweighs_least_allocated_and_spreads_replicas(
 
 
 def test_hard_topology_spread_rejects_the_crowded_zone():
-    pod = lambda i: PodSpec(
-        f"p{i}", "g", {"app": "x"}, {"cpu": 1000},
-        spread_hard=[Term(frozenset({("app", "x")}), "topology.kubernetes.io/zone", max_skew=1)],
-    )
+    def pod(i):
+        zone_spread = Term(frozenset({("app", "x")}), "topology.kubernetes.io/zone", max_skew=1)
+        return PodSpec(f"p{i}", "g", {"app": "x"}, {"cpu": 1000}, spread_hard=[zone_spread])
+
     cluster = nodes(
         {"name": "a", "labels": {"topology.kubernetes.io/zone": "z1"}, "allocatable": {"cpu": "1"}},
         {"name": "b", "labels": {"topology.kubernetes.io/zone": "z1"}, "allocatable": {"cpu": "8"}},
@@ -145,10 +161,17 @@ def test_tp2_replicas_each_take_two_gpus_of_one_node():
 def test_mixed_a100_and_l40s_pools_each_model_lands_on_its_product():
     inventory = nodes(
         CPU_NODE,
-        {"name": "l40s", "count": 2, "gpu": {"product": "NVIDIA-L40S", "count": 4, "memory_mib": 46068},
-         "allocatable": {"cpu": "64", "memory": "512Gi"}},
-        {"name": "a100", "gpu": {"product": "NVIDIA-A100-SXM4-80GB", "count": 8, "memory_mib": 81920},
-         "allocatable": {"cpu": "128", "memory": "1024Gi"}},
+        {
+            "name": "l40s",
+            "count": 2,
+            "gpu": {"product": "NVIDIA-L40S", "count": 4, "memory_mib": 46068},
+            "allocatable": {"cpu": "64", "memory": "512Gi"},
+        },
+        {
+            "name": "a100",
+            "gpu": {"product": "NVIDIA-A100-SXM4-80GB", "count": 8, "memory_mib": 81920},
+            "allocatable": {"cpu": "128", "memory": "1024Gi"},
+        },
     )
     result = plan(make_stack(TWO_MODELS), inventory)
     where = {p.pod.group: p.node for p in result.pods}
@@ -181,7 +204,12 @@ def test_plans_from_kubectl_get_nodes_json(tmp_path):
 
 
 def test_least_allocated_prefers_the_emptier_node():
-    used = {"name": "used", "gpu": {"count": 8}, "allocatable": {"cpu": "64", "memory": "512Gi"}, "used": {"cpu": "32", "memory": "256Gi"}}
+    used = {
+        "name": "used",
+        "gpu": {"count": 8},
+        "allocatable": {"cpu": "64", "memory": "512Gi"},
+        "used": {"cpu": "32", "memory": "256Gi"},
+    }
     free = {"name": "free", "gpu": {"count": 8}, "allocatable": {"cpu": "64", "memory": "512Gi"}}
     stack = make_stack(ONE_GPU, gpu_product=None, models=[{"name": "m", "model": "/m", "num_replicas": 1}])
     assert plan(stack, nodes(used, free), mode="deployment").pods[0].node == "free"

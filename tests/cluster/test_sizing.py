@@ -8,7 +8,14 @@ import pytest
 
 from railyard.cluster.placement import RayNode, place_replicas
 from railyard.cluster.sizing import (
-    GIB, SHAPES, EngineProfile, kv_bytes_per_block, load_profile, replicas_for_rate, resolve_shape, size_kv_cache,
+    GIB,
+    SHAPES,
+    EngineProfile,
+    kv_bytes_per_block,
+    load_profile,
+    replicas_for_rate,
+    resolve_shape,
+    size_kv_cache,
 )
 from railyard.cluster.workload import Replica
 from railyard.errors import ConfigError
@@ -36,8 +43,14 @@ def test_bytes_per_block_is_two_times_layers_kv_heads_head_dim_block_dtype(name,
 def test_kv_cache_is_what_memory_times_utilization_leaves_after_weights_and_overhead():
     shape = SHAPES["llama3-8b"]
     sizing = size_kv_cache(
-        shape, gpu_memory_bytes=80 * GIB, tensor_parallel_size=1, gpu_memory_utilization=0.9,
-        block_size=16, dtype="bfloat16", max_model_len=8192, overhead_bytes_per_gpu=2 * GIB,
+        shape,
+        gpu_memory_bytes=80 * GIB,
+        tensor_parallel_size=1,
+        gpu_memory_utilization=0.9,
+        block_size=16,
+        dtype="bfloat16",
+        max_model_len=8192,
+        overhead_bytes_per_gpu=2 * GIB,
     )
     kv = int(80 * GIB * 0.9) - 8_030_261_248 * 2 - 2 * GIB
     per_block = 2 * 32 * 8 * 128 * 16 * 2
@@ -48,7 +61,9 @@ def test_kv_cache_is_what_memory_times_utilization_leaves_after_weights_and_over
 
 
 def test_tensor_parallelism_pools_the_memory_of_every_gpu_in_the_replica():
-    args = dict(gpu_memory_bytes=24 * GIB, gpu_memory_utilization=0.9, block_size=16, dtype="bfloat16", max_model_len=4096)
+    args = dict(
+        gpu_memory_bytes=24 * GIB, gpu_memory_utilization=0.9, block_size=16, dtype="bfloat16", max_model_len=4096
+    )
     one = size_kv_cache(SHAPES["llama3-8b"], tensor_parallel_size=1, **args)
     two = size_kv_cache(SHAPES["llama3-8b"], tensor_parallel_size=2, **args)
     assert two.num_blocks > 2 * one.num_blocks  # the weights are paid once, the memory twice
@@ -56,16 +71,27 @@ def test_tensor_parallelism_pools_the_memory_of_every_gpu_in_the_replica():
 
 def test_a_model_too_big_for_the_gpu_gets_no_kv_cache():
     sizing = size_kv_cache(
-        SHAPES["qwen2-7b"], gpu_memory_bytes=16 * GIB, tensor_parallel_size=1, gpu_memory_utilization=0.9,
-        block_size=16, dtype="bfloat16", max_model_len=8192,
+        SHAPES["qwen2-7b"],
+        gpu_memory_bytes=16 * GIB,
+        tensor_parallel_size=1,
+        gpu_memory_utilization=0.9,
+        block_size=16,
+        dtype="bfloat16",
+        max_model_len=8192,
     )
     assert sizing.num_blocks == 0
 
 
 def test_a_checkpoint_config_json_wins_over_named_shapes(tmp_path):
     config = {
-        "model_type": "qwen3", "num_hidden_layers": 28, "hidden_size": 1024, "num_attention_heads": 16,
-        "num_key_value_heads": 8, "head_dim": 128, "intermediate_size": 3072, "vocab_size": 151936,
+        "model_type": "qwen3",
+        "num_hidden_layers": 28,
+        "hidden_size": 1024,
+        "num_attention_heads": 16,
+        "num_key_value_heads": 8,
+        "head_dim": 128,
+        "intermediate_size": 3072,
+        "vocab_size": 151936,
         "tie_word_embeddings": True,
     }
     (tmp_path / "config.json").write_text(json.dumps(config))

@@ -80,7 +80,10 @@ def test_serve_config_args_are_plain_yaml_data():
         ({"models": []}, "models"),
         ({"models": [{"name": "m", "model": "/m", "tensor_parallel_size": 0}]}, "models.0.tensor_parallel_size"),
         ({"models": [{"name": "m", "model": "/m", "resources": {"memory": "64GB"}}]}, "models.0.resources.memory"),
-        ({"models": [{"name": "m", "model": "/m", "engine": {"gpu_memory_utilization": 1.5}}]}, "models.0.engine.gpu_memory_utilization"),
+        (
+            {"models": [{"name": "m", "model": "/m", "engine": {"gpu_memory_utilization": 1.5}}]},
+            "models.0.engine.gpu_memory_utilization",
+        ),
         ({"policies": {"gpu_limts": False}}, "policies.gpu_limts"),
     ],
 )

@@ -60,7 +60,9 @@ def test_a_pod_template_inside_a_rayservice_is_checked_as_strictly_as_a_deployme
     template = rayservice["spec"]["rayClusterConfig"]["workerGroupSpecs"][0]["template"]
     template["spec"]["tolerations"][0]["effect"] = 1
     problems = _paths(validate_object(rayservice, "1.30"))
-    assert "1 is not of type" in problems["spec.rayClusterConfig.workerGroupSpecs[0].template.spec.tolerations[0].effect"]
+    assert (
+        "1 is not of type" in problems["spec.rayClusterConfig.workerGroupSpecs[0].template.spec.tolerations[0].effect"]
+    )
 
 
 def test_an_unknown_rayservice_field_is_an_error_not_pruned(rayservice):
