@@ -18,6 +18,7 @@ import queue
 import signal
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -91,11 +92,17 @@ class _Rank0Thread:
         self._jobs.put(None)
 
     def _loop(self) -> None:
-        while (fn := self._jobs.get()) is not None:
+        while True:
+            fn = self._jobs.get()
+            if fn is None:
+                return
             try:
-                self._result = (True, fn())
+                result = (True, fn())
             except BaseException as exc:  # handed to the caller
-                self._result = (False, exc)
+                result = (False, exc)
+            del fn  # holds the executor: an idle thread must not keep it from being collected
+            self._result = result
+            del result
             self._done_w.send_bytes(b"1")
 
 
@@ -114,12 +121,12 @@ class TensorParallelExecutor:
                               "engine?); run one tensor-parallel engine per process")
         self.world_size = tp
         self._dead: str | None = None
-        self._closed = False
-        self._group_up = False
         self._ready = False
         self._workers: list[Any] = []
         self._conns: list[multiprocessing.connection.Connection] = []
         self._rank0 = _Rank0Thread()
+        # Also on garbage collection and at interpreter exit: workers never outlive a forgotten engine.
+        self._release = weakref.finalize(self, _release, self._workers, self._conns, self._rank0)
         try:
             # Port 0: the OS picks a free port, and holding the listening store closes any race for it.
             store = dist.TCPStore("127.0.0.1", 0, tp, is_master=True, wait_for_workers=False,
@@ -154,7 +161,6 @@ class TensorParallelExecutor:
 
     def _start_rank0(self, rv: Rendezvous, store, config, spec, model_dir) -> tuple[ModelRunner, tuple[int, int]]:
         device = join_group(rv, 0, store)
-        self._group_up = True
         runner = ModelRunner(config, spec, model_dir, ps=ParallelState(0, rv.world_size), device=device)
         return runner, agree_on_kv_blocks(runner)
 
@@ -186,48 +192,8 @@ class TensorParallelExecutor:
 
     def shutdown(self) -> None:
         """Stop the workers (politely, then by force) and leave the process group; idempotent."""
-        if self._closed:
-            return
-        self._closed = True
         self._dead = self._dead or "the engine was shut down"
-        for conn in self._conns:
-            try:
-                conn.send(None)
-            except OSError:
-                pass
-        deadline = time.monotonic() + _STOP_S
-        for proc in self._workers:
-            proc.join(max(0.0, deadline - time.monotonic()))
-        for proc in self._workers:
-            if proc.is_alive():
-                proc.terminate()
-                proc.join(1.0)
-            if proc.is_alive():
-                proc.kill()
-                proc.join(1.0)
-        for conn in self._conns:
-            conn.close()
-        if self._group_up:
-            self._leave_group()
-        self._rank0.stop()
-
-    def _leave_group(self) -> None:
-        # Not on the rank-0 thread: if it is stuck in a collective with a dead peer (NCCL), destroying
-        # the group from here is what aborts that collective. Bounded, so shutdown itself cannot hang.
-        done = threading.Event()
-
-        def destroy() -> None:
-            try:
-                dist.destroy_process_group()
-            except Exception as exc:  # the group may already be broken by a dead peer
-                log.warning("leaving the tensor-parallel group failed: %s", exc)
-            done.set()
-
-        threading.Thread(target=destroy, name="tp-destroy", daemon=True).start()
-        if done.wait(_STOP_S):
-            self._group_up = False
-        else:
-            log.warning("the tensor-parallel process group did not shut down within %.0f s", _STOP_S)
+        self._release()
 
     # -- waiting without hanging -------------------------------------------------------------------
     def _call_rank0(self, fn: Callable[[], Any]) -> Any:
@@ -275,6 +241,50 @@ class TensorParallelExecutor:
         self._dead = f"{reason}; the engine cannot continue and must be restarted"
         log.error("%s", self._dead)
         raise EngineDeadError(self._dead) from cause
+
+
+def _release(workers: list, conns: list, rank0: _Rank0Thread) -> None:
+    """Stop the workers (politely, then by force), leave the process group, stop the rank-0 thread.
+
+    Runs once per executor: from shutdown(), when the executor is garbage collected, or at exit.
+    """
+    for conn in conns:
+        try:
+            conn.send(None)
+        except OSError:
+            pass
+    deadline = time.monotonic() + _STOP_S
+    for proc in workers:
+        proc.join(max(0.0, deadline - time.monotonic()))
+    for proc in workers:
+        if proc.is_alive():
+            proc.terminate()
+            proc.join(1.0)
+        if proc.is_alive():
+            proc.kill()
+            proc.join(1.0)
+    for conn in conns:
+        conn.close()
+    if dist.is_initialized():
+        _leave_group()
+    rank0.stop()
+
+
+def _leave_group() -> None:
+    # Not on the rank-0 thread: if it is stuck in a collective with a dead peer (NCCL), destroying
+    # the group from here is what aborts that collective. Bounded, so shutdown itself cannot hang.
+    done = threading.Event()
+
+    def destroy() -> None:
+        try:
+            dist.destroy_process_group()
+        except Exception as exc:  # the group may already be broken by a dead peer
+            log.warning("leaving the tensor-parallel group failed: %s", exc)
+        done.set()
+
+    threading.Thread(target=destroy, name="tp-destroy", daemon=True).start()
+    if not done.wait(_STOP_S):
+        log.warning("the tensor-parallel process group did not shut down within %.0f s", _STOP_S)
 
 
 def _describe_exit(code: int) -> str:
