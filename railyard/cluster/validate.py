@@ -177,6 +177,26 @@ def _semantic(obj: dict[str, Any]) -> list[tuple[str, str]]:
     return out
 
 
+# KubeRay's +kubebuilder:default values, which the API server applies before validating.
+_WORKER_GROUP_DEFAULTS = {"replicas": 0, "minReplicas": 0, "maxReplicas": 2147483647, "numOfHosts": 1}
+
+
+def _with_crd_defaults(obj: dict[str, Any]) -> dict[str, Any]:
+    if obj.get("apiVersion") != "ray.io/v1" or not isinstance(obj.get("spec"), dict):
+        return obj
+    spec = obj["spec"]
+    cluster = spec.get("rayClusterConfig") if obj.get("kind") == "RayService" else spec
+    if not isinstance(cluster, dict) or not isinstance(cluster.get("workerGroupSpecs"), list):
+        return obj
+    groups = [
+        {**_WORKER_GROUP_DEFAULTS, **g} if isinstance(g, dict) else g for g in cluster["workerGroupSpecs"]
+    ]
+    cluster = {**cluster, "workerGroupSpecs": groups}
+    if obj.get("kind") == "RayService":
+        return {**obj, "spec": {**spec, "rayClusterConfig": cluster}}
+    return {**obj, "spec": cluster}
+
+
 def validate_object(obj: Any, kubernetes_version: str, source: str = "manifest") -> list[Problem]:
     """All problems with one object, or [] if the API server would accept it."""
     if not isinstance(obj, dict) or "apiVersion" not in obj or "kind" not in obj:
@@ -189,7 +209,7 @@ def validate_object(obj: Any, kubernetes_version: str, source: str = "manifest")
         return [Problem(source, label, "apiVersion", f"no schema for {api_version} {kind} in Kubernetes {version}")]
     problems = [
         Problem(source, label, _field_path(e.absolute_path), e.message)
-        for e in map(_explain, validator.iter_errors(obj))
+        for e in map(_explain, validator.iter_errors(_with_crd_defaults(obj)))
     ]
     problems += [Problem(source, label, path, msg) for path, msg in _semantic(obj)]
     return sorted(problems, key=lambda p: p.path)

@@ -114,3 +114,16 @@ def test_files_round_trip_through_load_manifests(tmp_path):
     path = tmp_path / "m.yaml"
     path.write_text(to_yaml(render(make_stack(TP2), "rayservice")))
     assert validate_objects(load_manifests(path), "1.30", str(path)) == []
+
+
+def test_defaulted_kuberay_fields_may_be_omitted_as_the_api_server_fills_them(rayservice):
+    group = rayservice["spec"]["rayClusterConfig"]["workerGroupSpecs"][0]
+    for field in ("minReplicas", "maxReplicas", "replicas"):
+        del group[field]
+    assert validate_object(rayservice, "1.30") == []
+
+
+def test_a_required_kuberay_field_without_a_default_may_not(rayservice):
+    del rayservice["spec"]["rayClusterConfig"]["workerGroupSpecs"][0]["rayStartParams"]
+    problems = _paths(validate_object(rayservice, "1.30"))
+    assert problems == {"spec.rayClusterConfig.workerGroupSpecs[0]": "'rayStartParams' is a required property"}
