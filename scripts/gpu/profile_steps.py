@@ -1,0 +1,111 @@
+"""Where the time goes in the offline benchmark of a named shape: per-step wall time by kind (steps
+with prefill vs pure decode), GPU time of one captured decode step at full batch, and the top CUDA
+kernels of a prefill window and a decode window (torch.profiler).
+
+Usage: python3 scripts/gpu/profile_steps.py qwen2-7b [max_num_batched_tokens]  -> $OUT/profile_<model>.txt
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import time
+
+sys.path.insert(0, __file__.rsplit("/scripts/", 1)[0])
+logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+
+import torch  # noqa: E402
+from torch.profiler import ProfilerActivity, profile  # noqa: E402
+
+from railyard.bench.throughput import build_engine, workload_requests  # noqa: E402
+from railyard.bench.workload import LengthRange  # noqa: E402
+from railyard.engine.config import EngineConfig, SamplingParams  # noqa: E402
+
+name = sys.argv[1]
+budget = int(sys.argv[2]) if len(sys.argv) > 2 else None
+OUT = os.environ.get("OUT", "/tmp")
+lines: list[str] = []
+
+
+def say(text: str = "") -> None:
+    print(text, flush=True)
+    lines.append(text)
+
+
+eng = build_engine(EngineConfig(model=name, max_num_batched_tokens=budget))
+runner = eng.executor.runner
+reqs = workload_requests(eng, 256, LengthRange(100, 1024), LengthRange(256, 256), 0)
+for i, r in enumerate(reqs):
+    eng.add_request(f"p{i}", None, SamplingParams(temperature=0.0, max_tokens=r.output_len, ignore_eos=True),
+                    prompt_token_ids=r.prompt_token_ids)
+
+last = {}
+inner = eng.executor.execute
+
+
+def timed_execute(out):
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    res = inner(out)
+    last["exec"] = time.perf_counter() - t
+    last["decode"] = all(s.num_new_tokens == 1 for s in out.scheduled)
+    last["tokens"] = out.num_batched_tokens
+    last["seqs"] = len(out.scheduled)
+    return res
+
+
+eng.executor.execute = timed_execute
+windows = {"prefill/mixed steps 2-4": (2, 5), "decode steps 150-154": (150, 155)}
+stats = {True: [0, 0.0, 0.0], False: [0, 0.0, 0.0]}  # kind -> steps, wall, execute
+prof_tables = {}
+step = 0
+graph_ms = None
+t_all = time.perf_counter()
+prof = None
+while eng.has_unfinished_requests():
+    for label, (a, b) in windows.items():
+        if step == a:
+            prof = profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA])
+            prof.__enter__()
+            current = label
+    t = time.perf_counter()
+    eng.step()
+    wall = time.perf_counter() - t
+    s = stats[last["decode"]]
+    s[0] += 1
+    s[1] += wall
+    s[2] += last["exec"]
+    step += 1
+    for label, (a, b) in windows.items():
+        if step == b and prof is not None:
+            torch.cuda.synchronize()
+            prof.__exit__(None, None, None)
+            prof_tables[label] = prof.key_averages().table(sort_by="cuda_time_total", row_limit=18, max_name_column_width=60)
+            prof = None
+    if step == 140 and runner.graphs is not None and last["decode"]:
+        bs = runner.graphs.padded_size(last["seqs"])
+        g = runner.graphs.graphs[bs]
+        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        g.replay()
+        e0.record()
+        for _ in range(10):
+            g.replay()
+        e1.record()
+        torch.cuda.synchronize()
+        graph_ms = (e0.elapsed_time(e1) / 10, last["seqs"], bs)
+total = time.perf_counter() - t_all
+
+say(f"# profile of {name}, 256 prompts 100-1024 tokens, 256 out, max_num_batched_tokens {eng.config.max_num_batched_tokens}")
+say(f"total {total:.2f} s over {step} steps (profiled windows included)")
+for kind, (n, wall, ex) in stats.items():
+    label = "pure decode" if kind else "with prefill"
+    if n:
+        say(f"{label:13s}: {n:4d} steps, wall {wall:6.2f} s ({wall / n * 1e3:6.2f} ms/step), of which execute "
+            f"(forward+sample, synced) {ex:6.2f} s; host outside execute {wall - ex:5.2f} s")
+if graph_ms:
+    say(f"decode graph replay alone: {graph_ms[0]:.2f} ms GPU for {graph_ms[1]} sequences (padded to {graph_ms[2]})")
+for label, table in prof_tables.items():
+    say(f"\n## top CUDA kernels, {label}\n{table}")
+with open(os.path.join(OUT, f"profile_{name}.txt"), "w") as f:
+    f.write("\n".join(lines) + "\n")
