@@ -158,3 +158,8 @@ def test_a_malformed_inventory_is_one_line_naming_the_entry(tmp_path, capsys):
     err = capsys.readouterr().err.strip()
     assert "nodes[0]: malformed entry" in err
     assert "\n" not in err
+
+
+def test_the_readme_plan_command_places_the_example_stack(capsys):
+    assert main(["plan", "--nodes", str(EXAMPLES / "nodes.yaml"), "--config", str(EXAMPLES / "stack.yaml")]) == 0
+    assert capsys.readouterr().out.rstrip().endswith("5/5 pods scheduled, 4/4 Serve replicas placed")
