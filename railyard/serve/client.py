@@ -1,0 +1,176 @@
+"""`RayEngineClient`: one served model behind Ray Serve, as the OpenAI front sees an engine.
+
+It picks the model's length pool from the prompt's token count, streams the request from an
+engine replica through a deployment handle (the request router chooses the replica), and retries
+on another replica when the first one died before producing a token. A request that had already
+streamed tokens ends with a clear EngineDeadError instead (its tokens cannot be taken back).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+from railyard.engine.config import SamplingParams
+from railyard.engine.outputs import EngineStats, RequestOutput
+from railyard.errors import EngineDeadError, RailyardError
+from railyard.serve import metrics
+from railyard.serve.replica import EngineRequest, ReplicaStarted
+
+log = logging.getLogger("railyard.serve")
+
+DEFAULT_MAX_ATTEMPTS = 3
+
+
+@dataclass
+class Pool:
+    """A length pool of a model: prompts up to max_prompt_tokens (None: any length) go to its deployment."""
+
+    name: str
+    max_prompt_tokens: int | None
+    handle: Any  # ray.serve.handle.DeploymentHandle of the pool's engine deployment
+    max_model_len: int | None = None
+
+
+def choose_pool(pools: list[Pool], num_prompt_tokens: int) -> Pool:
+    """The first pool whose limit takes the prompt; the last pool takes everything longer."""
+    for pool in pools:
+        if pool.max_prompt_tokens is None or num_prompt_tokens <= pool.max_prompt_tokens:
+            return pool
+    return pools[-1]
+
+
+def _is_replica_loss(exc: BaseException) -> bool:
+    """The replica (actor) or its engine went away: the request itself was fine."""
+    from ray.exceptions import RayActorError, RayTaskError
+
+    if isinstance(exc, RayActorError | EngineDeadError):
+        return True
+    return isinstance(exc, RayTaskError) and isinstance(exc.cause, RayActorError | EngineDeadError)
+
+
+def _user_error(exc: BaseException) -> BaseException | None:
+    """A railyard error raised inside the replica (bad request, overload), unwrapped for the front."""
+    from ray.exceptions import RayTaskError
+
+    cause = exc.cause if isinstance(exc, RayTaskError) else exc
+    return cause if isinstance(cause, RailyardError) and not isinstance(cause, EngineDeadError) else None
+
+
+class RayRequestStream:
+    """The outputs of one request from whichever replica serves it (RequestStream's interface)."""
+
+    def __init__(self, client: "RayEngineClient", pool: Pool, request: EngineRequest) -> None:
+        self.client = client
+        self.pool = pool
+        self.request = request
+        self.request_id = request.request_id
+        self.replica: str | None = None
+        self.replicas_tried: list[str] = []
+        self.finished = False
+        self._response = None
+
+    def __aiter__(self) -> AsyncIterator[RequestOutput]:
+        return self._iterate()
+
+    async def _iterate(self) -> AsyncIterator[RequestOutput]:
+        attempts = 0
+        try:
+            while True:
+                attempts += 1
+                started = False
+                self._response = self.pool.handle.options(stream=True).generate.remote(self.request.to_dict())
+                try:
+                    async for item in self._response:
+                        if isinstance(item, ReplicaStarted):
+                            self.replica = item.replica
+                            self.replicas_tried.append(item.replica)
+                            continue
+                        started = True
+                        self.finished = item.finished
+                        yield item
+                        if item.finished:
+                            return
+                    raise EngineDeadError(f"replica {self.replica} ended request {self.request_id} without finishing it")
+                except asyncio.CancelledError:
+                    raise
+                except Exception as exc:
+                    user = _user_error(exc)
+                    if user is not None:
+                        raise user from None
+                    if not _is_replica_loss(exc):
+                        raise
+                    if started:
+                        raise EngineDeadError(
+                            f"the engine replica serving request {self.request_id} died after it had started "
+                            f"streaming ({type(exc).__name__}); the output is incomplete, retry the request") from None
+                    if attempts >= self.client.max_attempts:
+                        raise EngineDeadError(
+                            f"request {self.request_id} failed on {attempts} replicas, the last with "
+                            f"{type(exc).__name__}: {exc}") from None
+                    log.warning("replica %s lost request %s before its first token (%s); retrying",
+                                self.replica, self.request_id, type(exc).__name__)
+                    metrics.RETRIES.labels(self.client.model_name).inc()
+        finally:
+            if not self.finished:
+                self.abort()
+
+    def abort(self) -> None:
+        """Stop the request (idempotent): cancelling the handle call aborts it in the replica's engine."""
+        self.finished = True
+        if self._response is not None:
+            self._response.cancel()
+
+
+class RayEngineClient:
+    """An engine client (add_request / generate / abort / stats) over one model's Ray Serve deployments."""
+
+    def __init__(self, model_name: str, pools: list[Pool], tokenizer, *, max_model_len: int, vocab_size: int,
+                 max_attempts: int = DEFAULT_MAX_ATTEMPTS) -> None:
+        if not pools:
+            raise ValueError(f"model {model_name!r} has no engine deployments")
+        self.model_name = model_name
+        self.pools = pools
+        self.tokenizer = tokenizer
+        self.max_model_len = max_model_len
+        self.vocab_size = vocab_size
+        self.max_attempts = max_attempts
+        self._ids = itertools.count()
+        self._live: dict[str, RayRequestStream] = {}
+        self.stats = EngineStats()
+
+    async def add_request(self, request_id: str, prompt: str | None, params: SamplingParams, *,
+                          prompt_token_ids: list[int], arrival_time: float | None = None,
+                          priority: int = 0) -> RayRequestStream:
+        """A stream for the request; it is sent when the stream is first read."""
+        pool = choose_pool(self.pools, len(prompt_token_ids))
+        stream = RayRequestStream(self, pool, EngineRequest(request_id, prompt, list(prompt_token_ids), params,
+                                                            priority))
+        return stream
+
+    async def generate(self, request_id: str, prompt: str | None, params: SamplingParams, *,
+                       prompt_token_ids: list[int], **kwargs) -> AsyncIterator[RequestOutput]:
+        stream = await self.add_request(request_id, prompt, params, prompt_token_ids=prompt_token_ids, **kwargs)
+        self._live[request_id] = stream
+        try:
+            async for out in stream:
+                yield out
+        finally:
+            self._live.pop(request_id, None)
+
+    def abort(self, request_id: str) -> None:
+        stream = self._live.pop(request_id, None)
+        if stream is not None:
+            stream.abort()
+
+    async def replica_stats(self) -> list[EngineStats]:
+        """EngineStats of one replica per pool (whichever the router picks); for a fleet view use the replicas' routing stats."""
+        return [await pool.handle.stats.remote() for pool in self.pools]
+
+    def new_request_id(self) -> str:
+        return f"{self.model_name}-{time.monotonic_ns()}-{next(self._ids)}"

@@ -1,0 +1,50 @@
+"""The OpenAI ingress deployment: the same FastAPI app as `railyard serve`, its engines remote.
+
+Each served model gets a RayEngineClient over its pools' deployment handles; the app's routes,
+errors, streaming and /metrics are the front's own. Ray-level metrics (routing decisions,
+replicas per deployment, scale events) are appended to /metrics.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from ray import serve
+
+from railyard.engine.models.loader import read_spec, resolve_model_dir
+from railyard.engine.tokenizer import load_tokenizer
+from railyard.serve.client import Pool, RayEngineClient
+from railyard.serve.metrics import ReplicaWatcher
+
+log = logging.getLogger("railyard.serve")
+
+
+def make_clients(routes: list[dict[str, Any]], handles: dict[str, Any]) -> dict[str, RayEngineClient]:
+    """One engine client per served model, its pools in prompt-length order."""
+    clients = {}
+    for route in routes:
+        model_dir = resolve_model_dir(route["model"])
+        spec = read_spec(model_dir)
+        tokenizer_dir = next((p["tokenizer"] for p in route["pools"] if p.get("tokenizer")), None) or model_dir
+        pools = [Pool(p["name"], p["max_prompt_tokens"], handles[p["deployment"]],
+                      p.get("max_model_len") or spec.max_position_embeddings) for p in route["pools"]]
+        clients[route["name"]] = RayEngineClient(
+            route["name"], pools, load_tokenizer(tokenizer_dir),
+            max_model_len=max(p.max_model_len for p in pools), vocab_size=spec.vocab_size)
+    return clients
+
+
+@serve.ingress()
+class OpenAIIngress:
+    """Ingress replica: builds the engine clients, then the OpenAI app over them."""
+
+    def __init__(self, routes: list[dict[str, Any]], engines: dict[str, Any]) -> None:
+        self.clients = make_clients(routes, engines)
+        context = serve.get_replica_context()
+        self.watcher = ReplicaWatcher(context.app_name, list(engines))
+
+    def __serve_build_asgi_app__(self):
+        from railyard.serve.front import openai_app
+
+        return openai_app(self.clients, on_startup=self.watcher.start, on_shutdown=self.watcher.stop)

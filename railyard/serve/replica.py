@@ -1,0 +1,145 @@
+"""`EngineReplica`: the body of one engine deployment replica (one AsyncEngine per replica).
+
+It streams RequestOutputs back through Ray Serve, reports its EngineStats to the request router
+(`record_routing_stats`) and to the autoscaler (`record_autoscaling_stats`), and fails its health
+check once its engine loop has died, so the Serve controller replaces it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import AsyncIterator
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from railyard.engine.async_engine import AsyncEngine
+from railyard.engine.config import EngineConfig, SamplingParams
+from railyard.engine.outputs import EngineStats, RequestOutput
+from railyard.errors import EngineDeadError
+
+log = logging.getLogger("railyard.serve")
+
+# Reporting every cached block of a large KV pool each period would flood the long poll; the
+# router only needs enough to find hot prefixes.
+MAX_REPORTED_PREFIX_HASHES = 50_000
+
+
+@dataclass(frozen=True)
+class ReplicaStarted:
+    """First item of every stream: which replica took the request (before any token)."""
+
+    replica: str
+    node_id: str
+
+
+@dataclass
+class EngineRequest:
+    """What the ingress sends an engine replica: the router reads `prompt_token_ids` from it."""
+
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    priority: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"request_id": self.request_id, "prompt": self.prompt, "prompt_token_ids": self.prompt_token_ids,
+                "params": self.params, "priority": self.priority}
+
+
+class EngineReplica:
+    """One engine replica of one model and length pool."""
+
+    async def __init__(self, engine: dict[str, Any], *, max_waiting_requests: int = 1024) -> None:
+        import ray
+        from ray import serve
+
+        threads = os.environ.get("RAILYARD_TORCH_THREADS")
+        if threads:
+            import torch
+
+            torch.set_num_threads(int(threads))
+        config = EngineConfig(**engine)
+        self.async_engine = AsyncEngine.from_config(config, max_waiting_requests=max_waiting_requests)
+        context = serve.get_replica_context()
+        self.replica_id = context.replica_id.unique_id
+        self.deployment = context.deployment
+        self.node_id = ray.get_runtime_context().get_node_id()
+        self._prefix_version = 0
+        self._last_hashes: frozenset[int] = frozenset()
+        await self.async_engine.start()  # on the replica's event loop, where every method runs
+        log.info("engine replica %s of %s ready on node %s", self.replica_id, self.deployment, self.node_id)
+
+    # -- requests ----------------------------------------------------------------------------------
+    async def generate(self, request: dict[str, Any]) -> AsyncIterator[ReplicaStarted | RequestOutput]:
+        """Stream a request's outputs; cancelling the stream (client gone) aborts it in the engine."""
+        yield ReplicaStarted(self.replica_id, self.node_id)
+        stream = await self.async_engine.add_request(
+            request["request_id"], request.get("prompt"), request["params"],
+            prompt_token_ids=request["prompt_token_ids"], priority=request.get("priority", 0))
+        async for out in stream:
+            yield out
+
+    async def abort(self, request_id: str) -> None:
+        self.async_engine.abort(request_id)
+
+    async def stats(self) -> EngineStats:
+        return self.async_engine.stats
+
+    async def info(self) -> dict[str, Any]:
+        """Facts the ingress needs: where the tokenizer is and how long a sequence may be."""
+        config = self.async_engine.engine.config
+        return {"model": config.model, "tokenizer": config.tokenizer or config.model,
+                "max_model_len": config.max_model_len, "block_size": config.block_size,
+                "replica": self.replica_id, "node_id": self.node_id}
+
+    # -- what Ray Serve polls ----------------------------------------------------------------------
+    async def record_routing_stats(self) -> dict[str, Any]:
+        """EngineStats plus the prefix blocks this engine's cache holds (the router's view of us)."""
+        report = _load_report(self.async_engine)
+        if self.async_engine.dead is None:
+            hashes = await self.async_engine.run_between_steps(self.async_engine.engine.cached_block_hashes)
+            if hashes != self._last_hashes:
+                self._last_hashes = frozenset(hashes)
+                self._prefix_version += 1
+        report["prefix_version"] = self._prefix_version
+        report["prefix_hashes"] = list(self._last_hashes)[:MAX_REPORTED_PREFIX_HASHES]
+        return report
+
+    async def record_autoscaling_stats(self) -> dict[str, float]:
+        # A dead engine is replaced by its health check, not by scaling out: it counts as idle here.
+        dead = self.async_engine.dead is not None
+        return {"pending": 0.0 if dead else float(pending_requests(self.async_engine)),
+                "kv_cache_usage": float(self.async_engine.stats.kv_cache_usage)}
+
+    async def check_health(self) -> None:
+        """Raise once the engine loop has died, so Serve marks the replica unhealthy and replaces it."""
+        if not self.async_engine.is_running:
+            raise self.async_engine.dead or EngineDeadError("the engine loop has stopped")
+
+    async def __del__(self) -> None:
+        try:
+            await self.async_engine.shutdown()
+        except Exception as exc:  # shutting down a dead engine must not mask the replica's exit
+            log.warning("engine shutdown: %s", exc)
+
+
+# What a replica whose engine died reports as its load: routers send it nothing until Serve replaces it.
+DEAD_ENGINE_PENDING = 1_000_000
+
+
+def pending_requests(engine: AsyncEngine) -> int:
+    """Unfinished requests: running + swapped + waiting (including those being added right now)."""
+    if engine.dead is not None:
+        return DEAD_ENGINE_PENDING
+    stats = engine.stats
+    return stats.num_running + stats.num_swapped + engine.num_waiting
+
+
+def _load_report(engine: AsyncEngine) -> dict[str, Any]:
+    stats = engine.stats
+    report = {k: v for k, v in asdict(stats).items() if k != "extra"}
+    report["pending"] = pending_requests(engine)
+    report["free_blocks"] = stats.num_free_blocks
+    return report

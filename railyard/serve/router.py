@@ -1,0 +1,203 @@
+"""Ray Serve request routers for engine deployments.
+
+`PendingPrefixRouter` (the default) ranks replicas on the load their engines report (EngineStats
+through `record_routing_stats`, refreshed by the router's own count of requests it has sent since)
+and on the prompt's prefix blocks each replica's KV cache really holds (the engine's block hash
+chain, not the prompt text), with bounded load. `RoundRobinRouter` is the naive baseline for
+`railyard bench serve`.
+
+Both return one replica per tier, so Ray tries them in our order and only skips a replica that
+is at `max_ongoing_requests` or unreachable.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from collections import OrderedDict
+from typing import Any
+
+from ray.serve.request_router import PendingRequest, ReplicaID, RequestRouter, RunningReplica
+
+from railyard.engine.block_manager import prefix_block_hashes
+from railyard.serve import metrics
+from railyard.serve.routing import ReplicaLoad, RoutingOptions, matched_prefix_blocks, rank
+
+log = logging.getLogger("railyard.serve")
+
+_DEFAULT_BLOCK_SIZE = 16
+_PROVISIONAL_TTL_S = 2.0  # a choice not confirmed by then was rejected or cancelled
+
+
+def request_token_ids(pending_request: PendingRequest | None) -> list[int] | None:
+    """The prompt token ids of an engine request (`EngineReplica.generate`'s first argument)."""
+    if pending_request is None or not pending_request.args:
+        return None
+    first = pending_request.args[0]
+    if isinstance(first, dict):
+        ids = first.get("prompt_token_ids")
+        return ids if isinstance(ids, list) else None
+    return None
+
+
+class _CachedHashes:
+    """A replica's reported prefix hashes as a set, rebuilt only when the replica reports a change."""
+
+    __slots__ = ("version", "hashes")
+
+    def __init__(self) -> None:
+        self.version: Any = None
+        self.hashes: frozenset[int] = frozenset()
+
+
+class PendingPrefixRouter(RequestRouter):
+    """Least pending work first; a replica already caching the prompt's prefix wins within a load bound."""
+
+    def initialize_state(self, prefix_slack: int = 4, prefix_slack_ratio: float = 0.5,
+                         min_prefix_blocks: int = 1, affinity_ttl_s: float = 30.0,
+                         affinity_max_blocks: int = 100_000, **_: Any) -> None:
+        self.options = RoutingOptions(prefix_slack, prefix_slack_ratio, min_prefix_blocks)
+        # Blocks of prompts we sent but the replica has not reported yet (its report lags by
+        # request_routing_stats_period_s): without them a burst sharing a prefix would scatter.
+        self._affinity_ttl_s = affinity_ttl_s
+        self._affinity_max_blocks = affinity_max_blocks
+        self._recent: dict[ReplicaID, OrderedDict[int, float]] = {}
+        self._reported: dict[ReplicaID, _CachedHashes] = {}
+        # Requests chosen for a replica but not yet confirmed sent (Ray counts them only once sent):
+        # without this a burst routed in one go sees every replica equally idle and piles up at random.
+        self._provisional: dict[str, tuple[str, float]] = {}
+        self._rng = random.Random()
+
+    # -- the decision ------------------------------------------------------------------------------
+    async def choose_replicas(self, candidate_replicas: list[RunningReplica],
+                              pending_request: PendingRequest | None = None) -> list[list[RunningReplica]]:
+        if not candidate_replicas:
+            return []
+        token_ids = request_token_ids(pending_request)
+        block_size = self._block_size(candidate_replicas)
+        hashes = prefix_block_hashes(token_ids, block_size) if token_ids else []
+        now = time.monotonic()
+        provisional = self._provisional_counts(now, pending_request)
+        loads = [self._load(r, hashes, now, provisional.get(r.replica_id.unique_id, 0)) for r in candidate_replicas]
+        decision = rank(loads, self.options, self._rng)
+        by_id = {r.replica_id.unique_id: r for r in candidate_replicas}
+        if pending_request is not None and decision.ranked:
+            self._provisional[pending_request.metadata.internal_request_id] = (decision.ranked[0], now)
+            if not pending_request.routing_context.should_backoff:
+                metrics.record_routing_decision(self._deployment_id.name, decision.reason)
+        # Ray retries choose_replicas after a full pass fails; back off from then on.
+        if pending_request is not None:
+            pending_request.routing_context.should_backoff = True
+        return [[by_id[rid]] for rid in decision.ranked]
+
+    def _provisional_counts(self, now: float, current: PendingRequest | None) -> dict[str, int]:
+        counts: dict[str, int] = {}
+        if current is not None:  # a retry of the same request must not count against itself
+            self._provisional.pop(current.metadata.internal_request_id, None)
+        for key, (rid, chosen_at) in list(self._provisional.items()):
+            if now - chosen_at > _PROVISIONAL_TTL_S:
+                del self._provisional[key]
+            else:
+                counts[rid] = counts.get(rid, 0) + 1
+        return counts
+
+    def _load(self, replica: RunningReplica, hashes: list[int], now: float, provisional: int) -> ReplicaLoad:
+        stats = replica.routing_stats or {}
+        reported = int(stats.get("pending", 0))
+        # Ray's own count for this replica: refreshed on every probe and send, so it sees the
+        # requests we sent after the replica's last stats report.
+        queued = self.replica_queue_len_cache.get(replica.replica_id)
+        pending = (max(reported, queued) if queued is not None else reported) + provisional
+        matched = 0
+        if hashes:
+            matched = matched_prefix_blocks(hashes, self._reported_hashes(replica))
+            recent = self._recent.get(replica.replica_id)
+            if recent:
+                matched = max(matched, _matched_recent(hashes, recent, now))
+        return ReplicaLoad(replica.replica_id.unique_id, pending, int(stats.get("free_blocks", 0)), matched)
+
+    def _reported_hashes(self, replica: RunningReplica) -> frozenset[int]:
+        stats = replica.routing_stats or {}
+        entry = self._reported.setdefault(replica.replica_id, _CachedHashes())
+        version = stats.get("prefix_version")
+        if version != entry.version:
+            entry.version = version
+            entry.hashes = frozenset(stats.get("prefix_hashes") or ())
+        return entry.hashes
+
+    def _block_size(self, replicas: list[RunningReplica]) -> int:
+        for r in replicas:
+            size = (r.routing_stats or {}).get("block_size")
+            if size:
+                return int(size)
+        return _DEFAULT_BLOCK_SIZE
+
+    # -- lifecycle hooks ---------------------------------------------------------------------------
+    def on_request_routed(self, pending_request: PendingRequest, replica_id: ReplicaID, result: Any) -> None:
+        # Sent and accepted: Ray's queue-length cache counts it from now on.
+        self._provisional.pop(pending_request.metadata.internal_request_id, None)
+        token_ids = request_token_ids(pending_request)
+        replica = self.curr_replicas.get(replica_id)
+        if not token_ids or replica is None:
+            return
+        hashes = prefix_block_hashes(token_ids, self._block_size([replica]))
+        if not hashes:
+            return
+        recent = self._recent.setdefault(replica_id, OrderedDict())
+        expires = time.monotonic() + self._affinity_ttl_s
+        for h in hashes:
+            recent[h] = expires
+            recent.move_to_end(h)
+        while len(recent) > self._affinity_max_blocks:
+            recent.popitem(last=False)
+
+    def update_replicas(self, replicas: list[RunningReplica]) -> None:
+        super().update_replicas(replicas)
+        live = {r.replica_id for r in replicas}
+        for table in (self._recent, self._reported):
+            for rid in [rid for rid in table if rid not in live]:
+                del table[rid]
+        metrics.set_routable_replicas(self._deployment_id.name, len(live))
+
+    def on_replica_actor_died(self, replica_id: ReplicaID) -> None:
+        super().on_replica_actor_died(replica_id)
+        self._recent.pop(replica_id, None)
+        self._reported.pop(replica_id, None)
+
+
+def _matched_recent(hashes: list[int], recent: OrderedDict[int, float], now: float) -> int:
+    n = 0
+    for h in hashes:
+        expires = recent.get(h)
+        if expires is None or expires < now:
+            break
+        n += 1
+    return n
+
+
+class RoundRobinRouter(RequestRouter):
+    """Each request to the next replica in turn, blind to load and cache (the benchmark baseline)."""
+
+    def initialize_state(self, **_: Any) -> None:
+        self._next = 0
+
+    async def choose_replicas(self, candidate_replicas: list[RunningReplica],
+                              pending_request: PendingRequest | None = None) -> list[list[RunningReplica]]:
+        if not candidate_replicas:
+            return []
+        ordered = sorted(candidate_replicas, key=lambda r: r.replica_id.unique_id)
+        start = self._next % len(ordered)
+        self._next += 1
+        if pending_request is not None:
+            if not pending_request.routing_context.should_backoff:
+                metrics.record_routing_decision(self._deployment_id.name, "round_robin")
+            pending_request.routing_context.should_backoff = True
+        return [[r] for r in ordered[start:] + ordered[:start]]
+
+
+ROUTERS = {
+    "pending_prefix": "railyard.serve.router:PendingPrefixRouter",
+    "round_robin": "railyard.serve.router:RoundRobinRouter",
+    "power_of_two": "ray.serve._private.request_router:PowerOfTwoChoicesRequestRouter",
+}

@@ -1,0 +1,98 @@
+"""Routing on real load and real KV caches, through real Ray Serve deployment handles.
+
+Oracle: each stream names the replica that served it, and each finished request carries the
+engine's own count of prompt tokens it found in its prefix cache.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+
+import pytest
+from ray import serve
+
+from tests.serve.conftest import deploy_engine, engine_args, deploy_engines, run_request
+
+pytestmark = pytest.mark.timeout(300)
+
+BLOCK = 16
+
+
+def _tokens(rng: random.Random, n: int) -> list[int]:
+    return [rng.randrange(0, 256) for _ in range(n)]
+
+
+@pytest.fixture(scope="module")
+def pending_prefix_client(serve_cluster, tiny_model_dir):
+    client = deploy_engine(engine_args(tiny_model_dir, num_replicas=2), "routing-pending-prefix")
+    yield client
+    serve.delete("routing-pending-prefix")
+
+
+def test_short_requests_go_to_the_idle_replica_while_the_other_is_busy(pending_prefix_client):
+    """Long requests sharing a document prefix pile onto one replica (affinity within the load bound);
+    at least 80% of later short requests then go to the other, idle one (least pending)."""
+    client, rng = pending_prefix_client, random.Random(1)
+    document = _tokens(rng, 8 * BLOCK)
+
+    async def scenario():
+        first_started = asyncio.Event()
+        first = asyncio.ensure_future(run_request(client, document + _tokens(rng, 5), 700,
+                                                  on_start=lambda _: first_started.set()))
+        await first_started.wait()  # routed and running: its prefix is now the busy replica's
+        others = [asyncio.ensure_future(run_request(client, document + _tokens(rng, 5), 700)) for _ in range(3)]
+        await asyncio.sleep(0.5)
+        short = []
+        for _ in range(10):
+            short.append(await run_request(client, _tokens(rng, 24), 4))
+        long = await asyncio.gather(first, *others)
+        return long, short
+
+    long, short = asyncio.run(scenario())
+    assert all(r.error is None for r in long + short)
+    busy = {r.replica for r in long}
+    assert len(busy) == 1, f"the long requests sharing a prefix were split over {busy}"
+    to_idle = sum(r.replica not in busy for r in short)
+    assert to_idle >= 8, f"only {to_idle}/10 short requests went to the idle replica"
+
+
+def _prefix_trace(seed: int, groups: int = 8, rounds: int = 3) -> list[list[list[int]]]:
+    """Rounds of requests: each group shares its own 12-block prefix; one request per group per round."""
+    rng = random.Random(seed)
+    prefixes = [_tokens(rng, 12 * BLOCK) for _ in range(groups)]
+    return [[p + _tokens(rng, 7) for p in prefixes] for _ in range(rounds)]
+
+
+async def _replay(client, trace) -> list:
+    served = []
+    for round_ in trace:  # a round's requests run together; the next round starts when it is done
+        served += await asyncio.gather(*(run_request(client, ids, 8) for ids in round_))
+    return served
+
+
+def _hit_rate(served) -> float:
+    return sum(r.cached_prompt_tokens for r in served) / sum(r.prompt_tokens for r in served)
+
+
+def test_prefix_affinity_beats_rays_default_router_on_fleet_cache_hit_rate(serve_cluster, tiny_model_dir):
+    """The same trace against two 2-replica deployments, ours and Ray's default router (power of two
+    choices), each replica's KV cache holding about half the trace's prefixes (64 blocks)."""
+    small_cache = {"num_gpu_blocks": 64}
+    apps = {"prefix-ours": "pending_prefix", "prefix-ray-default": "power_of_two"}
+    clients = deploy_engines({app: engine_args(tiny_model_dir, num_replicas=2, router=router, engine=small_cache)
+                              for app, router in apps.items()})
+    try:
+        ours = asyncio.run(_replay(clients["prefix-ours"], _prefix_trace(7)))
+        theirs = asyncio.run(_replay(clients["prefix-ray-default"], _prefix_trace(7)))
+    finally:
+        for app in apps:
+            serve.delete(app)
+    assert all(r.error is None for r in ours + theirs)
+    groups = len(_prefix_trace(7)[0])
+    placement = {}
+    for i, r in enumerate(ours):
+        placement.setdefault(i % groups, set()).add(r.replica)
+    assert all(len(replicas) == 1 for replicas in placement.values()), f"prefix groups split: {placement}"
+    ours_rate, theirs_rate = _hit_rate(ours), _hit_rate(theirs)
+    assert ours_rate > theirs_rate + 0.15, f"prefix-cache hit rate: ours {ours_rate:.2f}, Ray default {theirs_rate:.2f}"
