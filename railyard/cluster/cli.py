@@ -80,6 +80,7 @@ def _plan(args: argparse.Namespace) -> int:
         bench=args.profile,
         target_rps=args.target_rps,
         at_max=args.at_max,
+        pods_path=args.pods,
     )
     if args.json:
         print(json.dumps(result.as_dict(), indent=2))
@@ -116,6 +117,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     plan = subparsers.add_parser("plan", help="predict placement with kube-scheduler's rules, and size replicas")
     plan.add_argument("--nodes", help="inventory.yaml or `kubectl get nodes -o json` output")
     plan.add_argument("--config", "-c", help="stack YAML file")
+    plan.add_argument("--pods", help="`kubectl get pods -A -o json` output: what already runs on the nodes")
     plan.add_argument("--mode", choices=["rayservice", "deployment"])
     plan.add_argument("--profile", help="engine bench JSON (railyard bench throughput) for replica sizing")
     plan.add_argument("--target-rps", type=float, help="target requests/s to size replicas for")

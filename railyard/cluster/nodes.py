@@ -143,15 +143,69 @@ def parse_nodes(data: Any, source: str = "nodes") -> list[Node]:
     raise ConfigError(f"{source}: expected `kubectl get nodes -o json` output or an inventory with a 'nodes' list")
 
 
-def load_nodes(path: str | Path) -> list[Node]:
-    """Nodes from a JSON or YAML file (JSON is YAML, so one parser reads both)."""
+def pod_requests(spec: dict[str, Any]) -> dict[str, int]:
+    """A pod's effective requests as the scheduler counts them: max(sum of containers, largest init
+    container) per resource, plus the pod overhead; a missing request defaults to the limit."""
+
+    def one(container: dict[str, Any]) -> dict[str, int]:
+        resources = container.get("resources") or {}
+        limits, requests = resources.get("limits") or {}, resources.get("requests") or {}
+        return {k: resource_amount(k, requests.get(k, limits.get(k))) for k in set(limits) | set(requests)}
+
+    total: dict[str, int] = {}
+    for container in spec.get("containers") or []:
+        for k, v in one(container).items():
+            total[k] = total.get(k, 0) + v
+    for container in spec.get("initContainers") or []:
+        for k, v in one(container).items():
+            total[k] = max(total.get(k, 0), v)
+    for k, v in (spec.get("overhead") or {}).items():
+        total[k] = total.get(k, 0) + resource_amount(k, v)
+    return total
+
+
+def apply_running_pods(nodes: list[Node], data: Any, source: str = "pods") -> int:
+    """Charge the pods of `kubectl get pods -A -o json` to their nodes; returns how many were counted.
+
+    Finished pods (Succeeded, Failed) hold nothing; pods not bound to a listed node are skipped.
+    """
+    if not isinstance(data, dict) or not isinstance(data.get("items"), list):
+        raise ConfigError(f"{source}: expected `kubectl get pods --all-namespaces -o json` output")
+    by_name = {n.name: n for n in nodes}
+    counted = 0
+    for item in data["items"]:
+        spec, status = item.get("spec") or {}, item.get("status") or {}
+        node = by_name.get(spec.get("nodeName", ""))
+        if node is None or status.get("phase") in ("Succeeded", "Failed"):
+            continue
+        try:
+            requests = pod_requests(spec)
+        except ConfigError as exc:
+            raise ConfigError(f"{source}: pod {item.get('metadata', {}).get('name', '?')}: {exc}") from None
+        for k, v in requests.items():
+            node.requested[k] = node.requested.get(k, 0) + v
+        node.pods += 1
+        counted += 1
+    return counted
+
+
+def _read(path: str | Path, what: str) -> Any:
     path = Path(path)
     try:
         text = path.read_text()
     except FileNotFoundError:
-        raise ConfigError(f"nodes file {path} not found") from None
+        raise ConfigError(f"{what} file {path} not found") from None
     try:
-        data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
+        return json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
     except (ValueError, yaml.YAMLError) as exc:
         raise ConfigError(f"{path} is not valid JSON/YAML: {exc}") from None
-    return parse_nodes(data, str(path))
+
+
+def load_pods_into(nodes: list[Node], path: str | Path) -> int:
+    """Charge the running pods recorded in a file to the nodes."""
+    return apply_running_pods(nodes, _read(path, "pods"), str(path))
+
+
+def load_nodes(path: str | Path) -> list[Node]:
+    """Nodes from a JSON or YAML file (JSON is YAML, so one parser reads both)."""
+    return parse_nodes(_read(path, "nodes"), str(path))

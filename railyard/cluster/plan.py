@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from railyard.cluster.nodes import GPU, Node, load_nodes
+from railyard.cluster.nodes import GPU, Node, load_nodes, load_pods_into
 from railyard.cluster.placement import ReplicaPlacement, place_replicas, ray_nodes
 from railyard.cluster.render import render
 from railyard.cluster.scheduler import AFFINITY, ANTI_AFFINITY, Placement, Scheduler
@@ -229,11 +229,15 @@ def plan_from_files(
     bench: str | Path | None = None,
     target_rps: float | None = None,
     at_max: bool = False,
+    pods_path: str | Path | None = None,
 ) -> PlanResult:
-    """`railyard plan`'s entry: read the stack, the nodes and (optionally) a bench profile."""
+    """`railyard plan`'s entry: read the stack, the nodes, their running pods and a bench profile."""
     profile = load_profile(bench) if bench else None
+    nodes = load_nodes(nodes_path)
+    if pods_path:
+        load_pods_into(nodes, pods_path)
     return plan(
-        load_stack(config), load_nodes(nodes_path), mode=mode, profile=profile, target_rps=target_rps, at_max=at_max
+        load_stack(config), nodes, mode=mode, profile=profile, target_rps=target_rps, at_max=at_max
     )
 
 

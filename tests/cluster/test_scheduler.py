@@ -253,3 +253,20 @@ def test_the_planner_benchmark_runs_and_reports_json_fields():
 def test_a_gpu_only_cluster_strands_the_ray_head_with_a_hint():
     result = plan(make_stack(ONE_GPU), nodes(*gpu_nodes(1)))
     assert "add an untainted CPU node" in result.hints[result.pods[0].pod.name]
+
+
+def test_running_pods_from_kubectl_are_charged_to_their_nodes():
+    from railyard.cluster.nodes import load_nodes, load_pods_into
+
+    from .conftest import FIXTURES
+
+    good = FIXTURES / "doctor" / "good"
+    cluster = load_nodes(good / "nodes.json")
+    assert load_pods_into(cluster, good / "pods.json") == 3  # the Succeeded pod holds nothing
+    busy, idle = cluster[1], cluster[2]
+    assert busy.requested["nvidia.com/gpu"] == 6
+    assert idle.requested["cpu"] == 200  # max(sum of containers 100m, init container 200m)
+    stack = make_stack(ONE_GPU, models=[{"name": "m", "model": "/m", "num_replicas": 10}])
+    result = plan(stack, cluster)
+    assert sum(1 for p in result.pods if p.node == busy.name) == 2  # 8 GPUs - 6 in use
+    assert sum(1 for p in result.pods if p.node is None) == 0
