@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
+from railyard.bench.serve_cli import register_serve
 from railyard.engine.args import add_engine_args, engine_config_from_args
 
 
@@ -23,6 +24,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                     help="memory bandwidth for the roofline in TB/s (default: 4.3, measured on an H200)")
     add_engine_args(tp)
     tp.set_defaults(func=run_throughput_cmd)
+
+    register_serve(kinds)
 
 
 def run_throughput_cmd(args: argparse.Namespace) -> int:

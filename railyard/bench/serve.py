@@ -1,0 +1,185 @@
+"""`railyard bench serve`: load an OpenAI-compatible server and measure what its users feel.
+
+Requests are seeded synthetic token-id prompts sent to /v1/completions with streaming and
+ignore_eos, so every request's input and output lengths are exact. Arrivals follow a Poisson
+process at --request-rate (or all at once), optionally capped at --max-concurrency in flight.
+Per request it records TTFT (first streamed text), every inter-token gap, end-to-end latency
+and the server's own usage counts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import random
+import time
+from dataclasses import asdict, dataclass, field
+
+import httpx
+
+from railyard.bench.workload import LengthRange, synthetic_requests
+
+PERCENTILES = (50, 90, 99)
+
+
+@dataclass
+class ServeBenchConfig:
+    url: str
+    model: str
+    num_prompts: int
+    input_len: LengthRange
+    output_len: LengthRange
+    request_rate: float = math.inf  # requests/s of the Poisson arrivals; inf: all at once
+    max_concurrency: int | None = None
+    seed: int = 0
+    api_key: str | None = None
+    token_id_range: int = 256  # prompt token ids are drawn below this (valid in every vocabulary we serve)
+    timeout_s: float = 600.0
+
+
+@dataclass
+class RequestResult:
+    """One request as the client saw it (times in seconds, from the benchmark start)."""
+
+    start: float
+    ok: bool = False
+    error: str | None = None
+    ttft: float | None = None
+    latency: float | None = None
+    itls: list[float] = field(default_factory=list)
+    prompt_tokens: int = 0
+    output_tokens: int = 0
+
+    @property
+    def tpot(self) -> float | None:
+        if self.ok and self.output_tokens > 1:
+            return (self.latency - self.ttft) / (self.output_tokens - 1)
+        return None
+
+
+async def _send(client: httpx.AsyncClient, cfg: ServeBenchConfig, prompt: list[int], output_len: int,
+                t0: float) -> RequestResult:
+    body = {"model": cfg.model, "prompt": prompt, "max_tokens": output_len, "temperature": 0.0, "ignore_eos": True,
+            "stream": True, "stream_options": {"include_usage": True}}
+    start = time.perf_counter()
+    result = RequestResult(start=start - t0)
+    last = start
+    try:
+        async with client.stream("POST", "/v1/completions", json=body) as resp:
+            if resp.status_code != 200:
+                result.error = f"HTTP {resp.status_code}: {(await resp.aread())[:200].decode(errors='replace')}"
+                return result
+            async for line in resp.aiter_lines():
+                if not line.startswith("data: ") or line == "data: [DONE]":
+                    continue
+                event = json.loads(line[6:])
+                if "error" in event:
+                    result.error = event["error"].get("message", "error event")
+                    return result
+                if event.get("usage"):
+                    result.prompt_tokens = event["usage"]["prompt_tokens"]
+                    result.output_tokens = event["usage"]["completion_tokens"]
+                if event.get("choices") and event["choices"][0].get("text"):
+                    now = time.perf_counter()
+                    if result.ttft is None:
+                        result.ttft = now - start
+                    else:
+                        result.itls.append(now - last)
+                    last = now
+        result.latency = time.perf_counter() - start
+        if result.output_tokens != output_len:
+            result.error = f"got {result.output_tokens} output tokens, asked for {output_len}"
+        elif result.ttft is None:
+            result.error = "the stream carried no text"
+        else:
+            result.ok = True
+    except (httpx.HTTPError, json.JSONDecodeError, KeyError) as exc:
+        result.error = f"{type(exc).__name__}: {exc}"
+    return result
+
+
+async def run_serve_bench(cfg: ServeBenchConfig) -> tuple[list[RequestResult], float]:
+    """Send the whole workload; returns per-request results and the wall time."""
+    requests = synthetic_requests(cfg.num_prompts, cfg.input_len, cfg.output_len, cfg.token_id_range, cfg.seed)
+    rng = random.Random(cfg.seed + 1)
+    gate = asyncio.Semaphore(cfg.max_concurrency) if cfg.max_concurrency else None
+    headers = {"Authorization": f"Bearer {cfg.api_key}"} if cfg.api_key else {}
+    limits = httpx.Limits(max_connections=cfg.max_concurrency, max_keepalive_connections=cfg.max_concurrency)
+    async with httpx.AsyncClient(base_url=cfg.url.rstrip("/"), headers=headers, limits=limits,
+                                 timeout=cfg.timeout_s) as client:
+
+        async def one(req) -> RequestResult:
+            if gate is None:
+                return await _send(client, cfg, req.prompt_token_ids, req.output_len, t0)
+            async with gate:
+                return await _send(client, cfg, req.prompt_token_ids, req.output_len, t0)
+
+        t0 = time.perf_counter()
+        tasks = []
+        for req in requests:
+            tasks.append(asyncio.ensure_future(one(req)))
+            if math.isfinite(cfg.request_rate):
+                await asyncio.sleep(rng.expovariate(cfg.request_rate))
+        results = await asyncio.gather(*tasks)
+        return list(results), time.perf_counter() - t0
+
+
+def _stats_ms(values: list[float]) -> dict[str, float | None]:
+    if not values:
+        return {"mean": None, **{f"p{p}": None for p in PERCENTILES}}
+    ordered = sorted(values)
+    return {"mean": round(1000 * sum(ordered) / len(ordered), 3),
+            **{f"p{p}": round(1000 * percentile(ordered, p), 3) for p in PERCENTILES}}
+
+
+def percentile(ordered: list[float], p: float) -> float:
+    """Linear interpolation between closest ranks (numpy's default)."""
+    k = (len(ordered) - 1) * p / 100
+    lo, hi = math.floor(k), math.ceil(k)
+    return ordered[lo] + (ordered[hi] - ordered[lo]) * (k - lo)
+
+
+def summarize(cfg: ServeBenchConfig, results: list[RequestResult], duration_s: float) -> dict:
+    """The benchmark's JSON: throughput, latency distributions (ms) and failures."""
+    ok = [r for r in results if r.ok]
+    failed = [r for r in results if not r.ok]
+    in_tokens = sum(r.prompt_tokens for r in ok)
+    out_tokens = sum(r.output_tokens for r in ok)
+    return {
+        "url": cfg.url, "model": cfg.model, "num_prompts": cfg.num_prompts,
+        "request_rate": cfg.request_rate if math.isfinite(cfg.request_rate) else "inf",
+        "max_concurrency": cfg.max_concurrency,
+        "input_len": f"{cfg.input_len.low}-{cfg.input_len.high}", "output_len": f"{cfg.output_len.low}-{cfg.output_len.high}",
+        "completed": len(ok), "failed": len(failed),
+        "errors": sorted({r.error for r in failed})[:5],
+        "duration_s": round(duration_s, 3),
+        "request_throughput": round(len(ok) / duration_s, 3),
+        "output_token_throughput": round(out_tokens / duration_s, 3),
+        "total_token_throughput": round((in_tokens + out_tokens) / duration_s, 3),
+        "total_input_tokens": in_tokens, "total_output_tokens": out_tokens,
+        "ttft_ms": _stats_ms([r.ttft for r in ok]),
+        "tpot_ms": _stats_ms([r.tpot for r in ok if r.tpot is not None]),
+        "itl_ms": _stats_ms([x for r in ok for x in r.itls]),
+        "e2el_ms": _stats_ms([r.latency for r in ok]),
+    }
+
+
+def format_table(summary: dict) -> str:
+    """A human-readable table of the summary."""
+    rows = [("completed / failed", f"{summary['completed']} / {summary['failed']}"),
+            ("duration (s)", summary["duration_s"]),
+            ("request throughput (req/s)", summary["request_throughput"]),
+            ("output token throughput (tok/s)", summary["output_token_throughput"]),
+            ("total token throughput (tok/s)", summary["total_token_throughput"])]
+    for key, label in (("ttft_ms", "TTFT"), ("tpot_ms", "TPOT"), ("itl_ms", "ITL"), ("e2el_ms", "E2E latency")):
+        for stat, value in summary[key].items():
+            rows.append((f"{label} {stat} (ms)", value))
+    width = max(len(name) for name, _ in rows)
+    line = "=" * (width + 16)
+    return "\n".join([line, " serving benchmark ".center(width + 16, "="), *(f"{n:<{width}}  {v}" for n, v in rows),
+                      line])
+
+
+def results_to_dicts(results: list[RequestResult]) -> list[dict]:
+    return [{**asdict(r), "tpot": r.tpot} for r in results]

@@ -1,0 +1,56 @@
+"""`railyard bench serve`: flags, run, JSON on stdout, table on stderr, optional plot."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import sys
+
+from railyard.errors import ConfigError
+
+
+def register_serve(kinds: argparse._SubParsersAction) -> None:
+    p = kinds.add_parser("serve", help="load an OpenAI-compatible server; TTFT/TPOT/ITL/latency percentiles")
+    p.add_argument("--url", default="http://127.0.0.1:8000", help="the server's base URL (without /v1)")
+    p.add_argument("--model", required=True, help="the served model name")
+    p.add_argument("--num-prompts", type=int, default=200)
+    p.add_argument("--input-len", default="128", help="N or LOW-HIGH prompt tokens (seeded uniform)")
+    p.add_argument("--output-len", default="128", help="N or LOW-HIGH output tokens (EOS ignored)")
+    p.add_argument("--request-rate", type=float, default=math.inf,
+                   help="Poisson arrival rate in requests/s (default: all at once)")
+    p.add_argument("--max-concurrency", type=int, default=None, help="most requests in flight at once")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--api-key", default=None)
+    p.add_argument("--plot", default=None, help="write latency percentiles over time to this PNG")
+    p.add_argument("--output", default=None, help="also write the JSON (with per-request results) here")
+    p.set_defaults(func=run_serve_bench_cmd)
+
+
+def run_serve_bench_cmd(args: argparse.Namespace) -> int:
+    from railyard.bench.serve import ServeBenchConfig, format_table, results_to_dicts, run_serve_bench, summarize
+    from railyard.bench.workload import LengthRange
+
+    if args.num_prompts < 1:
+        raise ConfigError("--num-prompts must be at least 1")
+    if not args.request_rate > 0:
+        raise ConfigError("--request-rate must be positive (leave it out to send everything at once)")
+    if args.max_concurrency is not None and args.max_concurrency < 1:
+        raise ConfigError("--max-concurrency must be at least 1")
+    cfg = ServeBenchConfig(url=args.url, model=args.model, num_prompts=args.num_prompts,
+                           input_len=LengthRange.parse(args.input_len), output_len=LengthRange.parse(args.output_len),
+                           request_rate=args.request_rate, max_concurrency=args.max_concurrency, seed=args.seed,
+                           api_key=args.api_key)
+    results, duration = asyncio.run(run_serve_bench(cfg))
+    summary = summarize(cfg, results, duration)
+    if args.plot:
+        from railyard.bench.plot import plot_latency_over_time
+
+        summary["plot"] = str(plot_latency_over_time(results, args.plot))
+    print(format_table(summary), file=sys.stderr)
+    print(json.dumps(summary, indent=1))
+    if args.output:
+        with open(args.output, "w") as f:
+            json.dump({**summary, "requests": results_to_dicts(results)}, f, indent=1)
+    return 0 if summary["completed"] else 1

@@ -1,0 +1,54 @@
+"""`railyard bench serve`, run as users run it (the CLI in its own process), against a real uvicorn server."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from tests.api.conftest import serve_in_thread, tiny_engine
+
+
+@pytest.fixture(scope="module")
+def server(tiny_model):
+    with serve_in_thread(tiny_engine(tiny_model)) as running:
+        yield running
+
+
+def bench(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "railyard.cli", "bench", "serve", *args],
+                          capture_output=True, text=True, timeout=300)
+
+
+def test_bench_serve_reports_latency_percentiles_and_throughput(server, tmp_path):
+    plot = tmp_path / "latency.png"
+    run = bench("--url", server.url, "--model", server.model, "--num-prompts", "40", "--input-len", "8-32",
+                "--output-len", "4-12", "--request-rate", "40", "--max-concurrency", "16", "--plot", str(plot))
+    assert run.returncode == 0, run.stderr
+    result = json.loads(run.stdout)
+    assert (result["completed"], result["failed"]) == (40, 0)
+    assert 40 * 8 <= result["total_input_tokens"] <= 40 * 32
+    assert 40 * 4 <= result["total_output_tokens"] <= 40 * 12
+    for key in ("ttft_ms", "tpot_ms", "itl_ms", "e2el_ms"):
+        stats = result[key]
+        assert 0 < stats["p50"] <= stats["p90"] <= stats["p99"], key
+    assert result["e2el_ms"]["p50"] >= result["ttft_ms"]["p50"]
+    assert result["request_throughput"] > 0 and result["output_token_throughput"] > 0
+    assert "TTFT p99 (ms)" in run.stderr  # the human-readable table
+    assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_bench_serve_counts_failures_instead_of_crashing(server):
+    run = bench("--url", server.url, "--model", "not-served", "--num-prompts", "3", "--input-len", "4",
+                "--output-len", "2", "--max-concurrency", "2")
+    result = json.loads(run.stdout)
+    assert (result["completed"], result["failed"]) == (0, 3)
+    assert "HTTP 404" in result["errors"][0]
+    assert run.returncode == 1
+
+
+def test_bench_serve_rejects_a_bad_length_with_exit_2(server):
+    run = bench("--url", server.url, "--model", server.model, "--input-len", "10-5")
+    assert run.returncode == 2 and "LOW <= HIGH" in run.stderr
