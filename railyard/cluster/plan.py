@@ -7,6 +7,7 @@ engine profile and a target rate, the replicas needed).
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -209,6 +210,7 @@ def plan(
     """Place every pod and replica of the stack on the nodes, and size the replicas."""
     objects = render(stack, mode)
     pods = pods_from_objects(objects, at_max=at_max)
+    nodes = copy.deepcopy(nodes)  # the scheduler binds into its nodes; the caller's stay as they were
     placements = Scheduler(nodes).schedule_all(pods)
     hints = {p.pod.name: hint(p.pod, p.reasons or {}, nodes) for p in placements if p.node is None}
     head_running = all(p.node for p in placements if p.pod.group == "head")

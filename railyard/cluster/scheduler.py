@@ -143,7 +143,7 @@ class _GroupCache:
 
 
 class Scheduler:
-    """Places pods one by one on a set of nodes, updating the nodes' requests as pods bind."""
+    """Places pods one by one on a set of nodes, charging each bound pod to its node (the nodes change)."""
 
     def __init__(self, nodes: list[Node]) -> None:
         self.nodes = nodes

@@ -270,3 +270,9 @@ def test_running_pods_from_kubectl_are_charged_to_their_nodes():
     result = plan(stack, cluster)
     assert sum(1 for p in result.pods if p.node == busy.name) == 2  # 8 GPUs - 6 in use
     assert sum(1 for p in result.pods if p.node is None) == 0
+
+
+def test_planning_leaves_the_callers_nodes_untouched():
+    cluster = nodes(CPU_NODE, *gpu_nodes(2))
+    plan(make_stack(ONE_GPU), cluster)
+    assert all(n.requested == {} and n.pods == 0 for n in cluster)
