@@ -187,6 +187,14 @@ class TensorParallelExecutor:
 
         return self._call_rank0(step)
 
+    def check_health(self) -> None:
+        """Raise EngineDeadError if a worker has died or failed, even while no step is running."""
+        if self._dead:
+            raise EngineDeadError(self._dead)
+        reason = self._diagnose(wait_s=0.0)
+        if reason:
+            self._die(reason)
+
     def forget(self, seq_id: int) -> None:
         self.runner.forget(seq_id)  # per-sequence state (generators) lives on rank 0 only
 
@@ -198,6 +206,8 @@ class TensorParallelExecutor:
     # -- waiting without hanging -------------------------------------------------------------------
     def _call_rank0(self, fn: Callable[[], Any]) -> Any:
         """Run fn on the rank-0 thread; return its result, or raise EngineDeadError if any rank fails."""
+        if self._rank0.busy:  # the caller was interrupted (e.g. KeyboardInterrupt) while a step was in flight
+            self._die("a tensor-parallel step was interrupted while in flight, so the ranks are out of step")
         self._rank0.submit(fn)
         watched = [self._rank0.done_handle, *self._conns, *(p.sentinel for p in self._workers)]
         while True:

@@ -126,6 +126,21 @@ def test_killed_worker_fails_generation_fast_with_engine_dead_error(tp2_checkpoi
         engine.shutdown()
 
 
+def test_health_check_reports_a_worker_that_died_while_idle(tp2_checkpoint):
+    engine = Engine(EngineConfig(model=tp2_checkpoint, tensor_parallel_size=2, **ENGINE))
+    try:
+        engine.executor.check_health()  # all well: returns quietly
+        victim = engine.executor.worker_pids[0]
+        os.kill(victim, signal.SIGKILL)
+        deadline = time.monotonic() + 30
+        with pytest.raises(EngineDeadError, match=rf"worker rank 1 \(pid {victim}\) died \(killed by SIGKILL\)"):
+            while time.monotonic() < deadline:
+                engine.executor.check_health()
+                time.sleep(0.05)
+    finally:
+        engine.shutdown()
+
+
 def test_shutdown_stops_workers_and_leaves_the_process_group(tp2_checkpoint):
     engine = Engine(EngineConfig(model=tp2_checkpoint, tensor_parallel_size=2, **ENGINE))
     pids = engine.executor.worker_pids
