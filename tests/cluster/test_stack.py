@@ -114,3 +114,15 @@ def test_a_tp_replica_needs_a_cpu_per_bundle():
     model = {"name": "m", "model": "/m", "tensor_parallel_size": 8, "resources": {"cpu": "4"}}
     with pytest.raises(ConfigError, match=r"resources.cpu \(4\) must be at least tensor_parallel_size \(8\)"):
         parse_stack(dict(ONE_GPU, models=[model]))
+
+
+@pytest.mark.parametrize("name", ["stack.yaml", "stack-tp2-two-models.yaml"])
+def test_ray_serve_accepts_the_serve_config(name):
+    # Oracle: Ray Serve's own config-file schema (what `serve run` / serveConfigV2 are parsed with).
+    schema = pytest.importorskip("ray.serve.schema")
+    config = pytest.importorskip("ray.serve.config")
+    parsed = schema.ServeDeploySchema.model_validate(to_serve_config(load_stack(EXAMPLES / name)))
+    for deployment in parsed.applications[0].deployments:
+        if isinstance(deployment.autoscaling_config, dict):
+            config.AutoscalingConfig(**deployment.autoscaling_config)
+    assert parsed.applications[0].import_path == "railyard.serve.app:build_app"
