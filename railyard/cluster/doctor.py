@@ -343,6 +343,27 @@ def check_gpu_capacity(probe: Probe) -> CheckResult:
     return _pass(name, f"{len(nodes)} GPU node(s), {total} allocatable nvidia.com/gpu")
 
 
+def check_gfd_labels(probe: Probe) -> CheckResult:
+    name = "GPU Feature Discovery labels"
+    nodes = _gpu_nodes(probe)
+    if isinstance(nodes, CheckResult):
+        return nodes
+    wanted = ("nvidia.com/gpu.product", "nvidia.com/gpu.count")
+    unlabelled = [
+        _node_name(n) for n in nodes if any(k not in (n.get("metadata", {}).get("labels") or {}) for k in wanted)
+    ]
+    if unlabelled:
+        return _fail(
+            name,
+            f"GPU nodes without {' / '.join(wanted)}: {', '.join(unlabelled)}; "
+            "railyard's GPU node affinity selects on them, so its pods would stay Pending",
+            "deploy GPU Feature Discovery (NVIDIA device plugin chart with `--set gfd.enabled=true`, or the "
+            "GPU Operator), or render with policies.gpu_node_affinity: false",
+        )
+    products = sorted({n["metadata"]["labels"]["nvidia.com/gpu.product"] for n in nodes})
+    return _pass(name, f"all {len(nodes)} GPU node(s) labelled; products: {', '.join(products)}")
+
+
 def _tolerable_gpu_taint(taint: dict[str, Any]) -> bool:
     return taint.get("key") == GPU and taint.get("effect") == "NoSchedule"
 
@@ -439,6 +460,7 @@ NODE_CHECKS: tuple[Callable[[Probe], CheckResult], ...] = (
 CLUSTER_CHECKS: tuple[Callable[[Probe], CheckResult], ...] = (
     check_device_plugin,
     check_gpu_capacity,
+    check_gfd_labels,
     check_gpu_taints,
     check_mig,
 )

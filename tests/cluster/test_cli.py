@@ -66,7 +66,7 @@ def test_bad_stack_is_one_line_and_exit_2(tmp_path, capsys):
 
 def test_doctor_on_a_healthy_recording_exits_0(capsys):
     assert main(["doctor", "--recorded", str(GOOD)]) == 0
-    assert "10 ok, 0 failing" in capsys.readouterr().out
+    assert "11 ok, 0 failing" in capsys.readouterr().out
 
 
 def test_doctor_fails_the_deploy_gate_on_a_failure(tmp_path, capsys):

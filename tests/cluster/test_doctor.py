@@ -43,8 +43,8 @@ def _gpu_nodes(data):
 
 def test_the_healthy_recording_passes_every_check():
     results = run_checks(RecordedProbe(GOOD))
-    assert [r.status for r in results] == ["pass"] * 10
-    assert format_report(results).endswith("doctor: 10 ok, 0 failing, 0 warning, 0 skipped")
+    assert [r.status for r in results] == ["pass"] * 11
+    assert format_report(results).endswith("doctor: 11 ok, 0 failing, 0 warning, 0 skipped")
 
 
 def test_the_real_h200_recording_reads_driver_cuda_and_gpu(recording):
@@ -240,3 +240,15 @@ def test_fail_anywhere_makes_the_report_say_so(recording):
     report = format_report(run_checks(RecordedProbe(recording)))
     assert "[FAIL] nvidia-container-cli" in report
     assert "fix: install nvidia-container-toolkit" in report
+
+
+def test_gpu_nodes_without_gfd_labels_fail_because_the_affinity_would_never_match(recording):
+    def unlabel(data):
+        labels = _gpu_nodes(data)[1]["metadata"]["labels"]
+        for key in [k for k in labels if k.startswith("nvidia.com/")]:
+            del labels[key]
+    _edit_json(recording / "nodes.json", unlabel)
+    result = _by_name(recording)["GPU Feature Discovery labels"]
+    assert result.status == "fail"
+    assert "ip-10-0-3-88.ec2.internal" in result.detail
+    assert "gfd.enabled=true" in result.fix
