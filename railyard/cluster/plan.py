@@ -31,6 +31,7 @@ from railyard.cluster.workload import PodSpec, pods_from_objects, replicas_from_
 from railyard.stack import Stack, load_stack, replica_pools, resolved_engine, scaling
 
 PRODUCT = "nvidia.com/gpu.product"
+GPU_COUNT = "nvidia.com/gpu.count"
 
 
 @dataclass
@@ -137,7 +138,16 @@ def hint(pod: PodSpec, reasons: dict[str, int], nodes: list[Node]) -> str:
         present = sorted({n.labels[PRODUCT] for n in nodes if PRODUCT in n.labels})
         if wanted and not set(wanted) & set(present):
             return f"no node has {PRODUCT} in {wanted}; products here: {present or 'none (is GFD running?)'}"
-        return "no node has the labels the pod requires (GFD gpu.product / gpu.count >= tensor_parallel_size)"
+        counts = [
+            int(n.labels[GPU_COUNT]) for n in nodes
+            if n.labels.get(GPU_COUNT, "").isdigit() and (not wanted or n.labels.get(PRODUCT) in wanted)
+        ]
+        if pod.gpus and counts and max(counts) < pod.gpus:
+            return (
+                f"a replica needs {pod.gpus} GPUs on one node (tensor_parallel_size); the largest matching node "
+                f"has {max(counts)} ({GPU_COUNT}): lower tensor_parallel_size or add bigger nodes"
+            )
+        return "no node has the labels the pod requires (GFD gpu.product, gpu.count >= tensor_parallel_size)"
     if top == ANTI_AFFINITY:
         return "spread: required allows one replica per node: add nodes or use spread: preferred"
     if top.startswith("Insufficient "):

@@ -148,8 +148,9 @@ def test_tp_replica_that_no_single_node_can_hold_is_pending_in_both_layers():
 
 def test_tp_replica_blocked_by_the_gfd_gpu_count_affinity_first():
     tp8 = {"name": "big", "model": "/m", "tensor_parallel_size": 8, "num_replicas": 1}
-    result = plan(make_stack(TP2, models=[tp8]), nodes(*gpu_nodes(2, gpus=4)))
-    assert result.pods[1].message == "0/2 nodes are available: 2 node(s) didn't match Pod's node affinity/selector."
+    result = plan(make_stack(TP2, models=[tp8]), nodes(CPU_NODE, *gpu_nodes(2, gpus=4)))
+    assert result.pods[1].message == "0/3 nodes are available: 3 node(s) didn't match Pod's node affinity/selector."
+    assert "the largest matching node has 4 (nvidia.com/gpu.count)" in result.hints[result.pods[1].pod.name]
 
 
 def test_tp2_replicas_each_take_two_gpus_of_one_node():
