@@ -127,6 +127,7 @@ class Served:
     prompt_tokens: int
     started: bool
     error: BaseException | None = None
+    token_ids: list[int] | None = None
 
 
 async def run_request(client: RayEngineClient, token_ids: list[int], max_tokens: int,
@@ -146,4 +147,5 @@ async def run_request(client: RayEngineClient, token_ids: list[int], max_tokens:
         error = exc
     return Served(stream.replica, list(stream.replicas_tried),
                   len(last.outputs[0].token_ids) if last else 0,
-                  last.metrics.num_cached_prompt_tokens if last else 0, len(token_ids), started, error)
+                  last.metrics.num_cached_prompt_tokens if last else 0, len(token_ids), started, error,
+                  list(last.outputs[0].token_ids) if last else None)
