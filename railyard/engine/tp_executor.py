@@ -126,7 +126,7 @@ class TensorParallelExecutor:
         self._conns: list[multiprocessing.connection.Connection] = []
         self._rank0 = _Rank0Thread()
         # Also on garbage collection and at interpreter exit: workers never outlive a forgotten engine.
-        self._release = weakref.finalize(self, _release, self._workers, self._conns, self._rank0)
+        self._finalizer = weakref.finalize(self, _release, self._workers, self._conns, self._rank0)
         try:
             # Port 0: the OS picks a free port, and holding the listening store closes any race for it.
             store = dist.TCPStore("127.0.0.1", 0, tp, is_master=True, wait_for_workers=False,
@@ -201,7 +201,7 @@ class TensorParallelExecutor:
     def shutdown(self) -> None:
         """Stop the workers (politely, then by force) and leave the process group; idempotent."""
         self._dead = self._dead or "the engine was shut down"
-        self._release()
+        self._finalizer()
 
     # -- waiting without hanging -------------------------------------------------------------------
     def _call_rank0(self, fn: Callable[[], Any]) -> Any:
