@@ -33,7 +33,7 @@ from railyard.engine.models.spec import ModelSpec
 from railyard.engine.parallel import ParallelState
 from railyard.engine.sampler import SamplerOutput, sample
 from railyard.engine.scheduler import SchedulerOutput
-from railyard.engine.tp_worker import NCCL_ENV, Rendezvous, agree_on_kv_blocks, join_group, worker_main
+from railyard.engine.tp_worker import Rendezvous, agree_on_kv_blocks, join_group, set_nccl_env, worker_main
 from railyard.errors import ConfigError, EngineDeadError, RailyardError
 
 log = logging.getLogger("railyard.engine")
@@ -146,7 +146,7 @@ class TensorParallelExecutor:
     # -- startup -----------------------------------------------------------------------------------
     def _spawn_workers(self, rv: Rendezvous, config: EngineConfig, spec: ModelSpec, model_dir: Path | None) -> None:
         ctx = torch_mp.get_context("spawn")
-        os.environ.update(NCCL_ENV)  # inherited by the workers (rank 0 sets it again in join_group)
+        set_nccl_env()
         # Daemon workers die with a normally exiting parent; a daemon parent may not have daemon children,
         # and there (as after a SIGKILL) the workers' own parent-death watch ends them.
         daemon = not multiprocessing.current_process().daemon

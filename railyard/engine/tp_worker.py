@@ -25,6 +25,16 @@ from railyard.engine.models.spec import ModelSpec
 
 # NVLink multicast (NVLS) is forbidden on the multi-GPU machines here; NCCL reads this at init.
 NCCL_ENV = {"NCCL_NVLS_ENABLE": "0"}
+# On an NCCL error or timeout, torch's watchdog by default (3) tears the whole process down: for a
+# server that loses the clear EngineDeadError. 2 aborts the communicator and lets the error surface.
+NCCL_ENV_DEFAULTS = {"TORCH_NCCL_ASYNC_ERROR_HANDLING": "2"}
+
+
+def set_nccl_env() -> None:
+    """The NCCL settings every rank needs, before its process group exists (inherited by spawned workers)."""
+    os.environ.update(NCCL_ENV)
+    for key, value in NCCL_ENV_DEFAULTS.items():
+        os.environ.setdefault(key, value)
 
 
 @dataclass(frozen=True)
@@ -44,7 +54,7 @@ class Rendezvous:
 
 def join_group(rv: Rendezvous, rank: int, store: dist.Store | None = None) -> torch.device:
     """Initialise this process's default process group as `rank`; returns the rank's device."""
-    os.environ.update(NCCL_ENV)
+    set_nccl_env()
     device = rv.device(rank)
     if device.type == "cuda":
         torch.cuda.set_device(device)
