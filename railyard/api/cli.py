@@ -34,6 +34,19 @@ def curl_example(base_url: str, model: str, api_key: str | None) -> str:
     return f"curl -s {base_url}/v1/chat/completions -H 'Content-Type: application/json'{auth} -d '{body}'"
 
 
+def build_engine_for_serving(config):
+    """An Engine for a checkpoint dir, or for a named shape with random weights (GPU serving benchmarks),
+    which then speaks through the embedded model's byte-level tokenizer (ids < 259 fit every vocabulary)."""
+    from railyard.bench.throughput import build_engine
+    from railyard.shapes import is_shape
+
+    if is_shape(config.model) and config.tokenizer is None:
+        from railyard.engine.tiny_model import ensure_tiny_model
+
+        config.tokenizer = str(ensure_tiny_model())
+    return build_engine(config)
+
+
 def run_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
@@ -45,8 +58,8 @@ def run_serve(args: argparse.Namespace) -> int:
     if args.max_waiting_requests < 1 or args.max_request_bytes < 1:
         raise ConfigError("--max-waiting-requests and --max-request-bytes must be positive")
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    config = engine_config_from_args(args)
-    engine = AsyncEngine.from_config(config, max_waiting_requests=args.max_waiting_requests)
+    engine = AsyncEngine(build_engine_for_serving(engine_config_from_args(args)),
+                         max_waiting_requests=args.max_waiting_requests)
     name = args.served_model_name or default_model_name(engine)
     app = build_app(engine, served_model_name=name, api_key=args.api_key, max_request_bytes=args.max_request_bytes)
     server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,

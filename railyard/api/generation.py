@@ -63,9 +63,11 @@ class DeltaTracker:
             s = self.sent.setdefault(index, _Sent())
             text = c.text[s.text:] if len(c.text) > s.text else ""
             finish = c.finish_reason if not s.finished else None
-            if not text and finish is None:
-                continue  # tokens not yet readable as text (partial UTF-8, a stop string forming)
             new_ids = c.token_ids[s.tokens:]
+            if not new_ids and not text and finish is None:
+                continue
+            # New tokens go out even while their text is held back (partial UTF-8, a stop string forming):
+            # as in vLLM, a chunk per step keeps token timing visible to clients and benchmarks.
             new_lps = c.logprobs[s.tokens:] if c.logprobs is not None else None
             result.append(Delta(index, text, new_ids, new_lps, finish, c.stop_reason if finish else None,
                                 not s.started))
