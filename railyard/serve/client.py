@@ -20,7 +20,7 @@ from railyard.engine.config import SamplingParams
 from railyard.engine.outputs import EngineStats, RequestOutput
 from railyard.errors import EngineDeadError, RailyardError
 from railyard.serve import metrics
-from railyard.serve.replica import EngineRequest, ReplicaStarted
+from railyard.serve.replica import EngineRequest, ReplicaReport, ReplicaStarted
 
 log = logging.getLogger("railyard.serve")
 
@@ -62,6 +62,23 @@ def _user_error(exc: BaseException) -> BaseException | None:
     return cause if isinstance(cause, RailyardError) and not isinstance(cause, EngineDeadError) else None
 
 
+_SHARED_SETTINGS = ("block_size", "max_num_seqs", "max_num_batched_tokens")
+
+
+def fleet_stats(replicas: list[EngineStats]) -> EngineStats:
+    """Counts summed over replicas; kv_cache_usage as the fleet's used fraction; settings from the first."""
+    if not replicas:
+        return EngineStats()
+    total = EngineStats(**{f: getattr(replicas[0], f) for f in _SHARED_SETTINGS})
+    for name, value in vars(replicas[0]).items():
+        if name in _SHARED_SETTINGS or not isinstance(value, int | float) or name == "kv_cache_usage":
+            continue
+        setattr(total, name, sum(getattr(r, name) for r in replicas))
+    used = sum(r.num_total_blocks - r.num_free_blocks for r in replicas)
+    total.kv_cache_usage = used / total.num_total_blocks if total.num_total_blocks else 0.0
+    return total
+
+
 class RayRequestStream:
     """The outputs of one request from whichever replica serves it (RequestStream's interface)."""
 
@@ -91,8 +108,12 @@ class RayRequestStream:
                             self.replica = item.replica
                             self.replicas_tried.append(item.replica)
                             continue
+                        if isinstance(item, ReplicaReport):
+                            self.client.observe_replica(item)
+                            continue
                         started = True
                         self.finished = item.finished
+                        self.client.observe_output(item)
                         yield item
                         if item.finished:
                             return
@@ -142,7 +163,18 @@ class RayEngineClient:
         self.max_attempts = max_attempts
         self._ids = itertools.count()
         self._live: dict[str, RayRequestStream] = {}
+        self._replica_stats: dict[str, EngineStats] = {}
         self.stats = EngineStats()
+        self.listener = None  # an AsyncEngine StepListener (the front's metrics), told of every output
+
+    def observe_output(self, out: RequestOutput) -> None:
+        if self.listener is not None:
+            self.listener.on_step([out], self.stats, time.monotonic())
+
+    def observe_replica(self, report: ReplicaReport) -> None:
+        """Keep the fleet's stats: the sum over replicas of what each last reported."""
+        self._replica_stats[report.replica] = report.stats
+        self.stats = fleet_stats(list(self._replica_stats.values()))
 
     async def add_request(self, request_id: str, prompt: str | None, params: SamplingParams, *,
                           prompt_token_ids: list[int], arrival_time: float | None = None,

@@ -33,6 +33,14 @@ class ReplicaStarted:
     node_id: str
 
 
+@dataclass(frozen=True)
+class ReplicaReport:
+    """Sent just before a request's final output: the replica's EngineStats (fleet metrics at the front)."""
+
+    replica: str
+    stats: EngineStats
+
+
 @dataclass
 class EngineRequest:
     """What the ingress sends an engine replica: the router reads `prompt_token_ids` from it."""
@@ -72,13 +80,15 @@ class EngineReplica:
         log.info("engine replica %s of %s ready on node %s", self.replica_id, self.deployment, self.node_id)
 
     # -- requests ----------------------------------------------------------------------------------
-    async def generate(self, request: dict[str, Any]) -> AsyncIterator[ReplicaStarted | RequestOutput]:
+    async def generate(self, request: dict[str, Any]) -> AsyncIterator[ReplicaStarted | ReplicaReport | RequestOutput]:
         """Stream a request's outputs; cancelling the stream (client gone) aborts it in the engine."""
         yield ReplicaStarted(self.replica_id, self.node_id)
         stream = await self.async_engine.add_request(
             request["request_id"], request.get("prompt"), request["params"],
             prompt_token_ids=request["prompt_token_ids"], priority=request.get("priority", 0))
         async for out in stream:
+            if out.finished:
+                yield ReplicaReport(self.replica_id, self.async_engine.stats)
             yield out
 
     async def abort(self, request_id: str) -> None:

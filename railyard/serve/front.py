@@ -1,0 +1,123 @@
+"""The OpenAI app over several Ray-served models: the front's own routes, errors and metrics, reused.
+
+`railyard.api` serves one local AsyncEngine per app; here each request is dispatched by its
+`model` to that model's `Generation`, whose engine is a RayEngineClient (the same add_request /
+stream / abort interface). An unknown model is 404, /v1/models lists every model, and /metrics
+carries each model's vLLM-named metrics plus the Ray-level ones (routing, replicas, scale events).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from contextlib import asynccontextmanager
+from types import SimpleNamespace
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY
+from prometheus_client.exposition import generate_latest
+from prometheus_client.registry import Collector, CollectorRegistry
+
+from railyard.api.chat import create_chat_completion
+from railyard.api.completions import create_completion
+from railyard.api.errors import ModelNotFoundError, install_error_handlers
+from railyard.api.generation import Generation
+from railyard.api.metrics import ServerMetrics
+from railyard.api.middleware import BearerAuth, BodySizeLimit
+from railyard.api.protocol import ChatCompletionRequest, CompletionRequest
+from railyard.serve.client import RayEngineClient
+
+DEFAULT_MAX_REQUEST_BYTES = 8 * 1024 * 1024
+
+
+def _generation(client: RayEngineClient) -> Generation:
+    # Generation reads the engine's limits from engine.engine.{config,spec}; give it the same facts.
+    client.engine = SimpleNamespace(config=SimpleNamespace(max_model_len=client.max_model_len),
+                                    spec=SimpleNamespace(vocab_size=client.vocab_size))
+    return Generation(client, client.model_name, client.tokenizer)
+
+
+class _Merged(Collector):
+    """Several registries as one exposition: same-named families from different models merged."""
+
+    def __init__(self, registries: list[CollectorRegistry]) -> None:
+        self.registries = registries
+
+    def collect(self):
+        families = {}
+        for registry in self.registries:
+            for family in registry.collect():
+                if family.name in families:
+                    families[family.name].samples.extend(family.samples)
+                else:
+                    families[family.name] = family
+        return list(families.values())
+
+
+def openai_app(clients: dict[str, RayEngineClient], *, on_startup: Callable[[], None] | None = None,
+               on_shutdown: Callable[[], None] | None = None, api_key: str | None = None,
+               max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES) -> FastAPI:
+    """The OpenAI-compatible app over {served model name: RayEngineClient}."""
+    gens = {name: _generation(client) for name, client in clients.items()}
+    model_metrics = {}
+    for name, client in clients.items():
+        model_metrics[name] = ServerMetrics(name, client.stats)
+        client.listener = model_metrics[name]
+    exposition = CollectorRegistry(auto_describe=False)
+    exposition.register(_Merged([m.registry for m in model_metrics.values()] + [REGISTRY]))
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI):
+        if on_startup:
+            on_startup()
+        yield
+        if on_shutdown:
+            on_shutdown()
+
+    app = FastAPI(title="railyard", summary="OpenAI-compatible LLM serving on Ray Serve", lifespan=lifespan)
+    app.state.clients, app.state.generations = clients, gens
+    install_error_handlers(app)
+
+    def generation(model: str) -> Generation:
+        gen = gens.get(model)
+        if gen is None:
+            raise ModelNotFoundError(model)
+        return gen
+
+    @app.post("/v1/completions")
+    async def completions(body: CompletionRequest, raw: Request) -> Response:
+        return await create_completion(generation(body.model), body, raw)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(body: ChatCompletionRequest, raw: Request) -> Response:
+        return await create_chat_completion(generation(body.model), body, raw)
+
+    def model_card(name: str) -> dict:
+        client = clients[name]
+        return {"id": name, "object": "model", "created": 0, "owned_by": "railyard", "root": name,
+                "max_model_len": client.max_model_len,
+                "pools": [{"name": p.name, "max_prompt_tokens": p.max_prompt_tokens} for p in client.pools]}
+
+    @app.get("/v1/models")
+    async def models() -> dict:
+        return {"object": "list", "data": [model_card(name) for name in clients]}
+
+    @app.get("/v1/models/{model:path}")
+    async def model(model: str) -> dict:
+        generation(model)
+        return model_card(model)
+
+    @app.get("/health")
+    async def health() -> Response:
+        return JSONResponse({"status": "ok", "models": list(clients)})
+
+    @app.get("/metrics")
+    async def prometheus() -> Response:
+        for name, client in clients.items():
+            model_metrics[name].stats = client.stats
+        return Response(generate_latest(exposition), media_type=CONTENT_TYPE_LATEST)
+
+    app.add_middleware(BodySizeLimit, max_bytes=max_request_bytes)
+    if api_key:
+        app.add_middleware(BearerAuth, api_key=api_key)
+    return app

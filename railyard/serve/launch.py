@@ -1,0 +1,94 @@
+"""Start a stack's Ray Serve application on a local Ray (or join a cluster with an address).
+
+The stack renders to a standard Ray Serve config (`railyard.stack.to_serve_config`); this module
+deploys that config the way `serve run config.yaml` does (the controller builds the app from
+`import_path` + `args` and applies each `deployments` entry by name), after two adjustments:
+- a config-file `autoscaling_config` replaces the one set in code, so ours gets the pending-requests
+  policy back wherever the file names none;
+- on a machine without GPUs (or with `cpu=True`) replicas ask for no GPU and engines run on the CPU.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import time
+from typing import Any
+
+from railyard.errors import ConfigError
+from railyard.serve.autoscaling import POLICY_IMPORT_PATH
+
+log = logging.getLogger("railyard.serve")
+
+
+def with_pending_policy(config: dict[str, Any]) -> dict[str, Any]:
+    """Every autoscaling deployment without a policy gets railyard's pending-requests policy."""
+    config = copy.deepcopy(config)
+    for app in config.get("applications", []):
+        for dep in app.get("deployments", []):
+            auto = dep.get("autoscaling_config")
+            if auto is not None and "policy" not in auto:
+                auto["policy"] = {"policy_function": POLICY_IMPORT_PATH}
+    return config
+
+
+def for_cpu(config: dict[str, Any]) -> dict[str, Any]:
+    """The same applications with engines on the CPU: no GPU per replica or bundle, float32 weights."""
+    config = copy.deepcopy(config)
+    for app in config.get("applications", []):
+        for model in (app.get("args") or {}).get("models", []):
+            for engine in [model.get("engine") or {}] + [p.get("engine") or {} for p in model.get("pools", [])]:
+                engine["device"] = "cpu"
+                engine["dtype"] = "float32"  # bfloat16 matmuls on a CPU are slow and imprecise
+        for dep in app.get("deployments", []):
+            actor = dep.setdefault("ray_actor_options", {})
+            actor["num_gpus"] = 0
+            for bundle in dep.get("placement_group_bundles") or []:
+                bundle.pop("GPU", None)
+                bundle.setdefault("CPU", 1)
+    return config
+
+
+def deploy(config: dict[str, Any], *, address: str | None = None, host: str = "127.0.0.1", port: int = 8000,
+           cpu: bool | None = None, timeout_s: float = 600.0) -> str:
+    """Connect to (or start) Ray, start Serve's HTTP proxy, deploy `config`; returns the base URL once running."""
+    import ray
+    from ray.serve._private import api as serve_private
+    from ray.serve.schema import ServeDeploySchema
+
+    if not ray.is_initialized():
+        ray.init(address=address, log_to_driver=False)
+    if cpu is None:
+        cpu = ray.cluster_resources().get("GPU", 0) == 0
+    config = with_pending_policy(config)
+    if cpu:
+        log.info("no GPUs in this Ray cluster: engines run on the CPU")
+        config = for_cpu(config)
+    try:
+        schema = ServeDeploySchema.model_validate(config)
+    except Exception as exc:
+        raise ConfigError(f"not a valid Ray Serve config: {exc}") from None
+    # What `serve run config.yaml` does: the controller builds each app and applies the deployments.
+    client = serve_private.serve_start(http_options={"host": host, "port": port})
+    client.deploy_apps(schema, _blocking=False)
+    names = [app["name"] for app in config["applications"]]
+    wait_running(names, timeout_s)
+    return f"http://{host}:{port}"
+
+
+def wait_running(app_names: list[str], timeout_s: float) -> None:
+    """Block until every app is RUNNING; a failed deploy raises ConfigError with Serve's message."""
+    from ray import serve
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        apps = serve.status().applications
+        states = {n: apps[n].status for n in app_names if n in apps}
+        failed = [f"{n}: {apps[n].message}" for n, s in states.items() if str(getattr(s, "value", s)) == "DEPLOY_FAILED"]
+        if failed:
+            raise ConfigError("deploy failed: " + "; ".join(failed))
+        if len(states) == len(app_names) and all(str(getattr(s, "value", s)) == "RUNNING" for s in states.values()):
+            return
+        if time.monotonic() > deadline:
+            raise ConfigError(f"applications not running after {timeout_s:.0f}s: {states}")
+        time.sleep(0.5)
