@@ -62,6 +62,7 @@ class Engine:
         bm = BlockManager(self.executor.num_gpu_blocks, self.executor.num_cpu_blocks, config.block_size,
                           config.enable_prefix_caching)
         if bm.gpu.num_blocks * config.block_size < config.max_model_len:
+            self.executor.shutdown()  # no engine: don't leave tensor-parallel workers behind
             raise ConfigError(
                 f"the KV cache holds {bm.gpu.num_blocks * config.block_size} tokens, fewer than max_model_len "
                 f"{config.max_model_len}; lower max_model_len or give the cache more memory"
@@ -260,6 +261,10 @@ class Engine:
     def cached_block_hashes(self) -> set[int]:
         return self.block_manager.cached_block_hashes()
 
+    def check_health(self) -> None:
+        """Raise EngineDeadError if a tensor-parallel worker died, even while the engine is idle."""
+        self.executor.check_health()
+
     def shutdown(self) -> None:
         self.executor.shutdown()
 
@@ -285,6 +290,9 @@ class LocalExecutor:
 
     def forget(self, seq_id: int) -> None:
         self.runner.forget(seq_id)
+
+    def check_health(self) -> None:
+        pass  # nothing outside this process can die
 
     def shutdown(self) -> None:
         pass
