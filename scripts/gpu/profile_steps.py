@@ -56,6 +56,23 @@ def timed_execute(out):
 
 
 eng.executor.execute = timed_execute
+host = {"schedule": 0.0, "mark_computed": 0.0, "plan": 0.0, "sampling_rows": 0.0}
+
+
+def timed(obj, attr):
+    fn = getattr(obj, attr)
+
+    def wrapper(*a, **kw):
+        t = time.perf_counter()
+        r = fn(*a, **kw)
+        host[attr] += time.perf_counter() - t
+        return r
+    setattr(obj, attr, wrapper)
+
+
+for obj, attr in ((eng.scheduler, "schedule"), (eng.scheduler, "mark_computed"), (runner, "plan"),
+                  (runner, "sampling_rows")):
+    timed(obj, attr)
 windows = {"prefill/mixed steps 2-4": (2, 5), "decode steps 150-154": (150, 155)}
 stats = {True: [0, 0.0, 0.0], False: [0, 0.0, 0.0]}  # kind -> steps, wall, execute
 prof_tables = {}
@@ -103,6 +120,7 @@ for kind, (n, wall, ex) in stats.items():
     if n:
         say(f"{label:13s}: {n:4d} steps, wall {wall:6.2f} s ({wall / n * 1e3:6.2f} ms/step), of which execute "
             f"(forward+sample, synced) {ex:6.2f} s; host outside execute {wall - ex:5.2f} s")
+say("host time by part over all steps: " + ", ".join(f"{k} {v:.2f} s" for k, v in host.items()))
 if graph_ms:
     say(f"decode graph replay alone: {graph_ms[0]:.2f} ms GPU for {graph_ms[1]} sequences (padded to {graph_ms[2]})")
 for label, table in prof_tables.items():
