@@ -24,8 +24,9 @@ echo "== serve $(date +%T)" | tee -a $OUT/log.txt
 python3 scripts/gpu/cli.py serve --model qwen2-7b --port 8011 --max-num-batched-tokens 8192 > /tmp/serve.log 2>&1 &
 SERVER=$!
 for i in $(seq 1 90); do curl -sf http://127.0.0.1:8011/health > /dev/null && break; sleep 1; done
-echo "server up after ${i}s" | tee -a $OUT/log.txt
-timeout 100 python3 scripts/gpu/cli.py bench serve --url http://127.0.0.1:8011 --model qwen2-7b --num-prompts 512 \
+NAME=$(curl -s http://127.0.0.1:8011/v1/models | python3 -c "import json,sys; print(json.load(sys.stdin)['data'][0]['id'])")
+echo "server up after ${i}s serving $NAME" | tee -a $OUT/log.txt
+timeout 100 python3 scripts/gpu/cli.py bench serve --url http://127.0.0.1:8011 --model "$NAME" --num-prompts 512 \
   --input-len 100-1024 --output-len 256 --max-concurrency 256 > $OUT/serve_qwen2-7b.json 2> /tmp/bench_serve.err
 echo "bench serve rc=$?" | tee -a $OUT/log.txt; tail -n 25 /tmp/bench_serve.err >> $OUT/log.txt
 kill $SERVER; wait $SERVER 2>/dev/null; grep -v -i warn /tmp/serve.log | tail -n 5 >> $OUT/log.txt
