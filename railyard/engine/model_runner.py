@@ -173,10 +173,15 @@ class ModelRunner:
         for item in out.scheduled:
             seq, n = item.seq, item.num_new_tokens
             start = seq.num_computed_tokens
-            ids.extend(seq.token_at(i) for i in range(start, start + n))
-            positions.extend(range(start, start + n))
             table = seq.block_table
-            slots.extend(table[p // bs] * bs + p % bs for p in range(start, start + n))
+            if n == 1:  # decode: the common case at large batch, kept free of generator overhead
+                ids.append(seq.token_at(start))
+                positions.append(start)
+                slots.append(table[start // bs] * bs + start % bs)
+            else:
+                ids.extend(seq.token_at(i) for i in range(start, start + n))
+                positions.extend(range(start, start + n))
+                slots.extend(table[p // bs] * bs + p % bs for p in range(start, start + n))
             starts.append(starts[-1] + n)
             seq_lens.append(start + n)
             tables.append(table)

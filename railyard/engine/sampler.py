@@ -77,9 +77,9 @@ def sample(logits: torch.Tensor, rows: list[SamplingRow]) -> SamplerOutput:
            for r in rows):
         _apply_penalties(logits, rows)
 
-    greedy = torch.tensor([r.params.greedy for r in rows], device=logits.device)
     chosen = logits.argmax(dim=-1)
-    if not bool(greedy.all()):
+    if not all(r.params.greedy for r in rows):  # decided on the host: no device sync before sampling
+        greedy = torch.tensor([r.params.greedy for r in rows], device=logits.device)
         dev = logits.device
         temps = torch.tensor([max(r.params.temperature, 1e-5) for r in rows], device=dev)
         scaled = logits / temps[:, None]
