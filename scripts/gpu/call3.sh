@@ -18,7 +18,7 @@ bench() {  # model budget timeout
 bench qwen3-0.6b 16384 60
 bench qwen2-7b 8192 70
 echo "== hf_baseline $(date +%T)" | tee -a $OUT/log.txt
-BUDGET_S=${HF_BUDGET_S:-400} timeout 420 python3 .peers/hf_baseline.py 2>&1 | grep -v -i warn | tail -n 12 | tee -a $OUT/log.txt
+BUDGET_S=${HF_BUDGET_S:-420} timeout 440 python3 .peers/hf_baseline.py 2>&1 | grep -v -i warn | tail -n 12 | tee -a $OUT/log.txt
 LEFT=$((570 - SECONDS))
 echo "== correctness $(date +%T), ${LEFT}s left" | tee -a $OUT/log.txt
 [ $LEFT -gt 20 ] && timeout $LEFT python3 scripts/gpu/correctness.py > /tmp/correctness.log 2>&1

@@ -179,7 +179,7 @@ def qwen3_06b_fp32_greedy():
     torch.cuda.empty_cache()
 
 
-for step in (kernels, tiny_greedy, qwen3_06b_fp32_greedy, qwen2_7b_logits):
+for step in (tiny_greedy, qwen2_7b_logits, kernels, qwen3_06b_fp32_greedy):
     t = time.time()
     try:
         step()
