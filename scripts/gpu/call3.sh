@@ -19,7 +19,7 @@ bench qwen3-0.6b 16384 60
 bench qwen2-7b 8192 70
 echo "== hf_baseline $(date +%T)" | tee -a $OUT/log.txt
 BUDGET_S=${HF_BUDGET_S:-420} timeout 440 python3 .peers/hf_baseline.py 2>&1 | grep -v -i warn | tail -n 12 | tee -a $OUT/log.txt
-LEFT=$((575 - SECONDS))
+LEFT=$((${CALL_S:-575} - SECONDS))
 echo "== serve $(date +%T), ${LEFT}s left" | tee -a $OUT/log.txt
 if [ $LEFT -gt 75 ]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl
@@ -29,13 +29,13 @@ if [ $LEFT -gt 75 ]; then
   for i in $(seq 1 60); do curl -sf http://127.0.0.1:8011/health > /dev/null && break; sleep 1; done
   NAME=$(curl -s http://127.0.0.1:8011/v1/models | python3 -c "import json,sys; print(json.load(sys.stdin)['data'][0]['id'])")
   echo "server up after ${i}s serving $NAME" | tee -a $OUT/log.txt
-  PYTHONPATH=/tmp/site timeout $((575 - SECONDS)) python3 scripts/gpu/cli.py bench serve --url http://127.0.0.1:8011 \
+  PYTHONPATH=/tmp/site timeout $((${CALL_S:-575} - SECONDS)) python3 scripts/gpu/cli.py bench serve --url http://127.0.0.1:8011 \
     --model "$NAME" --num-prompts 512 --input-len 100-1024 --output-len 256 --max-concurrency 256 \
     > $OUT/serve_qwen2-7b.json 2> /tmp/bench_serve.err
   echo "bench serve rc=$?" | tee -a $OUT/log.txt; grep -v -i warn /tmp/bench_serve.err | tail -n 22 | tee -a $OUT/log.txt
   kill $SERVER; wait $SERVER 2>/dev/null; grep -v -i warn /tmp/serve.log | grep -i "engine\|error" | tail -n 4 >> $OUT/log.txt
 fi
-LEFT=$((575 - SECONDS))
+LEFT=$((${CALL_S:-575} - SECONDS))
 echo "== correctness $(date +%T), ${LEFT}s left" | tee -a $OUT/log.txt
 [ $LEFT -gt 20 ] && timeout $LEFT python3 scripts/gpu/correctness.py > /tmp/correctness.log 2>&1
 echo "correctness rc=$?" | tee -a $OUT/log.txt
