@@ -144,6 +144,10 @@ class SamplingParams:
             (all(isinstance(t, int) and t >= 0 for t in self.stop_token_ids),
              "stop_token_ids must be non-negative integers"),
             (self.seed is None or isinstance(self.seed, int), f"seed must be an integer, got {self.seed!r}"),
+            # Both become int64 tensors / generator seeds in the step: out of range they would fail the whole batch.
+            (not isinstance(self.seed, int) or -2**63 <= self.seed <= 2**63 - 129,
+             f"seed must fit in int64, got {self.seed}"),
+            (not isinstance(self.top_k, int) or self.top_k < 2**31, f"top_k must be below 2**31, got {self.top_k}"),
         ]
         for ok, message in checks:
             if not ok:

@@ -92,6 +92,10 @@ class Engine:
         if request_id in self.requests:
             raise InvalidRequestError(f"request id {request_id!r} is already in use")
         text, ids = self._tokenize(prompt, prompt_token_ids)
+        bad_stop = [t for t in params.stop_token_ids if t >= self.spec.vocab_size]
+        if bad_stop:  # the sampler indexes logits with them: one bad id would fail the whole batch
+            raise InvalidRequestError(
+                f"stop token id {bad_stop[0]} is outside the vocabulary [0, {self.spec.vocab_size})")
         max_len = self.config.max_model_len
         if len(ids) >= max_len:
             raise InvalidRequestError(
