@@ -69,7 +69,7 @@ async def create_chat_completion(gen: Generation, req: ChatCompletionRequest, ra
     streams = await gen.submit(request_id, [prompt], params, req.priority, arrival)
     created = now_s()
     if req.stream:
-        return EventStreamResponse(_stream(gen, req, request_id, created, streams[0]))
+        return EventStreamResponse(_stream(gen, req, request_id, created, streams[0]), streams)
     outputs = await gen.collect(streams, raw)
     if outputs is None:
         return Response(status_code=499)  # the client left; nobody reads this

@@ -25,6 +25,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-request-bytes", type=int, default=8 * 1024 * 1024, help="largest request body (413 above)")
     p.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"])
     add_engine_args(p)
+    p.add_argument("--config", help="stack YAML: serve its models on Ray Serve instead (see `railyard cluster up`)")
+    p.add_argument("--address", help="with --config: the Ray cluster to join (default: start Ray here)")
     p.set_defaults(func=run_serve)
 
 
@@ -48,6 +50,11 @@ def build_engine_for_serving(config):
 
 
 def run_serve(args: argparse.Namespace) -> int:
+    if args.config:  # layer 2: the stack's replicas on Ray Serve, same OpenAI app in front
+        from railyard.serve.cli import run_stack
+
+        args.cpu, args.deploy_timeout = None, 600.0
+        return run_stack(args)
     import uvicorn
 
     from railyard.api.app import build_app, default_model_name

@@ -24,11 +24,8 @@ def _prompts(gen: Generation, req: CompletionRequest) -> list[Prompt]:
         raise InvalidRequestError("The prompt is empty.")
     if all(isinstance(x, str) for x in p):
         return [Prompt(x, gen.tokenize(x)) for x in p]
-    if all(isinstance(x, int) for x in p):
-        gen.check_token_ids(p)
+    if all(isinstance(x, int) for x in p):  # token ids: the engine checks them against its vocabulary
         return [Prompt(None, list(p))]
-    for ids in p:
-        gen.check_token_ids(ids)
     return [Prompt(None, list(ids)) for ids in p]
 
 
@@ -70,7 +67,7 @@ async def create_completion(gen: Generation, req: CompletionRequest, raw: Reques
     streams = await gen.submit(request_id, prompts, params, req.priority, arrival)
     created = now_s()
     if req.stream:
-        return EventStreamResponse(_stream(gen, req, request_id, created, streams))
+        return EventStreamResponse(_stream(gen, req, request_id, created, streams), streams)
     outputs = await gen.collect(streams, raw)
     if outputs is None:
         return Response(status_code=499)  # the client left; nobody reads this

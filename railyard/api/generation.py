@@ -84,7 +84,6 @@ class Generation:
         self.model_name = served_model_name
         self.tokenizer = tokenizer  # the front's own copy: the engine thread detokenises with its own
         self.max_model_len = engine.engine.config.max_model_len
-        self.vocab_size = engine.engine.spec.vocab_size
         self.token_text = lru_cache(maxsize=65536)(self._decode_one)
 
     def _decode_one(self, token_id: int) -> str:
@@ -97,11 +96,6 @@ class Generation:
     # -- at the door -----------------------------------------------------------------------------
     def tokenize(self, text: str, add_special_tokens: bool = True) -> list[int]:
         return self.tokenizer.encode(text, add_special_tokens=add_special_tokens)
-
-    def check_token_ids(self, ids: list[int], what: str = "prompt") -> None:
-        bad = [t for t in ids if t >= self.vocab_size]
-        if bad:
-            raise InvalidRequestError(f"{what} token id {bad[0]} is outside the vocabulary [0, {self.vocab_size})")
 
     def check_length(self, prompt: Prompt, max_tokens: int | None) -> None:
         n, limit = len(prompt.token_ids), self.max_model_len
@@ -118,8 +112,6 @@ class Generation:
         """SamplingParams from the request (OpenAI defaults where unset); bad values raise InvalidRequestError."""
         if req.logit_bias:
             raise InvalidRequestError("logit_bias is not supported.")
-        if req.stop_token_ids:
-            self.check_token_ids(req.stop_token_ids, "stop")
         return SamplingParams(
             n=req.n, temperature=1.0 if req.temperature is None else req.temperature,
             top_p=1.0 if req.top_p is None else req.top_p, top_k=req.top_k or 0,

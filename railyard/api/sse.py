@@ -8,6 +8,8 @@ import anyio
 from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
+from railyard.engine.async_engine import RequestStream
+
 
 def sse(data: dict | str) -> str:
     """One `data:` event (the OpenAI stream format)."""
@@ -18,13 +20,14 @@ class EventStreamResponse(StreamingResponse):
     """A text/event-stream response that always watches for disconnect and always closes its generator.
 
     Starlette, on ASGI 2.4 servers, notices a departed client only at its next write; a request still
-    waiting for its first token would keep its place (and its KV blocks) until then. Closing the body
-    generator here runs its `finally`, which aborts the engine request at once.
+    waiting for its first token would keep its place (and its KV blocks) until then. Here the end of the
+    response, however it comes, aborts every unfinished engine request at once.
     """
 
-    def __init__(self, content, **kwargs) -> None:
+    def __init__(self, content, streams: list[RequestStream], **kwargs) -> None:
         super().__init__(content, media_type="text/event-stream",
                          headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}, **kwargs)
+        self.streams = streams
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
@@ -43,3 +46,5 @@ class EventStreamResponse(StreamingResponse):
         finally:
             with anyio.CancelScope(shield=True):
                 await self.body_iterator.aclose()
+            for stream in self.streams:  # also when the generator never started (its finally never ran)
+                stream.abort()
