@@ -32,7 +32,7 @@ class StepListener(Protocol):
 
 
 class RequestStream:
-    """The outputs of one request, newest first-come: a slow reader skips to the latest (outputs are cumulative)."""
+    """The outputs of one request. Outputs are cumulative, so a slow reader skips straight to the latest."""
 
     def __init__(self, request_id: str, engine: "AsyncEngine") -> None:
         self.request_id = request_id
@@ -89,6 +89,7 @@ class AsyncEngine:
         self.stats: EngineStats = engine.stats()
         self._streams: dict[str, RequestStream] = {}
         self._ops: list[tuple[Callable[[], Any], asyncio.Future | None]] = []
+        self._in_flight: list[tuple[Callable[[], Any], asyncio.Future | None]] = []  # the running turn's ops
         self._num_pending_adds = 0
         self._has_work = False
         self._wakeup: asyncio.Event | None = None
@@ -126,6 +127,11 @@ class AsyncEngine:
         return self._task is not None and not self._task.done() and self.dead is None
 
     # -- requests --------------------------------------------------------------------------------
+    @property
+    def num_pending(self) -> int:
+        """Requests not finished: queued for the engine, waiting, running or swapped (what routers balance)."""
+        return self._num_pending_adds + self.stats.num_pending
+
     @property
     def num_waiting(self) -> int:
         """Requests accepted but not yet admitted to the running batch (as of the last step)."""
@@ -214,9 +220,10 @@ class AsyncEngine:
                 if not self._ops and not self._has_work:
                     self._wakeup.clear()
                     await self._wakeup.wait()
-                ops, self._ops = self._ops, []
+                self._in_flight, self._ops = self._ops, []
                 results, outputs, self.stats, self._has_work = await loop.run_in_executor(
-                    self._thread, self._turn, ops)
+                    self._thread, self._turn, self._in_flight)
+                self._in_flight = []
                 for future, ok, value in results:
                     if future is None:
                         if not ok:
@@ -242,10 +249,11 @@ class AsyncEngine:
             self._fail_all(self.dead)
 
     def _fail_all(self, error: EngineDeadError) -> None:
-        for fn, future in self._ops:
+        # Operations of the turn that died are failed too: their callers must not wait forever.
+        for fn, future in self._in_flight + self._ops:
             if future is not None and not future.done():
                 future.set_exception(error)
-        self._ops.clear()
+        self._in_flight, self._ops = [], []
         for stream in self._streams.values():
             stream._fail(error)
         self._streams.clear()

@@ -118,3 +118,18 @@ def test_a_dead_engine_fails_open_streams_and_new_requests(tiny_model):
         await engine.shutdown()
 
     run(main())
+
+
+def test_a_request_added_in_the_turn_the_engine_dies_fails_instead_of_hanging(tiny_model):
+    async def main():
+        engine = await started(tiny_model)
+
+        def broken_step():
+            raise RuntimeError("device lost")
+
+        engine.engine.step = broken_step
+        with pytest.raises(EngineDeadError, match="device lost"):
+            await asyncio.wait_for(engine.add_request("r", "hello", SamplingParams()), timeout=30)
+        await engine.shutdown()
+
+    run(main())
