@@ -9,10 +9,9 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
 from railyard.api.errors import error_body
-from railyard.api.generation import DeltaTracker, Generation, Prompt, now_s
+from railyard.api.generation import DeltaTracker, Generation, Prompt, now_s, usage
 from railyard.api.protocol import ChatCompletionRequest
 from railyard.api.sse import EventStreamResponse, sse
-from railyard.engine.outputs import RequestOutput
 from railyard.errors import InvalidRequestError
 
 
@@ -51,11 +50,6 @@ def _logprobs(gen: Generation, token_ids: list[int], logprobs: list[dict[int, fl
             for t, lp in zip(token_ids, logprobs)]
 
 
-def _usage(out: RequestOutput) -> dict:
-    prompt, completion = len(out.prompt_token_ids), sum(len(c.token_ids) for c in out.outputs)
-    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
-
-
 async def create_chat_completion(gen: Generation, req: ChatCompletionRequest, raw: Request) -> Response:
     arrival = time.monotonic()
     gen.check_model(req.model)
@@ -79,7 +73,7 @@ async def create_chat_completion(gen: Generation, req: ChatCompletionRequest, ra
                 "finish_reason": c.finish_reason, "stop_reason": c.stop_reason}
                for c in out.outputs]
     return JSONResponse({"id": request_id, "object": "chat.completion", "created": created, "model": gen.model_name,
-                         "choices": choices, "usage": _usage(out)})
+                         "choices": choices, "usage": usage([out])})
 
 
 async def _stream(gen: Generation, req: ChatCompletionRequest, request_id: str, created: int, stream):
@@ -102,7 +96,7 @@ async def _stream(gen: Generation, req: ChatCompletionRequest, request_id: str, 
                           "stop_reason": d.stop_reason}
                 yield sse({**head, "choices": [choice], **usage_field})
         if include_usage and last is not None:
-            yield sse({**head, "choices": [], "usage": _usage(last)})
+            yield sse({**head, "choices": [], "usage": usage([last])})
     except Exception as exc:  # the engine died mid-stream: say so in-band, then end the stream
         yield sse(error_body(503, str(exc)))
     yield sse("[DONE]")

@@ -9,7 +9,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
 from railyard.api.errors import error_body
-from railyard.api.generation import DeltaTracker, Generation, Prompt, merge_streams, now_s
+from railyard.api.generation import DeltaTracker, Generation, Prompt, merge_streams, now_s, usage
 from railyard.api.protocol import CompletionRequest
 from railyard.api.sse import EventStreamResponse, sse
 from railyard.engine.outputs import RequestOutput
@@ -44,12 +44,6 @@ def _logprobs(gen: Generation, token_ids: list[int], logprobs: list[dict[int, fl
     }
 
 
-def _usage(outputs: list[RequestOutput]) -> dict:
-    prompt = sum(len(o.prompt_token_ids) for o in outputs)
-    completion = sum(len(c.token_ids) for o in outputs for c in o.outputs)
-    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
-
-
 async def create_completion(gen: Generation, req: CompletionRequest, raw: Request) -> Response:
     arrival = time.monotonic()
     gen.check_model(req.model)
@@ -80,7 +74,7 @@ async def create_completion(gen: Generation, req: CompletionRequest, raw: Reques
                 else None,
                 "finish_reason": c.finish_reason, "stop_reason": c.stop_reason})
     return JSONResponse({"id": request_id, "object": "text_completion", "created": created, "model": gen.model_name,
-                         "choices": choices, "usage": _usage(outputs)})
+                         "choices": choices, "usage": usage(outputs)})
 
 
 async def _stream(gen: Generation, req: CompletionRequest, request_id: str, created: int, streams):
@@ -101,7 +95,7 @@ async def _stream(gen: Generation, req: CompletionRequest, request_id: str, crea
                           "stop_reason": d.stop_reason}
                 yield sse({**head, "choices": [choice], **({"usage": None} if include_usage else {})})
         if include_usage:
-            yield sse({**head, "choices": [], "usage": _usage(list(latest.values()))})
+            yield sse({**head, "choices": [], "usage": usage(list(latest.values()))})
     except Exception as exc:  # the engine died mid-stream: say so in-band, then end the stream
         yield sse(error_body(503, str(exc)))
     yield sse("[DONE]")

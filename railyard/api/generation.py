@@ -204,3 +204,10 @@ async def merge_streams(streams: list[RequestStream]) -> AsyncIterator[tuple[int
 
 def now_s() -> int:
     return int(time.time())
+
+
+def usage(outputs: list[RequestOutput]) -> dict:
+    """OpenAI usage: each prompt counted once, every choice's tokens counted."""
+    prompt = sum(len(o.prompt_token_ids) for o in outputs)
+    completion = sum(len(c.token_ids) for o in outputs for c in o.outputs)
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}

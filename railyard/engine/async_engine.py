@@ -18,7 +18,7 @@ from typing import Any, Protocol
 from railyard.engine.config import EngineConfig, SamplingParams
 from railyard.engine.engine import Engine
 from railyard.engine.outputs import EngineStats, RequestOutput
-from railyard.errors import EngineDeadError, EngineOverloadedError, InvalidRequestError
+from railyard.errors import ConfigError, EngineDeadError, EngineOverloadedError, InvalidRequestError
 
 log = logging.getLogger("railyard.engine")
 
@@ -81,7 +81,7 @@ class AsyncEngine:
     def __init__(self, engine: Engine, *, max_waiting_requests: int = 1024, retry_after_s: int = 1,
                  listener: StepListener | None = None) -> None:
         if max_waiting_requests < 1:
-            raise InvalidRequestError(f"max_waiting_requests must be at least 1, got {max_waiting_requests}")
+            raise ConfigError(f"max_waiting_requests must be at least 1, got {max_waiting_requests}")
         self.engine = engine
         self.max_waiting_requests = max_waiting_requests
         self.retry_after_s = retry_after_s
@@ -97,6 +97,7 @@ class AsyncEngine:
         self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="railyard-engine")
         self.loop: asyncio.AbstractEventLoop | None = None
         self.dead: EngineDeadError | None = None
+        self._closed = False
 
     @classmethod
     def from_config(cls, config: EngineConfig, **kwargs) -> "AsyncEngine":
@@ -111,7 +112,10 @@ class AsyncEngine:
             self._task = self.loop.create_task(self._loop(), name="railyard-engine-loop")
 
     async def shutdown(self) -> None:
-        """Stop the loop after the step in flight; open streams end with EngineDeadError."""
+        """Stop the loop after the step in flight; open streams end with EngineDeadError (idempotent)."""
+        if self._closed:
+            return
+        self._closed = True
         if self._task is not None:
             self._task.cancel()
             try:
