@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
 
@@ -28,6 +29,21 @@ def default_model_name(engine: AsyncEngine) -> str:
     return config.served_model_name or Path(config.model).name
 
 
+def install_openai_routes(app: FastAPI, generation_for: Callable[[str], Generation]) -> None:
+    """POST /v1/completions and /v1/chat/completions, each request handed to its model's Generation.
+
+    generation_for raises ModelNotFoundError (404) for a model this app does not serve.
+    """
+
+    @app.post("/v1/completions")
+    async def completions(body: CompletionRequest, raw: Request) -> Response:
+        return await create_completion(generation_for(body.model), body, raw)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(body: ChatCompletionRequest, raw: Request) -> Response:
+        return await create_chat_completion(generation_for(body.model), body, raw)
+
+
 def build_app(engine: AsyncEngine, *, served_model_name: str | None = None, api_key: str | None = None,
               max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES) -> FastAPI:
     """An app serving `engine`; its lifespan starts the engine loop and shuts the engine down."""
@@ -48,13 +64,12 @@ def build_app(engine: AsyncEngine, *, served_model_name: str | None = None, api_
     app.state.engine, app.state.generation, app.state.metrics = engine, gen, metrics
     install_error_handlers(app)
 
-    @app.post("/v1/completions")
-    async def completions(body: CompletionRequest, raw: Request) -> Response:
-        return await create_completion(gen, body, raw)
+    def generation_for(model: str) -> Generation:
+        if model != name:
+            raise ModelNotFoundError(model)
+        return gen
 
-    @app.post("/v1/chat/completions")
-    async def chat_completions(body: ChatCompletionRequest, raw: Request) -> Response:
-        return await create_chat_completion(gen, body, raw)
+    install_openai_routes(app, generation_for)
 
     def model_card() -> dict:
         return {"id": name, "object": "model", "created": created, "owned_by": "railyard", "root": config.model,

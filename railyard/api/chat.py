@@ -52,7 +52,6 @@ def _logprobs(gen: Generation, token_ids: list[int], logprobs: list[dict[int, fl
 
 async def create_chat_completion(gen: Generation, req: ChatCompletionRequest, raw: Request) -> Response:
     arrival = time.monotonic()
-    gen.check_model(req.model)
     _check_supported(req)
     prompt = render_chat(gen, req)
     max_tokens = req.max_completion_tokens or req.max_tokens

@@ -46,7 +46,6 @@ def _logprobs(gen: Generation, token_ids: list[int], logprobs: list[dict[int, fl
 
 async def create_completion(gen: Generation, req: CompletionRequest, raw: Request) -> Response:
     arrival = time.monotonic()
-    gen.check_model(req.model)
     if req.echo:
         raise InvalidRequestError("echo is not supported.")
     if req.suffix:

@@ -12,7 +12,6 @@ from functools import lru_cache
 
 from fastapi import Request
 
-from railyard.api.errors import ModelNotFoundError
 from railyard.api.protocol import SamplingRequest
 from railyard.engine.async_engine import AsyncEngine, RequestStream
 from railyard.engine.config import SamplingParams
@@ -79,19 +78,15 @@ class DeltaTracker:
 class Generation:
     """The server's one model: its name, tokenizer and engine, and how requests reach it."""
 
-    def __init__(self, engine: AsyncEngine, served_model_name: str, tokenizer) -> None:
-        self.engine = engine
+    def __init__(self, engine: AsyncEngine, served_model_name: str, tokenizer, max_model_len: int | None = None) -> None:
+        self.engine = engine  # an AsyncEngine, or anything with its add_request -> stream interface
         self.model_name = served_model_name
         self.tokenizer = tokenizer  # the front's own copy: the engine thread detokenises with its own
-        self.max_model_len = engine.engine.config.max_model_len
+        self.max_model_len = max_model_len or engine.engine.config.max_model_len
         self.token_text = lru_cache(maxsize=65536)(self._decode_one)
 
     def _decode_one(self, token_id: int) -> str:
         return self.tokenizer.decode([token_id])
-
-    def check_model(self, name: str) -> None:
-        if name != self.model_name:
-            raise ModelNotFoundError(name)
 
     # -- at the door -----------------------------------------------------------------------------
     def tokenize(self, text: str, add_special_tokens: bool = True) -> list[int]:
