@@ -60,7 +60,10 @@ def install_error_handlers(app: FastAPI) -> None:
     """Map every exception the app can raise to an OpenAI-style body with the right status."""
 
     @app.exception_handler(RequestValidationError)
-    async def _invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
+    async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
+        if request.method == "POST" and "json" not in request.headers.get("content-type", ""):
+            # FastAPI only parses declared JSON; say so rather than "not a valid dictionary".
+            return error_response(400, "Send the request body as JSON with 'Content-Type: application/json'.")
         message, param = _validation_message(exc)
         return error_response(400, message, param=param)
 

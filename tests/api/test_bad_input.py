@@ -56,6 +56,12 @@ def test_token_id_outside_the_vocabulary_is_400(http, server):
     assert "outside the vocabulary" in assert_openai_error(resp, 400)["message"]
 
 
+def test_body_without_a_json_content_type_is_400_saying_so(http, server):
+    body = b'{"model": "tiny", "prompt": "hi", "max_tokens": 1}'
+    resp = http.post("/v1/completions", content=body, headers={"content-type": "application/x-www-form-urlencoded"})
+    assert "Content-Type: application/json" in assert_openai_error(resp, 400)["message"]
+
+
 def test_unknown_model_is_404(http):
     resp = http.post("/v1/completions", json={"model": "gpt-9", "prompt": "hi"})
     assert assert_openai_error(resp, 404)["code"] == "model_not_found"
