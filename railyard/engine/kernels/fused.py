@@ -1,4 +1,4 @@
-"""Fused elementwise kernels for the GPU path: residual-add + RMSNorm, SiLU-and-mul, rotary.
+"""Fused elementwise kernels for the GPU path: residual-add + RMSNorm and SiLU-and-mul.
 
 Unfused, each of these is 5-10 passes over the activations (casts, pow, mean, rsqrt, cat...);
 the profile of a 7B prefill step showed them at a quarter of the step. Each kernel makes one
@@ -89,44 +89,4 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     block = 1024
     _silu_and_mul_kernel[(t, triton.cdiv(n, block))](x, out, x.stride(0), out.stride(0), N=n, BLOCK=block,
                                                      num_warps=4)
-    return out
-
-
-@triton.jit
-def _rotary_kernel(x_ptr, out_ptr, pos_ptr, cos_ptr, sin_ptr, x_stride_t, x_stride_h, heads,
-                   HALF: tl.constexpr, H_PAD: tl.constexpr, BLOCK: tl.constexpr):
-    t = tl.program_id(0)
-    pos = tl.load(pos_ptr + t).to(tl.int64)
-    h = tl.arange(0, H_PAD)
-    c = tl.arange(0, BLOCK)
-    hmask = h < heads
-    cmask = c < HALF
-    mask = hmask[:, None] & cmask[None, :]
-    base = x_ptr + t.to(tl.int64) * x_stride_t + h[:, None] * x_stride_h + c[None, :]
-    x1 = tl.load(base, mask=mask, other=0.0)
-    x2 = tl.load(base + HALF, mask=mask, other=0.0)
-    dtype = x1.dtype
-    # cos/sin tables are float32 [max_pos, 2*HALF] (both halves equal); cast like the torch path does
-    cos = tl.load(cos_ptr + pos * (2 * HALF) + c, mask=cmask, other=0.0).to(dtype).to(tl.float32)[None, :]
-    sin = tl.load(sin_ptr + pos * (2 * HALF) + c, mask=cmask, other=0.0).to(dtype).to(tl.float32)[None, :]
-    f1, f2 = x1.to(tl.float32), x2.to(tl.float32)
-    # x*cos + rotate_half(x)*sin, each product rounded to the model dtype as in the unfused code
-    o1 = ((f1 * cos).to(dtype).to(tl.float32) + (-f2 * sin).to(dtype).to(tl.float32)).to(dtype)
-    o2 = ((f2 * cos).to(dtype).to(tl.float32) + (f1 * sin).to(dtype).to(tl.float32)).to(dtype)
-    out = out_ptr + t.to(tl.int64) * (heads * 2 * HALF) + h[:, None] * (2 * HALF) + c[None, :]
-    tl.store(out, o1, mask=mask)
-    tl.store(out + HALF, o2, mask=mask)
-
-
-def rotary(positions: torch.Tensor, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Neox-style rotary of x [T, H, D] (any row/head strides) -> a new contiguous [T, H, D]."""
-    t, heads, d = x.shape
-    assert x.stride(-1) == 1 and cos.is_contiguous() and sin.is_contiguous()
-    out = torch.empty((t, heads, d), dtype=x.dtype, device=x.device)
-    if t == 0:
-        return out
-    half = d // 2
-    _rotary_kernel[(t,)](x, out, positions, cos, sin, x.stride(0), x.stride(1), heads,
-                         HALF=half, H_PAD=triton.next_power_of_2(heads), BLOCK=triton.next_power_of_2(half),
-                         num_warps=4 if heads * half >= 1024 else 1)
     return out

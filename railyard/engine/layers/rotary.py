@@ -11,7 +11,6 @@ import math
 import torch
 from torch import nn
 
-from railyard.engine.kernels import fused_ops
 from railyard.errors import ModelLoadError
 
 
@@ -51,12 +50,6 @@ class RotaryEmbedding(nn.Module):
 
     def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor):
         """q: [T, Hq, D], k: [T, Hk, D], positions: [T]."""
-        if q.is_cuda and fused_ops() is not None:
-            f = fused_ops()
-            return f.rotary(positions, q, self.cos, self.sin), f.rotary(positions, k, self.cos, self.sin)
-        return self.forward_native(positions, q, k)
-
-    def forward_native(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor):
         cos = self.cos[positions].to(q.dtype).unsqueeze(1)
         sin = self.sin[positions].to(q.dtype).unsqueeze(1)
         return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
