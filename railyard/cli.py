@@ -14,6 +14,7 @@ _COMMAND_MODULES = (
     "railyard.api.cli",
     "railyard.bench.cli",
     "railyard.cluster.cli",
+    "railyard.serve.cli",
 )
 
 

@@ -49,8 +49,17 @@ def for_cpu(config: dict[str, Any]) -> dict[str, Any]:
     return config
 
 
+def with_router(config: dict[str, Any], router: str) -> dict[str, Any]:
+    """Every railyard application routed by `router` (one of railyard.serve.spec.ROUTER_NAMES)."""
+    config = copy.deepcopy(config)
+    for app in config.get("applications", []):
+        if app.get("import_path") == "railyard.serve.app:build_app":
+            app.setdefault("args", {})["router"] = {**app["args"].get("router", {}), "name": router}
+    return config
+
+
 def deploy(config: dict[str, Any], *, address: str | None = None, host: str = "127.0.0.1", port: int = 8000,
-           cpu: bool | None = None, timeout_s: float = 600.0) -> str:
+           cpu: bool | None = None, router: str | None = None, timeout_s: float = 600.0) -> str:
     """Connect to (or start) Ray, start Serve's HTTP proxy, deploy `config`; returns the base URL once running."""
     import ray
     from ray.serve._private import api as serve_private
@@ -61,6 +70,8 @@ def deploy(config: dict[str, Any], *, address: str | None = None, host: str = "1
     if cpu is None:
         cpu = ray.cluster_resources().get("GPU", 0) == 0
     config = with_pending_policy(config)
+    if router:
+        config = with_router(config, router)
     if cpu:
         log.info("no GPUs in this Ray cluster: engines run on the CPU")
         config = for_cpu(config)

@@ -1,0 +1,67 @@
+"""`railyard cluster up --config stack.yaml` (and `railyard serve --config stack.yaml`): the stack's
+Ray Serve application on a local Ray, or on an existing Ray cluster with --address."""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+import threading
+
+from railyard.errors import ConfigError
+
+from railyard.serve.spec import ROUTER_NAMES
+
+
+def add_stack_args(p: argparse.ArgumentParser, *, config_required: bool) -> None:
+    p.add_argument("--config", "-c", required=config_required,
+                   help="stack YAML: serve its models on Ray Serve (replicas, routing, autoscaling)")
+    p.add_argument("--address", default=None,
+                   help="Ray cluster to join, e.g. ray://head:10001 or auto (default: start Ray here)")
+    p.add_argument("--cpu", action="store_true", default=None,
+                   help="run engines on the CPU (default: only when the Ray cluster has no GPUs)")
+    p.add_argument("--deploy-timeout", type=float, default=600.0, help="seconds to wait for every replica")
+    p.add_argument("--router", choices=ROUTER_NAMES, default=None,
+                   help="request router of the engine deployments (default: pending_prefix; the others are "
+                        "baselines: round_robin, Ray's power_of_two)")
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    cluster = sub.add_parser("cluster", help="run a stack on Ray Serve (local Ray or an existing cluster)")
+    kinds = cluster.add_subparsers(dest="cluster_command", required=True)
+    up = kinds.add_parser("up", help="deploy the stack's models and serve the OpenAI API until Ctrl-C")
+    up.add_argument("--host", default="127.0.0.1", help="address the HTTP proxy binds")
+    up.add_argument("--port", type=int, default=8000)
+    add_stack_args(up, config_required=True)
+    up.set_defaults(func=run_stack)
+
+
+def run_stack(args: argparse.Namespace) -> int:
+    """Deploy the stack and block until interrupted; Ctrl-C shuts the applications down."""
+    from railyard.serve.launch import deploy
+    from railyard.stack import load_stack, to_serve_config
+
+    if not 0 <= args.port <= 65535:
+        raise ConfigError(f"--port must be in [0, 65535], got {args.port}")
+    stack = load_stack(args.config)
+    config = to_serve_config(stack)
+    url = deploy(config, address=args.address, host=args.host, port=args.port, cpu=args.cpu,
+                 router=getattr(args, "router", None), timeout_s=args.deploy_timeout)
+    names = ", ".join(m.name for m in stack.models)
+    print(f"railyard: {names} on Ray Serve at {url} (OpenAI API under {url}/v1, metrics at {url}/metrics); "
+          "Ctrl-C to stop", flush=True)
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    try:
+        stop.wait()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        from ray import serve
+
+        for app in config["applications"]:
+            serve.delete(app["name"])
+        if not args.address:  # our own local Ray: take Serve down with it
+            serve.shutdown()
+        print("railyard: stopped", file=sys.stderr)
+    return 0

@@ -1,0 +1,85 @@
+"""The serve app's configuration: the stack's Ray Serve config parses, validates as Ray's own schema,
+and turns into deployments with our router, policy and placement (no Ray cluster needed)."""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("ray")
+from ray.serve.schema import ServeDeploySchema  # noqa: E402
+
+from railyard.errors import ConfigError  # noqa: E402
+from railyard.serve.app import autoscaling_config, replica_resources  # noqa: E402
+from railyard.serve.autoscaling import POLICY_IMPORT_PATH  # noqa: E402
+from railyard.serve.launch import for_cpu, with_pending_policy, with_router  # noqa: E402
+from railyard.serve.spec import parse_app_args  # noqa: E402
+from railyard.stack import parse_stack, to_serve_config  # noqa: E402
+
+
+def _stack(model_dir: str):
+    return parse_stack({"name": "cfg", "image": "railyard:test", "models": [
+        {"name": "chat", "model": model_dir, "tensor_parallel_size": 2,
+         "autoscaling": {"min_replicas": 1, "max_replicas": 4, "target_pending_per_replica": 8},
+         "engine": {"max_model_len": 1024},
+         "pools": [{"name": "short", "max_prompt_tokens": 512, "engine": {"max_num_batched_tokens": 2048}},
+                   {"name": "long", "engine": {"max_num_batched_tokens": 8192}}]},
+        {"name": "small", "model": model_dir, "num_replicas": 2, "engine": {"max_model_len": 1024}},
+    ]})
+
+
+def test_the_stacks_args_become_one_deployment_per_model_and_pool(tiny_model):
+    config = to_serve_config(_stack(tiny_model))
+    app = config["applications"][0]
+    spec = parse_app_args(app["args"])
+    assert spec.deployments() == [d["name"] for d in app["deployments"]]
+    chat = spec.models[0]
+    assert [(p.name, p.max_prompt_tokens) for p in chat.pools] == [("short", 512), ("long", None)]
+    assert chat.pools[0].engine["max_num_batched_tokens"] == 2048
+    assert chat.pools[1].engine["max_num_batched_tokens"] == 8192
+    assert chat.pools[0].autoscaling.target_pending_per_replica == 8
+
+
+def test_bad_args_are_config_errors_that_name_the_field(tiny_model):
+    with pytest.raises(ConfigError, match="models"):
+        parse_app_args({})
+    with pytest.raises(ConfigError, match=r"models\[0\].pools\[0\].engine: unknown option\(s\) max_seqs"):
+        parse_app_args({"models": [{"name": "m", "model": tiny_model, "pools": [
+            {"name": "p", "engine": {"max_seqs": 4}}]}]})
+    with pytest.raises(ConfigError, match="only the last pool"):
+        parse_app_args({"models": [{"name": "m", "model": tiny_model, "pools": [{"name": "a"}, {"name": "b"}]}]})
+    with pytest.raises(ConfigError, match="router.name"):
+        parse_app_args({"models": [{"name": "m", "model": tiny_model}], "router": {"name": "random"}})
+    with pytest.raises(ConfigError, match="block_size"):
+        parse_app_args({"models": [{"name": "m", "model": tiny_model, "engine": {"block_size": 7}}]})
+
+
+def test_a_tensor_parallel_replica_asks_for_strict_pack_bundles(tiny_model):
+    spec = parse_app_args(to_serve_config(_stack(tiny_model))["applications"][0]["args"])
+    chat = spec.models[0]
+    gpu = replica_resources(chat, chat.pools[0])
+    assert gpu["ray_actor_options"] == {"num_cpus": 1, "num_gpus": 1}
+    assert gpu["placement_group_bundles"] == [{"CPU": 1, "GPU": 1}, {"CPU": 1, "GPU": 1}]
+    assert gpu["placement_group_strategy"] == "STRICT_PACK"
+    cpu_spec = parse_app_args(for_cpu(to_serve_config(_stack(tiny_model)))["applications"][0]["args"])
+    cpu = replica_resources(cpu_spec.models[0], cpu_spec.models[0].pools[0])
+    assert cpu["ray_actor_options"]["num_gpus"] == 0
+    assert cpu["placement_group_bundles"] == [{"CPU": 1}, {"CPU": 1}]
+
+
+def test_autoscaling_runs_the_pending_requests_policy_with_the_stacks_thresholds(tiny_model):
+    spec = parse_app_args(to_serve_config(_stack(tiny_model))["applications"][0]["args"])
+    config = autoscaling_config(spec.models[0].pools[0])
+    assert config.policy.policy_function == POLICY_IMPORT_PATH
+    assert (config.min_replicas, config.max_replicas, config.target_ongoing_requests) == (1, 4, 8)
+
+
+def test_the_launched_config_is_a_valid_ray_serve_config_with_our_policy_router_and_cpu_engines(tiny_model):
+    config = with_router(for_cpu(with_pending_policy(to_serve_config(_stack(tiny_model)))), "round_robin")
+    ServeDeploySchema.model_validate(config)
+    app = config["applications"][0]
+    autoscaled = [d for d in app["deployments"] if "autoscaling_config" in d]
+    assert autoscaled and all(d["autoscaling_config"]["policy"]["policy_function"] == POLICY_IMPORT_PATH
+                              for d in autoscaled)
+    assert all(d["ray_actor_options"]["num_gpus"] == 0 for d in app["deployments"])
+    assert all(p["engine"]["device"] == "cpu" for m in app["args"]["models"] for p in m["pools"])
+    assert app["args"]["router"]["name"] == "round_robin"
