@@ -35,6 +35,8 @@ class ServeBenchConfig:
     seed: int = 0
     api_key: str | None = None
     token_id_range: int = 256  # prompt token ids are drawn below this (valid in every vocabulary we serve)
+    prefix_groups: int = 0  # > 0: prompts start with one of this many shared prefixes (round robin over groups)
+    shared_prefix_len: int = 0  # tokens of each shared prefix
     timeout_s: float = 600.0
 
 
@@ -102,6 +104,12 @@ async def _send(client: httpx.AsyncClient, cfg: ServeBenchConfig, prompt: list[i
 async def run_serve_bench(cfg: ServeBenchConfig) -> tuple[list[RequestResult], float]:
     """Send the whole workload; returns per-request results and the wall time."""
     requests = synthetic_requests(cfg.num_prompts, cfg.input_len, cfg.output_len, cfg.token_id_range, cfg.seed)
+    if cfg.prefix_groups > 0 and cfg.shared_prefix_len > 0:  # system prompts / documents shared by many requests
+        prefix_rng = random.Random(cfg.seed + 2)
+        prefixes = [[prefix_rng.randrange(cfg.token_id_range) for _ in range(cfg.shared_prefix_len)]
+                    for _ in range(cfg.prefix_groups)]
+        for i, req in enumerate(requests):
+            req.prompt_token_ids = prefixes[i % cfg.prefix_groups] + req.prompt_token_ids
     rng = random.Random(cfg.seed + 1)
     gate = asyncio.Semaphore(cfg.max_concurrency) if cfg.max_concurrency else None
     headers = {"Authorization": f"Bearer {cfg.api_key}"} if cfg.api_key else {}

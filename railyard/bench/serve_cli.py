@@ -22,6 +22,9 @@ def register_serve(kinds: argparse._SubParsersAction) -> None:
                    help="Poisson arrival rate in requests/s (default: all at once)")
     p.add_argument("--max-concurrency", type=int, default=None, help="most requests in flight at once")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--prefix-groups", type=int, default=0,
+                   help="prompts start with one of this many shared prefixes (0: none), e.g. system prompts")
+    p.add_argument("--shared-prefix-len", type=int, default=0, help="tokens of each shared prefix")
     p.add_argument("--api-key", default=None)
     p.add_argument("--plot", default=None, help="write latency percentiles over time to this PNG")
     p.add_argument("--output", default=None, help="also write the JSON (with per-request results) here")
@@ -41,7 +44,8 @@ def run_serve_bench_cmd(args: argparse.Namespace) -> int:
     cfg = ServeBenchConfig(url=args.url, model=args.model, num_prompts=args.num_prompts,
                            input_len=LengthRange.parse(args.input_len), output_len=LengthRange.parse(args.output_len),
                            request_rate=args.request_rate, max_concurrency=args.max_concurrency, seed=args.seed,
-                           api_key=args.api_key)
+                           api_key=args.api_key, prefix_groups=args.prefix_groups,
+                           shared_prefix_len=args.shared_prefix_len)
     results, duration = asyncio.run(run_serve_bench(cfg))
     summary = summarize(cfg, results, duration)
     if args.plot:
