@@ -315,6 +315,9 @@ def _deployment(model: ModelSpec, name: str, pool: Pool | None) -> dict[str, Any
             "target_ongoing_requests": auto.target_pending_per_replica,
             "upscale_delay_s": auto.upscale_delay_s,
             "downscale_delay_s": auto.downscale_delay_s,
+            # railyard's policy: replicas from the engines' own pending counts (a config file's
+            # autoscaling_config replaces the one set in code, so the policy must be named here).
+            "policy": {"policy_function": "railyard.serve.autoscaling:pending_requests_policy"},
         }
     else:
         entry["num_replicas"] = replicas
