@@ -7,6 +7,7 @@ check once its engine loop has died, so the Serve controller replaces it.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 from collections.abc import AsyncIterator
@@ -17,6 +18,7 @@ from railyard.engine.async_engine import AsyncEngine
 from railyard.engine.config import EngineConfig, SamplingParams
 from railyard.engine.outputs import EngineStats, RequestOutput
 from railyard.errors import EngineDeadError
+from railyard.serve.placement import expose_reserved_gpus
 
 log = logging.getLogger("railyard.serve")
 
@@ -69,6 +71,9 @@ class EngineReplica:
 
             torch.set_num_threads(int(threads))
         config = EngineConfig(**engine)
+        if config.tensor_parallel_size > 1 and config.device != "cpu":
+            # The ranks are processes spawned here: they need every GPU the placement group reserved.
+            await asyncio.to_thread(expose_reserved_gpus, config.tensor_parallel_size)
         self.async_engine = AsyncEngine.from_config(config, max_waiting_requests=max_waiting_requests)
         context = serve.get_replica_context()
         self.replica_id = context.replica_id.unique_id
