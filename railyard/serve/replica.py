@@ -107,7 +107,8 @@ class EngineReplica:
         config = self.async_engine.engine.config
         return {"model": config.model, "tokenizer": config.tokenizer or config.model,
                 "max_model_len": config.max_model_len, "block_size": config.block_size,
-                "replica": self.replica_id, "node_id": self.node_id}
+                "replica": self.replica_id, "node_id": self.node_id, "pid": os.getpid(),
+                "worker_pids": list(getattr(self.async_engine.engine.executor, "worker_pids", []))}
 
     # -- what Ray Serve polls ----------------------------------------------------------------------
     async def record_routing_stats(self) -> dict[str, Any]:

@@ -1,14 +1,19 @@
 """Placement on a two-node local Ray cluster (ray.cluster_utils.Cluster): a tensor-parallel replica's
-placement-group bundles share one node (STRICT_PACK); replicas of one deployment spread over nodes."""
+placement-group bundles share one node (STRICT_PACK); replicas of one deployment spread over nodes.
+Last, health: the TP replica's engine is killed for real and Serve replaces the replica."""
 
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
+import time
 
 import pytest
 from ray import serve
 from ray.util import placement_group_table
 
+from railyard.errors import EngineDeadError
 from tests.serve.conftest import deploy_engines, engine_args, run_request
 
 pytestmark = pytest.mark.timeout(300)
@@ -54,3 +59,21 @@ def test_replicas_of_one_deployment_spread_over_nodes(serve_cluster, placed):
     assert len(nodes) == 2
     assert len(set(nodes.values())) == 2, f"both replicas landed on one node: {nodes}"
     assert set(nodes.values()) <= set(serve_cluster.node_ids)
+
+
+def test_a_replica_whose_engine_died_is_reported_unhealthy_and_replaced(placed):
+    """A real failure: a tensor-parallel rank process dies, the engine loop dies on its next step, the
+    replica fails its health check and Serve starts a new one, which serves again."""
+    client = placed["placement-tp2"]
+    handle = client.pools[0].handle
+    before = handle.info.remote().result()
+    os.kill(before["worker_pids"][0], signal.SIGKILL)
+    failed = asyncio.run(run_request(client, list(range(30)), 4))
+    assert isinstance(failed.error, EngineDeadError)
+
+    deadline = time.monotonic() + 120
+    while handle.info.remote().result()["replica"] == before["replica"]:
+        assert time.monotonic() < deadline, "no replacement for the replica whose engine died"
+        time.sleep(0.5)
+    again = asyncio.run(run_request(client, list(range(30)), 4))
+    assert again.error is None and again.num_tokens == 4
