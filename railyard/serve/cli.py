@@ -9,7 +9,6 @@ import sys
 import threading
 
 from railyard.errors import ConfigError
-
 from railyard.serve.spec import ROUTER_NAMES
 
 

@@ -82,7 +82,7 @@ def fleet_stats(replicas: list[EngineStats]) -> EngineStats:
 class RayRequestStream:
     """The outputs of one request from whichever replica serves it (RequestStream's interface)."""
 
-    def __init__(self, client: "RayEngineClient", pool: Pool, request: EngineRequest) -> None:
+    def __init__(self, client: RayEngineClient, pool: Pool, request: EngineRequest) -> None:
         self.client = client
         self.pool = pool
         self.request = request
@@ -172,14 +172,15 @@ class RayEngineClient:
             self.listener.on_step([out], self.stats, time.monotonic())
 
     def observe_replica(self, report: ReplicaReport) -> None:
-        """Keep the fleet's stats: the sum over replicas of what each last reported."""
+        """Keep the fleet's stats: the sum over replicas of what each reported with its last finished request."""
         self._replica_stats[report.replica] = report.stats
         self.stats = fleet_stats(list(self._replica_stats.values()))
 
     async def add_request(self, request_id: str, prompt: str | None, params: SamplingParams, *,
                           prompt_token_ids: list[int], arrival_time: float | None = None,
                           priority: int = 0) -> RayRequestStream:
-        """A stream for the request; it is sent when the stream is first read."""
+        """A stream for the request; it is sent when the stream is first read. (arrival_time is this
+        process's clock: the replica stamps its own, so latencies are measured on one clock.)"""
         pool = choose_pool(self.pools, len(prompt_token_ids))
         stream = RayRequestStream(self, pool, EngineRequest(request_id, prompt, list(prompt_token_ids), params,
                                                             priority))
@@ -199,10 +200,6 @@ class RayEngineClient:
         stream = self._live.pop(request_id, None)
         if stream is not None:
             stream.abort()
-
-    async def replica_stats(self) -> list[EngineStats]:
-        """EngineStats of one replica per pool (whichever the router picks); for a fleet view use the replicas' routing stats."""
-        return [await pool.handle.stats.remote() for pool in self.pools]
 
     def new_request_id(self) -> str:
         return f"{self.model_name}-{time.monotonic_ns()}-{next(self._ids)}"

@@ -77,7 +77,7 @@ def deploy(config: dict[str, Any], *, address: str | None = None, host: str = "1
         config = for_cpu(config)
     try:
         schema = ServeDeploySchema.model_validate(config)
-    except Exception as exc:
+    except ValueError as exc:  # pydantic's ValidationError
         raise ConfigError(f"not a valid Ray Serve config: {exc}") from None
     # What `serve run config.yaml` does: the controller builds each app and applies the deployments.
     client = serve_private.serve_start(http_options={"host": host, "port": port})

@@ -137,7 +137,7 @@ class EngineReplica:
     async def __del__(self) -> None:
         try:
             await self.async_engine.shutdown()
-        except Exception as exc:  # shutting down a dead engine must not mask the replica's exit
+        except Exception as exc:  # noqa: BLE001 -- shutting down a dead engine must not mask the replica's exit
             log.warning("engine shutdown: %s", exc)
 
 

@@ -18,11 +18,21 @@ import time
 from collections import OrderedDict
 from typing import Any
 
-from ray.serve.request_router import PendingRequest, ReplicaID, RequestRouter, RunningReplica
+from ray.serve.request_router import (
+    PendingRequest,
+    ReplicaID,
+    RequestRouter,
+    RunningReplica,
+)
 
 from railyard.engine.block_manager import prefix_block_hashes
 from railyard.serve import metrics
-from railyard.serve.routing import ReplicaLoad, RoutingOptions, matched_prefix_blocks, rank
+from railyard.serve.routing import (
+    ReplicaLoad,
+    RoutingOptions,
+    matched_prefix_blocks,
+    rank,
+)
 
 log = logging.getLogger("railyard.serve")
 
@@ -44,7 +54,7 @@ def request_token_ids(pending_request: PendingRequest | None) -> list[int] | Non
 class _CachedHashes:
     """A replica's reported prefix hashes as a set, rebuilt only when the replica reports a change."""
 
-    __slots__ = ("version", "hashes")
+    __slots__ = ("hashes", "version")
 
     def __init__(self) -> None:
         self.version: Any = None

@@ -13,16 +13,16 @@ from pathlib import Path
 import pytest
 
 ray = pytest.importorskip("ray")
-from ray import serve  # noqa: E402
-from ray.cluster_utils import Cluster  # noqa: E402
-from ray.serve import RunTarget  # noqa: E402
+from ray import serve
+from ray.cluster_utils import Cluster
+from ray.serve import RunTarget
 
-from railyard.engine.config import SamplingParams  # noqa: E402
-from railyard.engine.models.loader import read_spec  # noqa: E402
-from railyard.engine.tokenizer import load_tokenizer  # noqa: E402
-from railyard.serve.app import bind_engine  # noqa: E402
-from railyard.serve.client import Pool, RayEngineClient  # noqa: E402
-from railyard.serve.spec import parse_app_args  # noqa: E402
+from railyard.engine.config import SamplingParams
+from railyard.engine.models.loader import read_spec
+from railyard.engine.tokenizer import load_tokenizer
+from railyard.serve.app import bind_engine
+from railyard.serve.client import Pool, RayEngineClient
+from railyard.serve.spec import parse_app_args
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 CPUS_PER_NODE = 6  # logical CPUs Ray may hand out per node (replicas take 1 each; they mostly wait)
@@ -143,7 +143,7 @@ async def run_request(client: RayEngineClient, token_ids: list[int], max_tokens:
                 on_start(stream.replica)
             started = True
             last = out
-    except Exception as exc:  # the test decides whether this failure was allowed
+    except Exception as exc:  # noqa: BLE001 -- the test decides whether this failure was allowed
         error = exc
     return Served(stream.replica, list(stream.replicas_tried),
                   len(last.outputs[0].token_ids) if last else 0,

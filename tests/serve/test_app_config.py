@@ -6,14 +6,14 @@ from __future__ import annotations
 import pytest
 
 pytest.importorskip("ray")
-from ray.serve.schema import ServeDeploySchema  # noqa: E402
+from ray.serve.schema import ServeDeploySchema
 
-from railyard.errors import ConfigError  # noqa: E402
-from railyard.serve.app import autoscaling_config, replica_resources  # noqa: E402
-from railyard.serve.autoscaling import POLICY_IMPORT_PATH  # noqa: E402
-from railyard.serve.launch import for_cpu, with_pending_policy, with_router  # noqa: E402
-from railyard.serve.spec import parse_app_args  # noqa: E402
-from railyard.stack import parse_stack, to_serve_config  # noqa: E402
+from railyard.errors import ConfigError
+from railyard.serve.app import autoscaling_config, replica_resources
+from railyard.serve.autoscaling import POLICY_IMPORT_PATH
+from railyard.serve.launch import for_cpu, with_pending_policy, with_router
+from railyard.serve.spec import parse_app_args
+from railyard.stack import parse_stack, to_serve_config
 
 
 def _stack(model_dir: str):

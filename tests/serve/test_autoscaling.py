@@ -9,7 +9,13 @@ import random
 import pytest
 from ray import serve
 
-from tests.serve.conftest import deploy_engine, engine_args, run_request, running_replicas, wait_until
+from tests.serve.conftest import (
+    deploy_engine,
+    engine_args,
+    run_request,
+    running_replicas,
+    wait_until,
+)
 
 pytestmark = pytest.mark.timeout(300)
 

@@ -6,11 +6,11 @@ from __future__ import annotations
 import pytest
 
 pytest.importorskip("ray")
-from ray.serve._private.common import DeploymentID, ReplicaID  # noqa: E402
-from ray.serve.autoscaling_policy import _apply_autoscaling_config  # noqa: E402
-from ray.serve.config import AutoscalingConfig, AutoscalingContext  # noqa: E402
+from ray.serve._private.common import DeploymentID, ReplicaID
+from ray.serve.autoscaling_policy import _apply_autoscaling_config
+from ray.serve.config import AutoscalingConfig, AutoscalingContext
 
-from railyard.serve.autoscaling import desired_replicas, pending_requests_policy  # noqa: E402
+from railyard.serve.autoscaling import desired_replicas, pending_requests_policy
 
 DEP = DeploymentID(name="engine-m-default", app_name="app")
 

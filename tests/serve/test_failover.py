@@ -11,7 +11,13 @@ import ray
 from ray import serve
 
 from railyard.errors import EngineDeadError
-from tests.serve.conftest import deploy_engine, engine_args, run_request, running_replicas, wait_until
+from tests.serve.conftest import (
+    deploy_engine,
+    engine_args,
+    run_request,
+    running_replicas,
+    wait_until,
+)
 
 pytestmark = pytest.mark.timeout(300)
 

@@ -40,7 +40,7 @@ def test_completion_through_the_proxy(client):
                                     extra_body={"ignore_eos": True})
     assert out.model == "tiny"
     assert out.choices[0].finish_reason == "length"
-    assert out.usage.completion_tokens == 12 and out.usage.prompt_tokens == len("The rail yard".encode())
+    assert out.usage.completion_tokens == 12 and out.usage.prompt_tokens == len(b"The rail yard")
 
 
 def test_chat_through_the_proxy(client):
@@ -70,7 +70,7 @@ def _routed(base_url: str) -> dict[str, float]:
     text = httpx.get(f"{base_url}/metrics", timeout=30).text
     counts: dict[str, float] = {}
     for deployment, value in re.findall(
-            r'^railyard_serve_routing_decisions_total\{deployment="([^"]+)",reason="[^"]+"\} (\S+)$', text, re.M):
+            r'^railyard_serve_routing_decisions_total\{deployment="([^"]+)",reason="[^"]+"\} (\S+)$', text, re.MULTILINE):
         counts[deployment] = counts.get(deployment, 0.0) + float(value)
     return counts
 
@@ -89,7 +89,7 @@ def test_length_pools_take_prompts_by_token_count(client, base_url):
 def test_metrics_carry_engine_and_ray_level_series(client, base_url):
     client.completions.create(model="tiny", prompt="metrics", max_tokens=4)
     text = httpx.get(f"{base_url}/metrics", timeout=30).text
-    assert re.search(r'^vllm:request_success_total\{.*model_name="tiny".*\} [1-9]', text, re.M)
-    assert re.search(r'^vllm:prompt_tokens_total\{.*model_name="tiny".*\} [1-9]', text, re.M)
-    assert re.search(r'^railyard_serve_routing_decisions_total\{deployment="engine-tiny-default"', text, re.M)
-    assert re.search(r'^railyard_serve_replicas\{deployment="engine-tiny-default",state="RUNNING"\} 2\.0$', text, re.M)
+    assert re.search(r'^vllm:request_success_total\{.*model_name="tiny".*\} [1-9]', text, re.MULTILINE)
+    assert re.search(r'^vllm:prompt_tokens_total\{.*model_name="tiny".*\} [1-9]', text, re.MULTILINE)
+    assert re.search(r'^railyard_serve_routing_decisions_total\{deployment="engine-tiny-default"', text, re.MULTILINE)
+    assert re.search(r'^railyard_serve_replicas\{deployment="engine-tiny-default",state="RUNNING"\} 2\.0$', text, re.MULTILINE)

@@ -12,7 +12,7 @@ import random
 import pytest
 from ray import serve
 
-from tests.serve.conftest import deploy_engine, engine_args, deploy_engines, run_request
+from tests.serve.conftest import deploy_engine, deploy_engines, engine_args, run_request
 
 pytestmark = pytest.mark.timeout(300)
 

@@ -5,7 +5,13 @@ from __future__ import annotations
 import random
 
 from railyard.engine.block_manager import prefix_block_hashes
-from railyard.serve.routing import ReplicaLoad, RoutingOptions, allowed_pending, matched_prefix_blocks, rank
+from railyard.serve.routing import (
+    ReplicaLoad,
+    RoutingOptions,
+    allowed_pending,
+    matched_prefix_blocks,
+    rank,
+)
 
 
 def test_the_least_pending_replica_comes_first():
