@@ -9,6 +9,7 @@ blocks before the next step runs.
 from __future__ import annotations
 
 import asyncio
+import copy
 import logging
 import time
 from collections.abc import AsyncIterator, Callable
@@ -215,42 +216,56 @@ class AsyncEngine:
             except Exception as exc:  # an op's failure belongs to its caller alone
                 results.append((future, False, exc))
         outputs = self.engine.step() if self.engine.has_unfinished_requests() else []
+        for out in outputs:
+            # The engine keeps updating a request's metrics in the next step, which runs while these
+            # outputs are handed out: give the event loop a snapshot.
+            out.metrics = copy.copy(out.metrics)
         return results, outputs, self.engine.stats(), self.engine.has_unfinished_requests()
+
+    def _submit_turn(self, loop: asyncio.AbstractEventLoop) -> asyncio.Future:
+        self._in_flight, self._ops = self._ops, []
+        return loop.run_in_executor(self._thread, self._turn, self._in_flight)
 
     async def _loop(self) -> None:
         loop = asyncio.get_running_loop()
+        turn: asyncio.Future | None = None
         try:
             while True:
-                if not self._ops and not self._has_work:
-                    self._wakeup.clear()
-                    await self._wakeup.wait()
-                self._in_flight, self._ops = self._ops, []
-                results, outputs, self.stats, self._has_work = await loop.run_in_executor(
-                    self._thread, self._turn, self._in_flight)
-                self._in_flight = []
-                for future, ok, value in results:
-                    if future is None:
-                        if not ok:
-                            log.warning("engine operation failed: %s", value)
-                    elif not future.done():  # a caller cancelled while waiting leaves a done future
-                        if ok:
-                            future.set_result(value)
-                        else:
-                            future.set_exception(value)
-                for out in outputs:
-                    stream = self._streams.get(out.request_id)
-                    if stream is not None:
-                        if out.finished:
-                            del self._streams[out.request_id]
-                        stream._put(out)
-                if self.listener is not None:
-                    self.listener.on_step(outputs, self.stats, time.monotonic())
+                if turn is None:
+                    if not self._ops and not self._has_work:
+                        self._wakeup.clear()
+                        await self._wakeup.wait()
+                    turn = self._submit_turn(loop)
+                results, outputs, self.stats, self._has_work = await turn
+                # The next step starts before these outputs are handed out (SSE writes, metrics), so the
+                # engine does not sit idle while the event loop works; ops queued meanwhile join the one after.
+                turn = self._submit_turn(loop) if self._has_work or self._ops else None
+                self._deliver(results, outputs)
         except asyncio.CancelledError:
             raise
         except BaseException as exc:
             log.exception("the engine loop died")
             self.dead = EngineDeadError(f"the engine loop died: {type(exc).__name__}: {exc}")
             self._fail_all(self.dead)
+
+    def _deliver(self, results, outputs: list[RequestOutput]) -> None:
+        for future, ok, value in results:
+            if future is None:
+                if not ok:
+                    log.warning("engine operation failed: %s", value)
+            elif not future.done():  # a caller cancelled while waiting leaves a done future
+                if ok:
+                    future.set_result(value)
+                else:
+                    future.set_exception(value)
+        for out in outputs:
+            stream = self._streams.get(out.request_id)
+            if stream is not None:
+                if out.finished:
+                    del self._streams[out.request_id]
+                stream._put(out)
+        if self.listener is not None:
+            self.listener.on_step(outputs, self.stats, time.monotonic())
 
     def _fail_all(self, error: EngineDeadError) -> None:
         # Operations of the turn that died are failed too: their callers must not wait forever.
