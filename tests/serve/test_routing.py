@@ -50,11 +50,11 @@ def test_short_requests_go_to_the_idle_replica_while_the_other_is_busy(pending_p
         return long, short
 
     long, short = asyncio.run(scenario())
-    assert all(r.error is None for r in long + short)
+    assert all(r.error is None for r in long + short), [r.error for r in long + short if r.error]
     busy = {r.replica for r in long}
-    assert len(busy) == 1, f"the long requests sharing a prefix were split over {busy}"
+    assert len(busy) == 1, f"the long requests sharing a prefix were split over {[r.replica for r in long]}"
     to_idle = sum(r.replica not in busy for r in short)
-    assert to_idle >= 8, f"only {to_idle}/10 short requests went to the idle replica"
+    assert to_idle >= 8, f"only {to_idle}/10 short requests went to the idle replica: {[r.replica for r in short]}"
 
 
 def _prefix_trace(seed: int, groups: int = 8, rounds: int = 3) -> list[list[list[int]]]:
