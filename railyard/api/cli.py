@@ -39,14 +39,14 @@ def curl_example(base_url: str, model: str, api_key: str | None) -> str:
 def build_engine_for_serving(config):
     """An Engine for a checkpoint dir, or for a named shape with random weights (GPU serving benchmarks),
     which then speaks through the embedded model's byte-level tokenizer (ids < 259 fit every vocabulary)."""
-    from railyard.bench.throughput import build_engine
+    from railyard.engine.engine import Engine
     from railyard.shapes import is_shape
 
     if is_shape(config.model) and config.tokenizer is None:
         from railyard.engine.tiny_model import ensure_tiny_model
 
         config.tokenizer = str(ensure_tiny_model())
-    return build_engine(config)
+    return Engine.from_config(config)
 
 
 def run_serve(args: argparse.Namespace) -> int:

@@ -29,14 +29,15 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run_throughput_cmd(args: argparse.Namespace) -> int:
-    from railyard.bench.throughput import build_engine, run_throughput
+    from railyard.bench.throughput import run_throughput
+    from railyard.engine.engine import Engine
     from railyard.bench.workload import LengthRange
     from railyard.errors import ConfigError
 
     if args.num_prompts < 1:
         raise ConfigError("--num-prompts must be at least 1")
     input_len, output_len = LengthRange.parse(args.input_len), LengthRange.parse(args.output_len)
-    engine = build_engine(engine_config_from_args(args))
+    engine = Engine.from_config(engine_config_from_args(args))
     result = run_throughput(engine, args.num_prompts, input_len, output_len, args.workload_seed)
     report = result.to_dict()
     report.update(roofline_report(engine, args, input_len, output_len, result.elapsed_s))

@@ -6,7 +6,7 @@ import time
 from dataclasses import asdict, dataclass
 
 from railyard.bench.workload import LengthRange, Request, synthetic_requests
-from railyard.engine.config import EngineConfig, SamplingParams
+from railyard.engine.config import SamplingParams
 from railyard.engine.engine import Engine
 
 
@@ -59,14 +59,3 @@ def workload_requests(engine: Engine, num_prompts: int, input_len: LengthRange, 
 
     margin = 100 if is_shape(engine.config.model) else 0
     return synthetic_requests(num_prompts, input_len, output_len, engine.spec.vocab_size, seed, margin, margin)
-
-
-def build_engine(config: EngineConfig) -> Engine:
-    """An engine for a checkpoint directory, or for a named shape (railyard.shapes) with random weights."""
-    from railyard.shapes import is_shape, shape_config
-
-    if is_shape(config.model):
-        from railyard.engine.models.spec import ModelSpec
-
-        return Engine(config, spec=ModelSpec.from_hf_config(shape_config(config.model)))
-    return Engine(config)

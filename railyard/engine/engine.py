@@ -47,6 +47,19 @@ class _Request:
 class Engine:
     """One replica's engine: owns the scheduler, the block manager and the model runner."""
 
+    @classmethod
+    def from_config(cls, config: EngineConfig) -> "Engine":
+        """An engine for a checkpoint directory, or, when no such directory exists, for a named shape
+        (railyard.shapes: qwen2-7b, ...) with random weights, for benchmarks where no weights travel."""
+        from pathlib import Path
+
+        from railyard.shapes import is_shape, shape_config
+
+        if is_shape(config.model) and not Path(config.model).exists():
+            log.warning("model %r is a named shape: random weights, for benchmarking only", config.model)
+            return cls(config, spec=ModelSpec.from_hf_config(shape_config(config.model)))
+        return cls(config)
+
     def __init__(self, config: EngineConfig, *, spec: ModelSpec | None = None, executor=None) -> None:
         self.config = config
         if spec is None:

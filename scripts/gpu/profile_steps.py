@@ -18,7 +18,8 @@ logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s
 import torch  # noqa: E402
 from torch.profiler import ProfilerActivity, profile  # noqa: E402
 
-from railyard.bench.throughput import build_engine, workload_requests  # noqa: E402
+from railyard.bench.throughput import workload_requests  # noqa: E402
+from railyard.engine.engine import Engine  # noqa: E402
 from railyard.bench.workload import LengthRange  # noqa: E402
 from railyard.engine.config import EngineConfig, SamplingParams  # noqa: E402
 
@@ -33,7 +34,7 @@ def say(text: str = "") -> None:
     lines.append(text)
 
 
-eng = build_engine(EngineConfig(model=name, max_num_batched_tokens=budget))
+eng = Engine.from_config(EngineConfig(model=name, max_num_batched_tokens=budget))
 runner = eng.executor.runner
 reqs = workload_requests(eng, 256, LengthRange(100, 1024), LengthRange(256, 256), 0)
 for i, r in enumerate(reqs):
