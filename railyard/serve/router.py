@@ -144,6 +144,16 @@ class PendingPrefixRouter(RequestRouter):
         return _DEFAULT_BLOCK_SIZE
 
     # -- lifecycle hooks ---------------------------------------------------------------------------
+    def on_send_request(self, replica_id: ReplicaID) -> None:
+        # Ray counts the request in its queue-length cache from now on: stop counting it ourselves
+        # (the oldest choice for this replica is the one being sent), or a burst is counted twice.
+        super().on_send_request(replica_id)
+        rid = replica_id.unique_id
+        for key, (chosen, _) in self._provisional.items():
+            if chosen == rid:
+                del self._provisional[key]
+                break
+
     def on_request_routed(self, pending_request: PendingRequest, replica_id: ReplicaID, result: Any) -> None:
         # Sent and accepted: Ray's queue-length cache counts it from now on.
         self._provisional.pop(pending_request.metadata.internal_request_id, None)
