@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from railyard.errors import ConfigError
+from railyard.shapes import shape_config, shape_names
 
 DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
 GIB = 1024**3
@@ -55,14 +56,6 @@ class ModelShape:
         return self.layers * per_layer + embed + self.hidden
 
 
-# From each model's Hugging Face config.json (num_hidden_layers, hidden_size, num_attention_heads,
-# num_key_value_heads, head_dim or hidden/heads, intermediate_size, vocab_size, tie_word_embeddings).
-SHAPES: dict[str, ModelShape] = {
-    "qwen2-7b": ModelShape(28, 3584, 28, 4, 128, 18944, 152064, False, qkv_bias=True),
-    "qwen3-0.6b": ModelShape(28, 1024, 16, 8, 128, 3072, 151936, True, qk_norm=True),
-    "llama3-8b": ModelShape(32, 4096, 32, 8, 128, 14336, 128256, False),
-}
-
 # Per-GPU memory in MiB as GFD's nvidia.com/gpu.memory reports it, for inventories without that label.
 GPU_MEMORY_MIB = {
     "NVIDIA-H200": 143771,
@@ -94,6 +87,10 @@ def shape_from_config(config: dict[str, Any]) -> ModelShape:
         )
     except KeyError as exc:
         raise ConfigError(f"config.json lacks {exc.args[0]!r}, needed to size the KV cache") from None
+
+
+# The named shapes are railyard.shapes' config.json mappings (one table for the whole project).
+SHAPES: dict[str, ModelShape] = {name: shape_from_config(shape_config(name)) for name in shape_names()}
 
 
 def resolve_shape(name: str, checkpoint: str, shape: str | None = None) -> tuple[ModelShape, str] | None:
