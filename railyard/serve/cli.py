@@ -35,8 +35,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     up.set_defaults(func=run_stack)
 
 
+def _interrupt(*_) -> None:
+    raise KeyboardInterrupt
+
+
 def run_stack(args: argparse.Namespace) -> int:
-    """Deploy the stack and block until interrupted; Ctrl-C shuts the applications down."""
+    """Deploy the stack and block until interrupted; Ctrl-C or SIGTERM (even mid-deploy) removes it again."""
+    import ray
+
     from railyard.serve.launch import deploy
     from railyard.stack import load_stack, to_serve_config
 
@@ -44,15 +50,15 @@ def run_stack(args: argparse.Namespace) -> int:
         raise ConfigError(f"--port must be in [0, 65535], got {args.port}")
     stack = load_stack(args.config)
     config = to_serve_config(stack)
-    url = deploy(config, address=args.address, host=args.host, port=args.port, cpu=args.cpu,
-                 router=getattr(args, "router", None), timeout_s=args.deploy_timeout)
-    names = ", ".join(m.name for m in stack.models)
-    print(f"railyard: {names} on Ray Serve at {url} (OpenAI API under {url}/v1, metrics at {url}/metrics); "
-          "Ctrl-C to stop", flush=True)
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    ray.init(address=args.address, log_to_driver=False)
+    signal.signal(signal.SIGTERM, _interrupt)  # after ray.init, which installs its own handler
     try:
-        stop.wait()
+        url = deploy(config, host=args.host, port=args.port, cpu=args.cpu,
+                     router=getattr(args, "router", None), timeout_s=args.deploy_timeout)
+        names = ", ".join(m.name for m in stack.models)
+        print(f"railyard: {names} on Ray Serve at {url} (OpenAI API under {url}/v1, metrics at {url}/metrics); "
+              "Ctrl-C to stop", flush=True)
+        threading.Event().wait()
     except KeyboardInterrupt:
         pass
     finally:
