@@ -158,4 +158,5 @@ def _load_report(engine: AsyncEngine) -> dict[str, Any]:
     report = {k: v for k, v in asdict(stats).items() if k != "extra"}
     report["pending"] = pending_requests(engine)
     report["free_blocks"] = stats.num_free_blocks
+    report["engine_dead"] = engine.dead is not None
     return report

@@ -114,11 +114,14 @@ class PendingPrefixRouter(RequestRouter):
 
     def _load(self, replica: RunningReplica, hashes: list[int], now: float, provisional: int) -> ReplicaLoad:
         stats = replica.routing_stats or {}
-        reported = int(stats.get("pending", 0))
-        # Ray's own count for this replica: refreshed on every probe and send, so it sees the
-        # requests we sent after the replica's last stats report.
+        # Ray's count of requests at this replica (from the replica on every probe and accept, plus
+        # our sends, minus completions) is fresher than the replica's periodic EngineStats report,
+        # which lags both ways (it still shows a burst that just finished); the report fills in
+        # when Ray has no fresh count (a new replica, or none sent to for a while).
         queued = self.replica_queue_len_cache.get(replica.replica_id)
-        pending = (max(reported, queued) if queued is not None else reported) + provisional
+        pending = (queued if queued is not None else int(stats.get("pending", 0))) + provisional
+        if stats.get("engine_dead"):  # until Serve replaces it, it only fails requests: last resort
+            pending = max(pending, int(stats.get("pending", 0)))
         matched = 0
         if hashes:
             matched = matched_prefix_blocks(hashes, self._reported_hashes(replica))
