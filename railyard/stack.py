@@ -195,7 +195,7 @@ class Stack(_Strict):
     image: str = Field(..., min_length=1)
     gpu_product: str | None = None
     kubernetes_version: str = "1.30"
-    ray_version: str = "2.50.0"
+    ray_version: str = "2.60.0"  # the serve layer uses the request-router and autoscaling-policy APIs of 2.60
     mode: Literal["rayservice", "deployment"] = "rayservice"
     models: list[ModelSpec] = Field(..., min_length=1)
     policies: Policies = Policies()
