@@ -105,10 +105,8 @@ class Engine:
         if request_id in self.requests:
             raise InvalidRequestError(f"request id {request_id!r} is already in use")
         text, ids = self._tokenize(prompt, prompt_token_ids)
-        bad_stop = [t for t in params.stop_token_ids if t >= self.spec.vocab_size]
-        if bad_stop:  # the sampler indexes logits with them: one bad id would fail the whole batch
-            raise InvalidRequestError(
-                f"stop token id {bad_stop[0]} is outside the vocabulary [0, {self.spec.vocab_size})")
+        # The sampler indexes logits with stop ids: one bad id would fail the whole batch.
+        self._check_in_vocab(params.stop_token_ids, "stop token id")
         max_len = self.config.max_model_len
         if len(ids) >= max_len:
             raise InvalidRequestError(
@@ -133,10 +131,7 @@ class Engine:
             ids = list(prompt_token_ids)
             if not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
                 raise InvalidRequestError("prompt token ids must be integers")
-            bad = [t for t in ids if not 0 <= t < self.spec.vocab_size]
-            if bad:
-                raise InvalidRequestError(
-                    f"prompt token id {bad[0]} is outside the vocabulary [0, {self.spec.vocab_size})")
+            self._check_in_vocab(ids, "prompt token id")
         else:
             if not isinstance(prompt, str):
                 raise InvalidRequestError("prompt must be a string or a list of token ids")
@@ -146,6 +141,11 @@ class Engine:
         if not ids:
             raise InvalidRequestError("the prompt is empty")
         return prompt, ids
+
+    def _check_in_vocab(self, ids: list[int], what: str) -> None:
+        bad = [t for t in ids if not 0 <= t < self.spec.vocab_size]
+        if bad:
+            raise InvalidRequestError(f"{what} {bad[0]} is outside the vocabulary [0, {self.spec.vocab_size})")
 
     def abort(self, request_id: str) -> bool:
         """Stop a request in any state and free its blocks at once; False if it is unknown or done."""
