@@ -32,7 +32,8 @@ def run_throughput(engine: Engine, num_prompts: int, input_len: LengthRange, out
     """Submit every request at once (ignore_eos, greedy) and time until all have finished."""
     reqs = workload_requests(engine, num_prompts, input_len, output_len, seed)
     for i, r in enumerate(reqs):
-        params = SamplingParams(temperature=0.0, max_tokens=r.output_len, ignore_eos=True)
+        params = SamplingParams(temperature=0.0, max_tokens=r.output_len, ignore_eos=True,
+                                output_kind="final_only")
         engine.add_request(f"bench-{i}", None, params, prompt_token_ids=r.prompt_token_ids)
     start = time.perf_counter()
     done = out_tokens = 0

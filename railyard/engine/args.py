@@ -20,6 +20,8 @@ _HELP = {
     "preemption_mode": "what happens to a preempted sequence's KV: recompute or swap",
     "scheduling_policy": "fcfs or priority",
     "tensor_parallel_size": "GPUs (processes) per replica",
+    "async_scheduling": "plan the next step while the device runs the current one (--no-async-scheduling: "
+                        "one step at a time)",
 }
 _SKIP = {"served_model_name"}
 _FLAGS = {"seed": "--engine-seed"}  # --seed is the per-request sampling seed where both appear

@@ -152,7 +152,7 @@ class BlockManager:
         """Cached blocks covering the longest prefix of seq, leaving at least one token to compute."""
         if not self.enable_prefix_caching:
             return []
-        self._extend_hashes(seq, seq.num_tokens)
+        self._extend_hashes(seq, seq.num_known_tokens)
         max_blocks = (seq.num_tokens - 1) // self.block_size
         hits = []
         for h in seq.block_hashes[:max_blocks]:
@@ -170,8 +170,11 @@ class BlockManager:
         """Register the full blocks whose KV is now computed so later prompts can reuse them."""
         if not self.enable_prefix_caching:
             return
-        self._extend_hashes(seq, seq.num_computed_tokens)
-        n_full = min(seq.num_computed_tokens // self.block_size, len(seq.block_table))
+        # A block is hashed once its KV is computed and the host knows all its tokens (the last one may
+        # still be on the device under asynchronous scheduling).
+        num_tokens = min(seq.num_computed_tokens, seq.num_known_tokens)
+        self._extend_hashes(seq, num_tokens)
+        n_full = min(num_tokens // self.block_size, len(seq.block_table))
         # Blocks are registered in order, so only the tail since the last registered one needs work
         # (scanning every full block of every sequence each step cost milliseconds at batch 256).
         first = n_full

@@ -38,6 +38,8 @@ class EngineConfig:
     tensor_parallel_size: int = 1
     attention_backend: str = "auto"
     enforce_eager: bool = False
+    # Plan step N+1 while step N runs on the device (single-process executors; see Engine.step).
+    async_scheduling: bool = True
     cuda_graph_max_batch_size: int = 256
     seed: int = 0
     served_model_name: str | None = None
@@ -114,6 +116,9 @@ class SamplingParams:
     prompt_logprobs: None = None
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
+    # "cumulative": an output after every step (streaming); "final_only": only when the request finishes
+    # (offline generation: saves building an output object per request per step).
+    output_kind: Literal["cumulative", "final_only"] = "cumulative"
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -148,6 +153,8 @@ class SamplingParams:
             (not isinstance(self.seed, int) or -2**63 <= self.seed <= 2**63 - 129,
              f"seed must fit in int64, got {self.seed}"),
             (not isinstance(self.top_k, int) or self.top_k < 2**31, f"top_k must be below 2**31, got {self.top_k}"),
+            (self.output_kind in ("cumulative", "final_only"),
+             f"output_kind must be 'cumulative' or 'final_only', got {self.output_kind!r}"),
         ]
         for ok, message in checks:
             if not ok:
@@ -156,6 +163,11 @@ class SamplingParams:
     @property
     def greedy(self) -> bool:
         return self.temperature < 1e-5
+
+    @property
+    def needs_output_history(self) -> bool:
+        """Penalties read every output token on the host when the next token is sampled."""
+        return self.repetition_penalty != 1.0 or bool(self.presence_penalty) or bool(self.frequency_penalty)
 
 
 def _positive(name: str, value: int) -> None:

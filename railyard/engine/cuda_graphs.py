@@ -50,6 +50,7 @@ class DecodeGraphs:
         self.query_start = torch.arange(mb + 1, dtype=torch.int32, device=device)
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.logits: dict[int, torch.Tensor] = {}
+        self.copied = torch.cuda.Event()  # the last host-to-device copy out of the staging buffers
         self._capture()
 
     def _views(self, bs: int):
@@ -88,8 +89,11 @@ class DecodeGraphs:
         return None
 
     def run(self, input_ids: list[int], positions: list[int], slots: list[int], seq_lens: list[int],
-            block_tables: list[list[int]]) -> torch.Tensor:
-        """Logits [n, vocab] of one decode step of n <= max_batch sequences (one new token each)."""
+            block_tables: list[list[int]], feed: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+        """Logits [n, vocab] of one decode step of n <= max_batch sequences (one new token each).
+
+        feed: (rows, ids) on the device, ids that overwrite input_ids[rows] (tokens the previous step
+        sampled, still on the device under asynchronous scheduling)."""
         n = len(input_ids)
         bs = self.padded_size(n)
         mb = self.max_batch
@@ -107,8 +111,14 @@ class DecodeGraphs:
         tables = self.host_tables_np
         for i, t in enumerate(block_tables):
             tables[i, :len(t)] = t
+        # The staging buffers are rewritten next step while this copy may not have run yet (the host
+        # runs ahead of the GPU): wait for the previous step's copy first, which has long finished.
+        self.copied.synchronize()
         self.ints.copy_(self.host_ints, non_blocking=True)
         self.block_tables[:n, :width].copy_(self.host_tables[:n, :width], non_blocking=True)
+        self.copied.record()
+        if feed is not None:
+            self.ints[feed[0]] = feed[1]
         self.graphs[bs].replay()
         return self.logits[bs][:n]
 

@@ -19,11 +19,20 @@ from railyard.engine.models.loader import read_spec, resolve_model_dir
 from railyard.engine.models.spec import ModelSpec
 from railyard.engine.outputs import CompletionOutput, EngineStats, RequestMetrics, RequestOutput
 from railyard.engine.scheduler import Scheduler
-from railyard.engine.sequence import Sequence
+from railyard.engine.sampler import DoneSample, PendingSample
+from railyard.engine.sequence import PLACEHOLDER, Sequence
 from railyard.engine.tokenizer import IncrementalDetokenizer, load_tokenizer
 from railyard.errors import ConfigError, InvalidRequestError
 
 log = logging.getLogger("railyard.engine")
+
+
+@dataclass
+class _InFlight:
+    """A launched step: the sequences it samples for, in row order, and its tokens on their way."""
+
+    sampled: list[Sequence]
+    pending: PendingSample | DoneSample
 
 
 @dataclass
@@ -38,9 +47,12 @@ class _Request:
     metrics: RequestMetrics
     finished_reported: bool = False
     stop_holdback: int = field(default=0)
+    final_only: bool = False  # params.output_kind == "final_only": no outputs before it finishes
 
     @property
     def finished(self) -> bool:
+        if len(self.seqs) == 1:
+            return self.seqs[0].is_finished
         return all(s.is_finished for s in self.seqs)
 
 
@@ -92,6 +104,9 @@ class Engine:
         self.computed_tokens_total = 0
         self.generation_tokens_total = 0
         self.requests_finished_total = 0
+        self.async_scheduling = config.async_scheduling and self.executor.supports_async
+        self._in_flight: _InFlight | None = None
+        self._num_history_requests = 0  # live requests whose sampling reads their output tokens
         log.info("engine ready: %d KV blocks of %d tokens (%d CPU swap blocks); max_model_len %d; "
                  "%d sequences of max_model_len fit at once", bm.gpu.num_blocks, config.block_size,
                  bm.cpu.num_blocks, config.max_model_len, bm.gpu.num_blocks * config.block_size // config.max_model_len)
@@ -119,10 +134,13 @@ class Engine:
             if self.tokenizer is not None else []
         holdback = max((len(s) for s in params.stop), default=1) - 1
         self.requests[request_id] = _Request(request_id, text, list(ids), params, seqs, detoks,
-                                             [""] * params.n, RequestMetrics(now), stop_holdback=holdback)
+                                             [""] * params.n, RequestMetrics(now), stop_holdback=holdback,
+                                             final_only=params.output_kind == "final_only")
         for seq in seqs:
             self.scheduler.add(seq)
         self.prompt_tokens_total += len(ids)
+        if params.needs_output_history:
+            self._num_history_requests += 1
 
     def _tokenize(self, prompt, prompt_token_ids) -> tuple[str | None, list[int]]:
         if prompt_token_ids is None and isinstance(prompt, list):
@@ -152,6 +170,8 @@ class Engine:
         req = self.requests.pop(request_id, None)
         if req is None:
             return False
+        if req.params.needs_output_history:
+            self._num_history_requests -= 1
         for seq in req.seqs:
             if not seq.is_finished:
                 self.scheduler.abort(seq)
@@ -159,7 +179,7 @@ class Engine:
         return True
 
     def has_unfinished_requests(self) -> bool:
-        return self.scheduler.has_unfinished()
+        return self.scheduler.has_unfinished() or self._in_flight is not None
 
     @property
     def num_requests(self) -> int:
@@ -167,27 +187,66 @@ class Engine:
 
     # -- the step --------------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
-        """Run one batch; returns the requests that advanced (finished ones are forgotten after this)."""
+        """Run one batch; returns the requests that advanced (finished ones are forgotten after this).
+
+        With asynchronous scheduling (the default where the executor supports it) a step launches batch
+        N+1 before it waits for batch N's tokens and returns N's outputs: the host's scheduling and output
+        work overlaps the device's forward pass. Decodes of N+1 read N's tokens on the device; a sequence
+        that N's token finishes has one wasted row in N+1, discarded.
+        """
+        prev, self._in_flight = self._in_flight, None
+        results: list[RequestOutput] = []
+        if prev is not None and self._needs_known_tokens():
+            results, prev = self._complete(prev), None
         out = self.scheduler.schedule()
-        if out.is_empty:
-            return []
+        launched = self._launch(out) if not out.is_empty else None
+        if prev is not None:
+            results = self._complete(prev)
+        if launched is not None:
+            if self.async_scheduling:
+                self._in_flight = launched
+            else:
+                results = self._complete(launched)
+        return results
+
+    def _needs_known_tokens(self) -> bool:
+        """Penalties read every output token on the host, so those steps wait for the previous one."""
+        return self._num_history_requests > 0
+
+    def _launch(self, out) -> "_InFlight":
         now = time.monotonic()
-        sampled = self.executor.execute(out)
+        pending = self.executor.launch(out)
         self.computed_tokens_total += out.num_batched_tokens
         self.scheduler.mark_computed(out)
-        touched: dict[str, _Request] = {}
-        rows = iter(zip(sampled.token_ids, sampled.logprobs))
+        sampled: list[Sequence] = []
         for item in out.scheduled:
             seq = item.seq
+            if seq.first_scheduled_time is None:
+                seq.first_scheduled_time = now
+            if item.sample:
+                seq.pending_row = len(sampled)
+                seq.output_token_ids.append(PLACEHOLDER)
+                seq.num_placeholders += 1
+                sampled.append(seq)
+        return _InFlight(sampled, pending)
+
+    def _complete(self, step: "_InFlight") -> list[RequestOutput]:
+        """Wait for a launched step's tokens and apply them: append, detokenise, stop rules, outputs."""
+        result = step.pending.result()
+        touched: dict[str, _Request] = {}
+        bm, bs = self.block_manager, self.config.block_size
+        for seq, token, logprobs in zip(step.sampled, result.token_ids, result.logprobs):
             req = self.requests.get(seq.request_id)
-            if req is None:
+            if req is None or seq.is_finished:  # aborted, or stopped by its previous token
                 continue
+            n_known = len(seq.output_token_ids) - seq.num_placeholders
+            seq.output_token_ids[n_known] = token
+            seq.num_placeholders -= 1
             if req.metrics.first_scheduled_time is None:
-                req.metrics.first_scheduled_time = now
-            if not item.sample:
-                continue
-            token, logprobs = next(rows)
-            self._append(req, seq, token, logprobs)
+                req.metrics.first_scheduled_time = seq.first_scheduled_time
+            self._append(req, seq, n_known + 1, token, logprobs)
+            if not seq.is_finished and seq.num_known_tokens % bs == 0:
+                bm.cache_full_blocks(seq)  # its last block may have been waiting for this token
             touched[req.request_id] = req
         done_at = time.monotonic()
         results = []
@@ -195,21 +254,25 @@ class Engine:
             if req.metrics.first_token_time is None:
                 req.metrics.first_token_time = done_at
             req.metrics.last_token_time = done_at
-            results.append(self._output(req))
-            if req.finished:
+            finished = req.finished
+            if finished or not req.final_only:
+                results.append(self._output(req, finished))
+            if finished:
                 req.metrics.finished_time = done_at
                 self.requests.pop(req.request_id, None)
                 self.requests_finished_total += 1
+                if req.params.needs_output_history:
+                    self._num_history_requests -= 1
         return results
 
-    def _append(self, req: _Request, seq: Sequence, token: int, logprobs: dict[int, float] | None) -> None:
+    def _append(self, req: _Request, seq: Sequence, n_out: int, token: int,
+                logprobs: dict[int, float] | None) -> None:
+        """Apply the stop rules to the n_out-th output token, just made known."""
         p = seq.params
-        seq.output_token_ids.append(token)
         self.generation_tokens_total += 1
         if logprobs is not None:
             seq.output_logprobs.append(logprobs)
             seq.cumulative_logprob += logprobs[token]
-        n_out = len(seq.output_token_ids)
         reason: tuple[str, int | str | None] | None = None
         if n_out >= p.min_tokens:
             if token in p.stop_token_ids:
@@ -223,9 +286,11 @@ class Engine:
                 reason = self._check_stop_strings(req, seq.index, len(delta)) if n_out >= p.min_tokens else None
         if reason is None and p.max_tokens is not None and n_out >= p.max_tokens:
             reason = ("length", None)
-        if reason is None and seq.num_tokens >= self.config.max_model_len:
+        if reason is None and seq.num_prompt_tokens + n_out >= self.config.max_model_len:
             reason = ("length", None)
         if reason is not None:
+            del seq.output_token_ids[n_out:]  # a row already launched for it is wasted
+            seq.num_placeholders = 0
             seq.finish(*reason)
             self.scheduler.finish(seq)
             self.executor.forget(seq.seq_id)
@@ -241,19 +306,20 @@ class Engine:
                 return ("stop", stop)
         return None
 
-    def _output(self, req: _Request) -> RequestOutput:
+    def _output(self, req: _Request, finished: bool) -> RequestOutput:
         outs = []
         for seq in req.seqs:
             text = req.texts[seq.index] if req.texts else ""
             if not seq.is_finished and req.stop_holdback:
                 text = text[: max(0, len(text) - req.stop_holdback)]  # a stop string may still be forming
+            ids = seq.output_token_ids
             outs.append(CompletionOutput(
-                index=seq.index, text=text, token_ids=list(seq.output_token_ids),
+                index=seq.index, text=text, token_ids=ids[:len(ids) - seq.num_placeholders],
                 cumulative_logprob=seq.cumulative_logprob if req.params.logprobs is not None else None,
                 logprobs=list(seq.output_logprobs) if req.params.logprobs is not None else None,
                 finish_reason=seq.finish_reason, stop_reason=seq.stop_reason))
         req.metrics.num_cached_prompt_tokens = req.seqs[0].num_cached_prompt_tokens
-        return RequestOutput(req.request_id, req.prompt, req.prompt_token_ids, outs, req.finished, req.metrics)
+        return RequestOutput(req.request_id, req.prompt, req.prompt_token_ids, outs, finished, req.metrics)
 
     # -- introspection ---------------------------------------------------------------------------
     def stats(self) -> EngineStats:
@@ -295,12 +361,17 @@ def _make_executor(config: EngineConfig, spec: ModelSpec, model_dir):
 
 
 class LocalExecutor:
-    """Runs the model in this process (tensor_parallel_size 1)."""
+    """Runs the model in this process (tensor_parallel_size 1); launches steps without waiting for them."""
+
+    supports_async = True
 
     def __init__(self, runner: ModelRunner) -> None:
         self.runner = runner
         self.num_gpu_blocks = runner.num_gpu_blocks
         self.num_cpu_blocks = runner.num_cpu_blocks
+
+    def launch(self, out):
+        return self.runner.launch(out)
 
     def execute(self, out):
         return self.runner.execute(out)

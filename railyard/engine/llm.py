@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import itertools
 from collections.abc import Sequence as Seq
 
@@ -33,6 +35,8 @@ class LLM:
         params = sampling_params if isinstance(sampling_params, list) else [sampling_params or SamplingParams()] * len(items)
         if len(params) != len(items):
             raise InvalidRequestError(f"{len(params)} sampling params for {len(items)} prompts")
+        # Offline callers see only finished requests: the engine need not build outputs every step.
+        params = [dataclasses.replace(p, output_kind="final_only") for p in params]
         ids = [f"offline-{next(self._ids)}" for _ in items]
         added = []
         try:

@@ -7,7 +7,7 @@ tables, cu_seqlens), run the model once, compute logits only where a token is sa
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -18,8 +18,9 @@ from railyard.engine.config import EngineConfig
 from railyard.engine.models.loader import build_empty, load_model, random_weights
 from railyard.engine.models.spec import ModelSpec
 from railyard.engine.parallel import SINGLE, ParallelState
-from railyard.engine.sampler import SamplerOutput, SamplingRow, sample
+from railyard.engine.sampler import DoneSample, PendingSample, SamplerOutput, SamplingRow, host_tensor, sample_async
 from railyard.engine.scheduler import SchedulerOutput
+from railyard.engine.sequence import PLACEHOLDER
 from railyard.errors import ConfigError
 
 log = logging.getLogger("railyard.engine")
@@ -57,6 +58,10 @@ class StepPlan:
     sample_indices: list[int]  # rows of the flattened batch whose logits are sampled
     swap_out: list[tuple[int, int]]
     swap_in: list[tuple[int, int]]
+    # Input ids still on the device (asynchronous scheduling): input_ids[feed_dst[i]] is the token the
+    # previous step sampled in its row feed_src[i]; the host list holds a placeholder there.
+    feed_dst: list[int] = field(default_factory=list)
+    feed_src: list[int] = field(default_factory=list)
 
 
 class ModelRunner:
@@ -87,6 +92,7 @@ class ModelRunner:
         self.cpu_caches = [torch.zeros(cpu_shape, dtype=self.dtype, pin_memory=pin)
                            for _ in range(spec.num_layers)] if self.num_cpu_blocks else []
         self.generators: dict[int, torch.Generator] = {}
+        self._fed: torch.Tensor | None = None  # the last launched step's sampled ids, on the device
         self.graphs = self._capture_graphs()
 
     def _capture_graphs(self) -> DecodeGraphs | None:
@@ -170,6 +176,7 @@ class ModelRunner:
         """Flatten the scheduled sequences into host lists (no device work)."""
         bs = self.block_size
         ids, positions, slots, starts, seq_lens, tables, sample_idx = [], [], [], [0], [], [], []
+        feed_dst, feed_src = [], []
         for item in out.scheduled:
             seq, n = item.seq, item.num_new_tokens
             start = seq.num_computed_tokens
@@ -182,12 +189,16 @@ class ModelRunner:
                 ids.extend(seq.token_at(i) for i in range(start, start + n))
                 positions.extend(range(start, start + n))
                 slots.extend(table[p // bs] * bs + p % bs for p in range(start, start + n))
+            if ids[-1] == PLACEHOLDER:  # sampled by the step still in flight: only its last token can be
+                feed_dst.append(len(ids) - 1)
+                feed_src.append(seq.pending_row)
             starts.append(starts[-1] + n)
             seq_lens.append(start + n)
             tables.append(table)
             if item.sample:
                 sample_idx.append(starts[-1] - 1)
-        return StepPlan(ids, positions, slots, starts, seq_lens, tables, sample_idx, out.swap_out, out.swap_in)
+        return StepPlan(ids, positions, slots, starts, seq_lens, tables, sample_idx, out.swap_out, out.swap_in,
+                        feed_dst, feed_src)
 
     def sampling_rows(self, out: SchedulerOutput) -> list[SamplingRow]:
         return [self._row(item.seq) for item in out.scheduled if item.sample]
@@ -196,10 +207,10 @@ class ModelRunner:
         dev = self.device
         starts = plan.query_start_loc
         return AttentionMetadata(
-            slot_mapping=torch.tensor(plan.slot_mapping, dtype=torch.long, device=dev),
-            query_start_loc=torch.tensor(starts, dtype=torch.int32, device=dev),
-            seq_lens=torch.tensor(plan.seq_lens, dtype=torch.int32, device=dev),
-            block_tables=torch.from_numpy(padded_block_tables(plan.block_tables)).to(dev),
+            slot_mapping=host_tensor(plan.slot_mapping, torch.long, dev),
+            query_start_loc=host_tensor(starts, torch.int32, dev),
+            seq_lens=host_tensor(plan.seq_lens, torch.int32, dev),
+            block_tables=_to_device(torch.from_numpy(padded_block_tables(plan.block_tables)), dev),
             max_query_len=max(b - a for a, b in zip(starts, starts[1:])),
             max_seq_len=max(plan.seq_lens),
             query_start_loc_cpu=starts,
@@ -236,31 +247,53 @@ class ModelRunner:
                 gpu[:, dst] = cpu[:, src].to(self.device, non_blocking=True)
 
     @torch.inference_mode()
-    def compute_logits(self, plan: StepPlan) -> torch.Tensor | None:
+    def compute_logits(self, plan: StepPlan, fed: torch.Tensor | None = None) -> torch.Tensor | None:
         """Swap, run the forward pass and return float logits of the sampled rows (None if none).
 
+        fed: the previous step's sampled ids on the device, for plan.feed_dst / feed_src.
         Every tensor-parallel rank runs this with the same plan (its collectives must match).
         """
         self.swap(plan)
         if not plan.input_ids:
             return None
+        feed = None
+        if plan.feed_dst:
+            if fed is None:
+                raise RuntimeError("a step reads sampled ids that no step in flight produced")
+            feed = (host_tensor(plan.feed_dst, torch.long, self.device),
+                    fed[host_tensor(plan.feed_src, torch.long, self.device)])
         n = len(plan.input_ids)
         if (self.graphs is not None and n == len(plan.seq_lens) == len(plan.sample_indices)
                 and n <= self.graphs.max_batch):  # decode only: one new token per sequence, each sampled
             return self.graphs.run(plan.input_ids, plan.positions, plan.slot_mapping, plan.seq_lens,
-                                   plan.block_tables)
+                                   plan.block_tables, feed)
         meta = self.to_metadata(plan)
-        ids = torch.tensor(plan.input_ids, dtype=torch.long, device=self.device)
-        pos = torch.tensor(plan.positions, dtype=torch.long, device=self.device)
+        ids = host_tensor(plan.input_ids, torch.long, self.device)
+        if feed is not None:
+            ids[feed[0]] = feed[1]
+        pos = host_tensor(plan.positions, torch.long, self.device)
         hidden = self.model(ids, pos, self.kv_caches, meta)
         if not plan.sample_indices:
             return None
-        idx = torch.tensor(plan.sample_indices, dtype=torch.long, device=self.device)
+        idx = host_tensor(plan.sample_indices, torch.long, self.device)
         return self.model.compute_logits(hidden[idx])
 
-    def execute(self, out: SchedulerOutput) -> SamplerOutput:
-        """One whole step in this process: plan, forward, sample."""
-        logits = self.compute_logits(self.plan(out))
+    def launch(self, out: SchedulerOutput) -> PendingSample | DoneSample:
+        """Queue one whole step (plan, forward, sample) without waiting for the device.
+
+        The sampled ids stay on the device as the feed of the next launch, whose plan may hold
+        placeholders for them (asynchronous scheduling)."""
+        logits = self.compute_logits(self.plan(out), self._fed)
         if logits is None:
-            return SamplerOutput([], [])
-        return sample(logits, self.sampling_rows(out))
+            return DoneSample(SamplerOutput([], []))
+        pending = sample_async(logits, self.sampling_rows(out))
+        self._fed = pending.token_ids
+        return pending
+
+    def execute(self, out: SchedulerOutput) -> SamplerOutput:
+        """One whole step in this process: plan, forward, sample, and wait for the sampled ids."""
+        return self.launch(out).result()
+
+
+def _to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    return t.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else t

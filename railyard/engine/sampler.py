@@ -31,6 +31,79 @@ class SamplerOutput:
     logprobs: list[dict[int, float] | None]  # sampled token + top-k alternatives, when asked
 
 
+class PendingSample:
+    """A step's sampled tokens while they may still be on their way from the device.
+
+    `token_ids` stays on the device (the next step reads it there to feed its decode inputs); the host copies
+    start at once, non-blocking into pinned memory, and `result()` waits only for them, not for later work
+    queued on the stream. On the CPU everything is already done.
+    """
+
+    def __init__(self, token_ids: torch.Tensor, logprob_tensors: tuple[torch.Tensor, ...] | None,
+                 want_logprobs: list[int | None]) -> None:
+        self.token_ids = token_ids
+        self._want = want_logprobs
+        self._event = None
+        tensors = (token_ids,) + (logprob_tensors or ())
+        if token_ids.is_cuda:
+            self._host = tuple(_pinned_copy(t) for t in tensors)
+            self._event = torch.cuda.Event()
+            self._event.record()
+        else:
+            self._host = tensors
+        self._with_logprobs = logprob_tensors is not None
+        self._result: SamplerOutput | None = None
+
+    def result(self) -> SamplerOutput:
+        if self._result is None:
+            if self._event is not None:
+                self._event.synchronize()
+            self._result = _to_output(self._host, self._with_logprobs, self._want)
+        return self._result
+
+
+class DoneSample:
+    """A step's result that is already on the host (tensor-parallel executors, empty steps)."""
+
+    token_ids = None
+
+    def __init__(self, output: SamplerOutput) -> None:
+        self._output = output
+
+    def result(self) -> SamplerOutput:
+        return self._output
+
+
+def _pinned_copy(t: torch.Tensor) -> torch.Tensor:
+    host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+    host.copy_(t, non_blocking=True)
+    return host
+
+
+def _to_output(host: tuple[torch.Tensor, ...], with_logprobs: bool, want: list[int | None]) -> SamplerOutput:
+    token_ids = host[0].tolist()
+    logprobs: list[dict[int, float] | None] = [None] * len(token_ids)
+    if with_logprobs:
+        top_vals, top_ids, picked = (t.tolist() for t in host[1:])
+        for i, n in enumerate(want):
+            if n is None:
+                continue
+            entry = {token_ids[i]: picked[i]}
+            for tid, val in zip(top_ids[i][:n], top_vals[i][:n]):
+                entry.setdefault(tid, val)
+            logprobs[i] = entry
+    return SamplerOutput(token_ids, logprobs)
+
+
+def host_tensor(values: list, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A small host list as a device tensor without a stream sync (torch.tensor(..., device=cuda) waits
+    for the GPU to drain, which would stop the host from running ahead of it)."""
+    t = torch.tensor(values, dtype=dtype)
+    if device.type != "cuda":
+        return t
+    return t.pin_memory().to(device, non_blocking=True)
+
+
 def _apply_penalties(logits: torch.Tensor, rows: list[SamplingRow]) -> None:
     vocab = logits.shape[-1]
     dev = logits.device
@@ -66,28 +139,34 @@ def _filter(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, min_
 
 @torch.inference_mode()
 def sample(logits: torch.Tensor, rows: list[SamplingRow]) -> SamplerOutput:
-    """Pick one token per row of float32 logits [B, V]."""
+    """Pick one token per row of float32 logits [B, V] (waits for the result)."""
+    return sample_async(logits, rows).result()
+
+
+@torch.inference_mode()
+def sample_async(logits: torch.Tensor, rows: list[SamplingRow]) -> PendingSample:
+    """Queue the sampling of one token per row of logits [B, V]; no host synchronisation."""
     logits = logits.float()
+    dev = logits.device
     want_logprobs = [r.params.logprobs for r in rows]
     raw_logprobs = logits.log_softmax(dim=-1) if any(n is not None for n in want_logprobs) else None
     for i, row in enumerate(rows):
         if row.suppress_ids:
-            logits[i, torch.tensor(row.suppress_ids, device=logits.device)] = float("-inf")
+            logits[i, host_tensor(row.suppress_ids, torch.long, dev)] = float("-inf")
     if any(r.params.repetition_penalty != 1.0 or r.params.presence_penalty or r.params.frequency_penalty
            for r in rows):
         _apply_penalties(logits, rows)
 
     chosen = logits.argmax(dim=-1)
     if not all(r.params.greedy for r in rows):  # decided on the host: no device sync before sampling
-        greedy = torch.tensor([r.params.greedy for r in rows], device=logits.device)
-        dev = logits.device
-        temps = torch.tensor([max(r.params.temperature, 1e-5) for r in rows], device=dev)
+        greedy = host_tensor([r.params.greedy for r in rows], torch.bool, dev)
+        temps = host_tensor([max(r.params.temperature, 1e-5) for r in rows], torch.float32, dev)
         scaled = logits / temps[:, None]
         if any(r.params.top_k or r.params.top_p < 1.0 or r.params.min_p > 0.0 for r in rows):
             scaled = _filter(scaled,
-                             torch.tensor([r.params.top_k for r in rows], device=dev),
-                             torch.tensor([r.params.top_p for r in rows], device=dev),
-                             torch.tensor([r.params.min_p for r in rows], device=dev))
+                             host_tensor([r.params.top_k for r in rows], torch.long, dev),
+                             host_tensor([r.params.top_p for r in rows], torch.float32, dev),
+                             host_tensor([r.params.min_p for r in rows], torch.float32, dev))
         probs = scaled.softmax(dim=-1)
         noise = torch.empty_like(probs)
         for i, row in enumerate(rows):
@@ -97,18 +176,10 @@ def sample(logits: torch.Tensor, rows: list[SamplingRow]) -> SamplerOutput:
         sampled = (probs / noise.clamp_min(1e-10)).argmax(dim=-1)
         chosen = torch.where(greedy, chosen, sampled)
 
-    token_ids = chosen.tolist()
-    logprobs: list[dict[int, float] | None] = [None] * len(rows)
+    logprob_tensors = None
     if raw_logprobs is not None:
         k_max = max(n or 0 for n in want_logprobs)
         top_vals, top_ids = raw_logprobs.topk(max(k_max, 1), dim=-1)
-        picked = raw_logprobs.gather(1, chosen[:, None]).squeeze(1).tolist()
-        top_vals, top_ids = top_vals.tolist(), top_ids.tolist()
-        for i, n in enumerate(want_logprobs):
-            if n is None:
-                continue
-            entry = {token_ids[i]: picked[i]}
-            for tid, val in zip(top_ids[i][:n], top_vals[i][:n]):
-                entry.setdefault(tid, val)
-            logprobs[i] = entry
-    return SamplerOutput(token_ids, logprobs)
+        picked = raw_logprobs.gather(1, chosen[:, None]).squeeze(1)
+        logprob_tensors = (top_vals, top_ids, picked)
+    return PendingSample(chosen, logprob_tensors, want_logprobs)

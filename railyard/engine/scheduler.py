@@ -49,6 +49,7 @@ class Scheduler:
         self.config = config
         self.bm = block_manager
         self.max_num_seqs = config.max_num_seqs
+        self.max_model_len = config.max_model_len
         self.budget = config.max_num_batched_tokens
         self.chunked = config.enable_chunked_prefill
         self.priority_mode = config.scheduling_policy == "priority"
@@ -78,9 +79,14 @@ class Scheduler:
         seq.finish("abort")
 
     def finish(self, seq: Sequence) -> None:
-        """Release a sequence that has just finished (status already set)."""
-        if seq in self.running:
-            self.running.remove(seq)
+        """Release a sequence that has just finished (status already set).
+
+        Usually it is running; under asynchronous scheduling it may have been preempted (waiting or
+        swapped) by the step planned while its last token was on the device."""
+        for queue in (self.running, self.waiting, self.swapped):
+            if seq in queue:
+                queue.remove(seq)
+                break
         self.bm.free(seq)
 
     def has_unfinished(self) -> bool:
@@ -97,6 +103,9 @@ class Scheduler:
         i = 0
         while i < len(self.running) and budget > 0:
             seq = self.running[i]
+            if seq.num_placeholders and seq.reaches_length_limit(self.max_model_len):
+                i += 1  # finishes once its token in flight arrives: another step would be wasted
+                continue
             num_new = min(seq.num_uncomputed_tokens, budget)
             if self._make_room(seq, num_new, i, out):
                 out.scheduled.append(ScheduledSequence(seq, num_new, seq.num_computed_tokens + num_new == seq.num_tokens))
@@ -176,6 +185,10 @@ class Scheduler:
     # -- after the model ran ---------------------------------------------------------------------
     def mark_computed(self, out: SchedulerOutput) -> None:
         """Advance computed-token counts and publish newly full blocks to the prefix cache."""
+        bs, caching = self.bm.block_size, self.bm.enable_prefix_caching
         for item in out.scheduled:
-            item.seq.num_computed_tokens += item.num_new_tokens
-            self.bm.cache_full_blocks(item.seq)
+            seq = item.seq
+            before = seq.num_computed_tokens
+            seq.num_computed_tokens = after = before + item.num_new_tokens
+            if caching and after // bs > before // bs:  # a block filled up
+                self.bm.cache_full_blocks(seq)

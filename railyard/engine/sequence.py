@@ -11,6 +11,10 @@ from dataclasses import dataclass, field
 
 from railyard.engine.config import SamplingParams
 
+# An output token sampled by a step still running on the device (asynchronous scheduling): the next
+# step is planned before the value reaches the host, and reads it on the device.
+PLACEHOLDER = -1
+
 
 class SequenceStatus(enum.Enum):
     WAITING = "waiting"
@@ -48,6 +52,10 @@ class Sequence:
     cumulative_logprob: float = 0.0
     first_scheduled_time: float | None = None
     first_token_time: float | None = None
+    # Asynchronous scheduling: trailing output tokens still on the device, and the row of the last one
+    # in its step's sampled ids.
+    num_placeholders: int = 0
+    pending_row: int = -1
 
     @property
     def num_prompt_tokens(self) -> int:
@@ -60,6 +68,21 @@ class Sequence:
     @property
     def all_token_ids(self) -> list[int]:
         return self.prompt_token_ids + self.output_token_ids
+
+    @property
+    def num_known_tokens(self) -> int:
+        """Tokens whose values the host has (all but the placeholders)."""
+        return len(self.prompt_token_ids) + len(self.output_token_ids) - self.num_placeholders
+
+    @property
+    def num_known_output_tokens(self) -> int:
+        return len(self.output_token_ids) - self.num_placeholders
+
+    def reaches_length_limit(self, max_model_len: int) -> bool:
+        """Its tokens, placeholders included, reach max_tokens or max_model_len: it stops once they are known."""
+        max_tokens = self.params.max_tokens
+        return (max_tokens is not None and len(self.output_token_ids) >= max_tokens) \
+            or self.num_tokens >= max_model_len
 
     def token_at(self, i: int) -> int:
         n = len(self.prompt_token_ids)

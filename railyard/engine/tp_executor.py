@@ -31,7 +31,7 @@ from railyard.engine.config import EngineConfig
 from railyard.engine.model_runner import ModelRunner, resolve_device
 from railyard.engine.models.spec import ModelSpec
 from railyard.engine.parallel import ParallelState
-from railyard.engine.sampler import SamplerOutput, sample
+from railyard.engine.sampler import DoneSample, SamplerOutput, sample
 from railyard.engine.scheduler import SchedulerOutput
 from railyard.engine.tp_worker import Rendezvous, agree_on_kv_blocks, join_group, set_nccl_env, worker_main
 from railyard.errors import ConfigError, EngineDeadError, RailyardError
@@ -169,6 +169,11 @@ class TensorParallelExecutor:
         return [p.pid for p in self._workers]
 
     # -- the executor interface --------------------------------------------------------------------
+    supports_async = False  # each step waits for the workers; the engine plans steps one at a time
+
+    def launch(self, out: SchedulerOutput) -> DoneSample:
+        return DoneSample(self.execute(out))
+
     def execute(self, out: SchedulerOutput) -> SamplerOutput:
         """Plan once, send the plan to every worker, run rank 0's shard and sample on rank 0."""
         if self._dead:
