@@ -1,4 +1,4 @@
-"""Fused elementwise kernels for the GPU path: residual-add + RMSNorm and SiLU-and-mul.
+"""Fused elementwise kernels for the GPU path: residual-add + RMSNorm, SiLU-and-mul and rotary.
 
 Unfused, each of these is 5-10 passes over the activations (casts, pow, mean, rsqrt, cat...);
 the profile of a 7B prefill step showed them at a quarter of the step. Each kernel makes one
@@ -90,3 +90,84 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     _silu_and_mul_kernel[(t, triton.cdiv(n, block))](x, out, x.stride(0), out.stride(0), N=n, BLOCK=block,
                                                      num_warps=4)
     return out
+
+
+@triton.jit
+def _rotary_heads(x_ptr, out_ptr, t, pos, cos_ptr, sin_ptr, x_stride_t, x_stride_h, h0, heads,
+                  HALF: tl.constexpr, BLOCK: tl.constexpr, HB: tl.constexpr):
+    """Heads [h0, h0 + HB) of token t: out = x * cos + rotate_half(x) * sin, rounded as torch rounds it."""
+    h = h0 + tl.arange(0, HB)
+    c = tl.arange(0, BLOCK)
+    cmask = c < HALF
+    mask = (h < heads)[:, None] & cmask[None, :]
+    src = x_ptr + t.to(tl.int64) * x_stride_t + h[:, None] * x_stride_h + c[None, :]
+    x1 = tl.load(src, mask=mask, other=0.0)
+    x2 = tl.load(src + HALF, mask=mask, other=0.0)
+    dtype = x1.dtype
+    # The tables are float32 [max_pos, 2*HALF]; torch indexes them and casts to the activation dtype.
+    row = pos * (2 * HALF)
+    c1 = tl.load(cos_ptr + row + c, mask=cmask, other=0.0).to(dtype).to(tl.float32)[None, :]
+    c2 = tl.load(cos_ptr + row + HALF + c, mask=cmask, other=0.0).to(dtype).to(tl.float32)[None, :]
+    s1 = tl.load(sin_ptr + row + c, mask=cmask, other=0.0).to(dtype).to(tl.float32)[None, :]
+    s2 = tl.load(sin_ptr + row + HALF + c, mask=cmask, other=0.0).to(dtype).to(tl.float32)[None, :]
+    f1, f2 = x1.to(tl.float32), x2.to(tl.float32)
+    # torch: a = x*cos and b = rotate_half(x)*sin, each rounded to dtype, then (a + b) rounded to dtype.
+    # A product of two 16-bit floats is exact in float32 and the float32 sum of two of them rounds
+    # innocuously, so float32 math + one cast per torch op is bit-exact. LLVM narrows such cast pairs
+    # to native f16/bf16 mul and add, and with FP fusion on (Triton's default) contracts those into
+    # fma.rn.f16 across torch's rounding of the product (the earlier fused rotary's GPU mismatch);
+    # for float32 the casts vanish and a*b + c becomes fma.rn.f32. Hence enable_fp_fusion=False at launch.
+    a1 = (f1 * c1).to(dtype).to(tl.float32)
+    a2 = (f2 * c2).to(dtype).to(tl.float32)
+    b2 = (f1 * s2).to(dtype).to(tl.float32)
+    # rotate_half's first half is -x2: a1 + (-x2)*s1 == a1 - x2*s1 in IEEE arithmetic, signed zeros
+    # included, whereas Triton's unary minus is 0 - x (+0 for x = +0, where torch's -x is -0).
+    nb1 = (f2 * s1).to(dtype).to(tl.float32)
+    dst = out_ptr + t.to(tl.int64) * (heads * 2 * HALF) + h[:, None] * (2 * HALF) + c[None, :]
+    tl.store(dst, (a1 - nb1).to(dtype), mask=mask)
+    tl.store(dst + HALF, (a2 + b2).to(dtype), mask=mask)
+
+
+@triton.jit
+def _rotary_kernel(q_ptr, k_ptr, q_out_ptr, k_out_ptr, pos_ptr, cos_ptr, sin_ptr,
+                   q_stride_t, q_stride_h, k_stride_t, k_stride_h, q_heads, k_heads, q_blocks,
+                   HALF: tl.constexpr, BLOCK: tl.constexpr, HB_Q: tl.constexpr, HB_K: tl.constexpr):
+    t = tl.program_id(0)
+    blk = tl.program_id(1)  # [0, q_blocks) are q's head blocks, the rest k's
+    pos = tl.load(pos_ptr + t).to(tl.int64)
+    if blk < q_blocks:
+        _rotary_heads(q_ptr, q_out_ptr, t, pos, cos_ptr, sin_ptr, q_stride_t, q_stride_h, blk * HB_Q, q_heads,
+                      HALF, BLOCK, HB_Q)
+    else:
+        _rotary_heads(k_ptr, k_out_ptr, t, pos, cos_ptr, sin_ptr, k_stride_t, k_stride_h, (blk - q_blocks) * HB_K,
+                      k_heads, HALF, BLOCK, HB_K)
+
+
+def rotary(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+    """Neox-style rotary of q [T, Hq, D] and k [T, Hk, D] in one launch -> new contiguous (q_out, k_out).
+
+    q and k may be strided views (e.g. of the fused QKV output; unit last stride). cos/sin are the
+    float32 [max_pos, D] tables of RotaryEmbedding. Bit-exact with RotaryEmbedding.forward_native.
+    """
+    t, q_heads, d = q.shape
+    k_heads = k.shape[1]
+    assert k.shape == (t, k_heads, d) and positions.shape == (t,) and d % 2 == 0
+    assert q.dtype == k.dtype and q.stride(-1) == 1 and k.stride(-1) == 1
+    assert cos.dtype == sin.dtype == torch.float32 and cos.shape[-1] == d and sin.shape == cos.shape
+    assert cos.is_contiguous() and sin.is_contiguous()
+    q_out = torch.empty((t, q_heads, d), dtype=q.dtype, device=q.device)
+    k_out = torch.empty((t, k_heads, d), dtype=k.dtype, device=k.device)
+    if t == 0:
+        return q_out, k_out
+    half = d // 2
+    block = triton.next_power_of_2(half)
+    cap = max(1, 1024 // block)  # about 1024 (x1, x2) pairs per program
+    hb_q = min(triton.next_power_of_2(q_heads), cap)
+    hb_k = min(triton.next_power_of_2(k_heads), cap)
+    q_blocks = triton.cdiv(q_heads, hb_q)
+    grid = (t, q_blocks + triton.cdiv(k_heads, hb_k))
+    _rotary_kernel[grid](q, k, q_out, k_out, positions.contiguous(), cos, sin,
+                         q.stride(0), q.stride(1), k.stride(0), k.stride(1), q_heads, k_heads, q_blocks,
+                         HALF=half, BLOCK=block, HB_Q=hb_q, HB_K=hb_k, num_warps=4,
+                         enable_fp_fusion=False)  # no FMA: torch rounds the products before the add
+    return q_out, k_out
