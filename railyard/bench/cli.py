@@ -18,6 +18,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     tp.add_argument("--input-len", default="32-128", help="N or LOW-HIGH prompt tokens (seeded uniform)")
     tp.add_argument("--output-len", default="32", help="N or LOW-HIGH output tokens (EOS ignored)")
     tp.add_argument("--workload-seed", type=int, default=0)
+    tp.add_argument("--warmup-prompts", type=int, default=8,
+                    help="untimed prompts of the same lengths (4 output tokens) run first, so JIT compilation "
+                         "is not measured; 0: none")
     tp.add_argument("--peak-tflops", type=float, default=None,
                     help="matmul peak for the roofline (default: 790, bf16 measured on an H200)")
     tp.add_argument("--hbm-tbs", type=float, default=None,
@@ -38,7 +41,10 @@ def run_throughput_cmd(args: argparse.Namespace) -> int:
         raise ConfigError("--num-prompts must be at least 1")
     input_len, output_len = LengthRange.parse(args.input_len), LengthRange.parse(args.output_len)
     engine = Engine.from_config(engine_config_from_args(args))
-    result = run_throughput(engine, args.num_prompts, input_len, output_len, args.workload_seed)
+    if args.warmup_prompts < 0:
+        raise ConfigError("--warmup-prompts must be >= 0")
+    result = run_throughput(engine, args.num_prompts, input_len, output_len, args.workload_seed,
+                            args.warmup_prompts)
     report = result.to_dict()
     report.update(roofline_report(engine, args, input_len, output_len, result.elapsed_s))
     print(json.dumps(report, indent=1))

@@ -22,34 +22,52 @@ class ThroughputResult:
     num_preemptions: int
     prefix_cache_hit_rate: float
     num_kv_blocks: int
+    warmup_prompts: int = 0
 
     def to_dict(self) -> dict:
         return asdict(self)
 
 
 def run_throughput(engine: Engine, num_prompts: int, input_len: LengthRange, output_len: LengthRange,
-                   seed: int = 0) -> ThroughputResult:
-    """Submit every request at once (ignore_eos, greedy) and time until all have finished."""
+                   seed: int = 0, warmup_prompts: int = 0) -> ThroughputResult:
+    """Submit every request at once (ignore_eos, greedy) and time until all have finished.
+
+    warmup_prompts: first run that many other prompts (another seed: no prefix-cache hits on the measured
+    ones) of the same lengths for 4 tokens, untimed, so kernel compilation is not measured."""
+    if warmup_prompts:
+        warm = workload_requests(engine, warmup_prompts, input_len, LengthRange(4, 4), seed + 1)
+        _run(engine, warm, "warmup")
+    before = engine.stats()
     reqs = workload_requests(engine, num_prompts, input_len, output_len, seed)
+    start = time.perf_counter()
+    out_tokens = _run(engine, reqs, "bench")
+    elapsed = time.perf_counter() - start
+    prompt_tokens = sum(len(r.prompt_token_ids) for r in reqs)
+    stats = engine.stats()
+    queries = stats.prefix_cache_queries - before.prefix_cache_queries
+    hits = stats.prefix_cache_hits - before.prefix_cache_hits
+    return ThroughputResult(
+        num_prompts=num_prompts, elapsed_s=round(elapsed, 4), prompt_tokens=prompt_tokens,
+        output_tokens=out_tokens, requests_per_s=num_prompts / elapsed, output_tokens_per_s=out_tokens / elapsed,
+        total_tokens_per_s=(prompt_tokens + out_tokens) / elapsed,
+        num_preemptions=stats.num_preemptions_total - before.num_preemptions_total,
+        prefix_cache_hit_rate=hits / queries if queries else 0.0, num_kv_blocks=stats.num_total_blocks,
+        warmup_prompts=warmup_prompts)
+
+
+def _run(engine: Engine, reqs: list[Request], prefix: str) -> int:
+    """Add every request, step until all finished; returns the output tokens."""
     for i, r in enumerate(reqs):
         params = SamplingParams(temperature=0.0, max_tokens=r.output_len, ignore_eos=True,
                                 output_kind="final_only")
-        engine.add_request(f"bench-{i}", None, params, prompt_token_ids=r.prompt_token_ids)
-    start = time.perf_counter()
+        engine.add_request(f"{prefix}-{i}", None, params, prompt_token_ids=r.prompt_token_ids)
     done = out_tokens = 0
-    while done < num_prompts:
+    while done < len(reqs):
         for out in engine.step():
             if out.finished:
                 done += 1
                 out_tokens += sum(len(c.token_ids) for c in out.outputs)
-    elapsed = time.perf_counter() - start
-    prompt_tokens = sum(len(r.prompt_token_ids) for r in reqs)
-    stats = engine.stats()
-    return ThroughputResult(
-        num_prompts=num_prompts, elapsed_s=round(elapsed, 4), prompt_tokens=prompt_tokens,
-        output_tokens=out_tokens, requests_per_s=num_prompts / elapsed, output_tokens_per_s=out_tokens / elapsed,
-        total_tokens_per_s=(prompt_tokens + out_tokens) / elapsed, num_preemptions=stats.num_preemptions_total,
-        prefix_cache_hit_rate=stats.prefix_cache_hit_rate, num_kv_blocks=stats.num_total_blocks)
+    return out_tokens
 
 
 def workload_requests(engine: Engine, num_prompts: int, input_len: LengthRange, output_len: LengthRange,

@@ -91,7 +91,7 @@ class ModelRunner:
         pin = self.device.type == "cuda"
         self.cpu_caches = [torch.zeros(cpu_shape, dtype=self.dtype, pin_memory=pin)
                            for _ in range(spec.num_layers)] if self.num_cpu_blocks else []
-        self.generators: dict[int, torch.Generator] = {}
+        self._rows: dict[int, SamplingRow] = {}  # per live sequence
         self._fed: torch.Tensor | None = None  # the last launched step's sampled ids, on the device
         self.graphs = self._capture_graphs()
 
@@ -218,21 +218,22 @@ class ModelRunner:
         )
 
     def _row(self, seq) -> SamplingRow:
+        """The sequence's sampling row, built once (its token lists are the sequence's own, live)."""
+        row = self._rows.get(seq.seq_id)
         p = seq.params
-        suppress: list[int] = []
-        if len(seq.output_token_ids) < p.min_tokens:
-            suppress = list(p.stop_token_ids) + ([] if p.ignore_eos else list(seq.eos_token_ids))
-        gen = None
-        if p.seed is not None and not p.greedy:
-            gen = self.generators.get(seq.seq_id)
-            if gen is None:
+        if row is None:
+            gen = None
+            if p.seed is not None and not p.greedy:
                 gen = torch.Generator(device=self.device).manual_seed(p.seed + seq.index)
-                self.generators[seq.seq_id] = gen
-        return SamplingRow(p, seq.prompt_token_ids, seq.output_token_ids, suppress, gen)
+            row = self._rows[seq.seq_id] = SamplingRow(p, seq.prompt_token_ids, seq.output_token_ids, [], gen)
+        if p.min_tokens:  # EOS and stop ids are forbidden until min_tokens are out
+            row.suppress_ids = list(p.stop_token_ids) + ([] if p.ignore_eos else list(seq.eos_token_ids)) \
+                if len(seq.output_token_ids) < p.min_tokens else []
+        return row
 
     def forget(self, seq_id: int) -> None:
-        """Drop per-sequence state (its sampling generator) once it finished."""
-        self.generators.pop(seq_id, None)
+        """Drop per-sequence state (its sampling row and generator) once it finished."""
+        self._rows.pop(seq_id, None)
 
     def swap(self, plan: StepPlan) -> None:
         if plan.swap_out:

@@ -23,3 +23,24 @@ def test_bench_throughput_rejects_a_bad_length_range(tiny_model, capsys):
     rc = main(["bench", "throughput", "--model", tiny_model, "--input-len", "50-10"])
     assert rc == 2
     assert "LOW <= HIGH" in capsys.readouterr().err
+
+
+def test_warmup_prompts_run_first_and_are_not_counted(tiny_model, capsys):
+    from railyard.bench.throughput import run_throughput
+    from railyard.bench.workload import LengthRange
+    from railyard.engine.config import EngineConfig
+    from railyard.engine.engine import Engine
+
+    engine = Engine(EngineConfig(model=tiny_model, device="cpu"))
+    result = run_throughput(engine, 6, LengthRange(40, 60), LengthRange(5, 5), seed=3, warmup_prompts=4)
+    stats = engine.stats()
+    assert result.warmup_prompts == 4 and result.output_tokens == 6 * 5
+    assert stats.num_requests_finished_total == 10  # 4 warm-up + 6 measured
+    assert stats.generation_tokens_total == 4 * 4 + 6 * 5
+    assert result.prefix_cache_hit_rate < 0.5  # the warm-up prompts are other prompts
+
+
+def test_bench_throughput_rejects_negative_warmup(tiny_model, capsys):
+    rc = main(["bench", "throughput", "--model", tiny_model, "--warmup-prompts", "-1"])
+    assert rc == 2
+    assert "--warmup-prompts" in capsys.readouterr().err

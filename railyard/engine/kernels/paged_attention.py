@@ -52,7 +52,9 @@ def store_kv(kv_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slot_mapp
         num_warps=1 if hk * d <= 512 else 4)
 
 
-@triton.jit
+# Per-step values (block-table width, split count) are not specialised on: a new value must not cost a
+# JIT compile in the middle of serving.
+@triton.jit(do_not_specialize=["bt_stride", "num_splits"])
 def _decode_split_kernel(q_ptr, cache_ptr, block_tables_ptr, seq_lens_ptr, part_acc_ptr, part_ml_ptr,
                          qk_scale, q_stride_t, q_stride_h, bt_stride, plane_stride, num_splits,
                          NUM_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr, GROUP: tl.constexpr,
@@ -108,7 +110,7 @@ def _decode_split_kernel(q_ptr, cache_ptr, block_tables_ptr, seq_lens_ptr, part_
     tl.store(part_ml_ptr + row * 2 + 1, l, mask=gmask)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_splits"])
 def _merge_splits_kernel(part_acc_ptr, part_ml_ptr, out_ptr, out_stride_t, out_stride_h, num_splits,
                          NUM_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr,
                          S_PAD: tl.constexpr):
@@ -158,7 +160,7 @@ def paged_decode(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Te
     return out
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["bt_stride"])
 def _prefill_kernel(q_ptr, cache_ptr, block_tables_ptr, seq_lens_ptr, query_start_ptr, out_ptr,
                     qk_scale, q_stride_t, q_stride_h, out_stride_t, out_stride_h, bt_stride, plane_stride,
                     NUM_KV_HEADS: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr,
