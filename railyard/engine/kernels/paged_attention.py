@@ -138,8 +138,11 @@ def decode_splits(batch: int, num_kv_heads: int, max_seq_len: int, num_sms: int)
 
 
 def paged_decode(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Tensor, seq_lens: torch.Tensor,
-                 scale: float, num_splits: int, out: torch.Tensor | None = None) -> torch.Tensor:
-    """q [B, H, d] -> out [B, H, d]; one new token per sequence whose KV is already in the cache."""
+                 scale: float, num_splits: int, out: torch.Tensor | None = None, *, block_n: int | None = None,
+                 num_warps: int = 4, num_stages: int = 2) -> torch.Tensor:
+    """q [B, H, d] -> out [B, H, d]; one new token per sequence whose KV is already in the cache.
+
+    block_n / num_warps / num_stages: launch configuration (scripts/gpu/tune_decode.py sweeps them)."""
     b, num_heads, d = q.shape
     _, _, page, hk, _ = kv_cache.shape
     group = num_heads // hk
@@ -151,8 +154,8 @@ def paged_decode(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Te
         q, kv_cache, block_tables, seq_lens, part_acc, part_ml, scale * _LOG2E,
         q.stride(0), q.stride(1), block_tables.stride(0), kv_cache.stride(0), num_splits,
         NUM_HEADS=num_heads, NUM_KV_HEADS=hk, GROUP=group, G_PAD=max(16, triton.next_power_of_2(group)),
-        HEAD_DIM=d, D_PAD=d_pad, PAGE=page, BLOCK_N=64 if d_pad <= 128 else 32,
-        IEEE=q.dtype == torch.float32, num_warps=4, num_stages=2)
+        HEAD_DIM=d, D_PAD=d_pad, PAGE=page, BLOCK_N=block_n or (64 if d_pad <= 128 else 32),
+        IEEE=q.dtype == torch.float32, num_warps=num_warps, num_stages=num_stages)
     _merge_splits_kernel[(b, num_heads)](
         part_acc, part_ml, out, out.stride(0), out.stride(1), num_splits,
         NUM_HEADS=num_heads, HEAD_DIM=d, D_PAD=d_pad, S_PAD=max(2, triton.next_power_of_2(num_splits)),

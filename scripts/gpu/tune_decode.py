@@ -1,0 +1,83 @@
+"""Sweep the paged decode kernel's launch configuration on the benchmark's decode shape and print the
+fastest (GPU time per call, CUDA events); every configuration's output is checked against the default.
+
+Usage: python3 scripts/gpu/tune_decode.py  -> $OUT/tune_decode.json
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import random
+import sys
+
+sys.path.insert(0, __file__.rsplit("/scripts/", 1)[0])
+
+import torch  # noqa: E402
+
+from railyard.engine.kernels.paged_attention import paged_decode  # noqa: E402
+
+OUT = os.environ.get("OUT", "/tmp")
+PAGE, BATCH = 16, 256
+SHAPES = {"qwen2-7b": (28, 4, 128), "qwen3-0.6b": (16, 8, 128)}  # heads, kv heads, head dim
+
+
+def timed(fn, iters: int = 30) -> float:
+    fn()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(iters):
+        fn()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) / iters * 1000  # us
+
+
+def main() -> None:
+    rng = random.Random(0)
+    lens = [rng.randint(100, 1024) + 150 for _ in range(BATCH)]  # mid-run: prompt + 150 outputs
+    results = {}
+    for name, (h, hk, d) in SHAPES.items():
+        pages = [-(-n // PAGE) for n in lens]
+        total = sum(pages)
+        cache = torch.randn((2, total + 8, PAGE, hk, d), dtype=torch.bfloat16, device="cuda")
+        perm = torch.randperm(total + 8)[:total].tolist()  # scattered pages, as a busy pool has them
+        width = max(pages)
+        tables = torch.zeros((BATCH, 2048), dtype=torch.int32)  # graph buffers are max_model_len wide
+        at = 0
+        for i, n in enumerate(pages):
+            tables[i, :n] = torch.tensor(perm[at:at + n], dtype=torch.int32)
+            at += n
+        tables = tables.cuda()
+        seq_lens = torch.tensor(lens, dtype=torch.int32, device="cuda")
+        q = torch.randn((BATCH, h, d), dtype=torch.bfloat16, device="cuda")
+        scale = d ** -0.5
+        ref = paged_decode(q, cache, tables, seq_lens, scale, 1)
+        kv_bytes = sum(lens) * hk * d * 2 * 2
+        rows = []
+        for splits, block_n, warps, stages in itertools.product((1, 2), (32, 64, 128), (2, 4, 8), (2, 3)):
+            try:
+                out = paged_decode(q, cache, tables, seq_lens, scale, splits, block_n=block_n, num_warps=warps,
+                                   num_stages=stages)
+                diff = (out.float() - ref.float()).abs().max().item()
+                us = timed(lambda: paged_decode(q, cache, tables, seq_lens, scale, splits, block_n=block_n,
+                                                num_warps=warps, num_stages=stages))
+            except Exception as exc:  # a configuration that does not compile (shared memory) is skipped
+                rows.append(dict(splits=splits, block_n=block_n, warps=warps, stages=stages, error=repr(exc)[:120]))
+                continue
+            rows.append(dict(splits=splits, block_n=block_n, warps=warps, stages=stages, us=round(us, 1),
+                             tb_s=round(kv_bytes / us / 1e6, 2), max_diff=diff))
+        ok = [r for r in rows if "us" in r and r["max_diff"] < 0.02]
+        ok.sort(key=lambda r: r["us"])
+        default = next(r for r in rows if (r["splits"], r["block_n"], r["warps"], r["stages"]) == (1, 64, 4, 2))
+        results[name] = dict(kv_mb=round(kv_bytes / 1e6, 1), width=width, default=default, best=ok[:8],
+                             errors=sum(1 for r in rows if "error" in r))
+        print(name, "default", default, "\n best", ok[:5], flush=True)
+    with open(os.path.join(OUT, "tune_decode.json"), "w") as f:
+        json.dump(results, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
