@@ -4,7 +4,11 @@ Requests are seeded synthetic token-id prompts sent to /v1/completions with stre
 ignore_eos, so every request's input and output lengths are exact. Arrivals follow a Poisson
 process at --request-rate (or all at once), optionally capped at --max-concurrency in flight.
 Per request it records TTFT (first streamed chunk), every inter-token gap, end-to-end latency
-and the server's own usage counts.
+and the server's own usage counts. A request that fails is counted, with its error's type and where
+in the exchange it happened; nothing is retried (a retried POST would hide a server's lost request).
+
+Every request gets a fresh connection (see `bench_client`): pooled keep-alive connections made the
+client itself fail requests and stall for seconds at hundreds of streams.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ import json
 import math
 import random
 import time
+from collections import Counter
 from dataclasses import asdict, dataclass, field
 
 import httpx
@@ -47,6 +52,7 @@ class RequestResult:
     start: float
     ok: bool = False
     error: str | None = None
+    error_type: str | None = None  # "HTTP 503", "ReadError", "error event", ... (what failures are counted by)
     ttft: float | None = None
     latency: float | None = None
     itls: list[float] = field(default_factory=list)
@@ -60,25 +66,52 @@ class RequestResult:
         return None
 
 
-async def _send(client: httpx.AsyncClient, cfg: ServeBenchConfig, prompt: list[int], output_len: int,
-                t0: float) -> RequestResult:
+def bench_client(cfg: ServeBenchConfig) -> httpx.AsyncClient:
+    """The benchmark's HTTP client: at most max_concurrency connections, each used for one request only.
+
+    Why no keep-alive: a server closes an idle pooled connection after its keep-alive timeout (uvicorn's is
+    5 s), and a POST sent on it just then fails with httpx.ReadError although the server never saw it.
+    httpcore checks a pooled connection when it hands it out, but at hundreds of streams the event loop
+    can take seconds to actually send the request, long enough for the server's close to land in between.
+    The pool's bookkeeping also costs O(idle x all connections) per request event, which stalled this
+    loop for seconds (inflating TTFT) whenever many streams ended at once. A fresh connection costs one
+    TCP handshake, counted in TTFT, as in vLLM's benchmark client before it pooled connections.
+    """
+    headers = {"Authorization": f"Bearer {cfg.api_key}"} if cfg.api_key else {}
+    limits = httpx.Limits(max_connections=cfg.max_concurrency, max_keepalive_connections=0)
+    return httpx.AsyncClient(base_url=cfg.url.rstrip("/"), headers=headers, limits=limits, timeout=cfg.timeout_s)
+
+
+def _fail(result: RequestResult, error_type: str, message: str) -> RequestResult:
+    result.error_type, result.error = error_type, f"{error_type}: {message}"
+    return result
+
+
+async def send_request(client: httpx.AsyncClient, cfg: ServeBenchConfig, prompt: list[int], output_len: int,
+                       t0: float) -> RequestResult:
+    """One streamed completion, timed; any failure is recorded on the result, never raised."""
     body = {"model": cfg.model, "prompt": prompt, "max_tokens": output_len, "temperature": 0.0, "ignore_eos": True,
             "stream": True, "stream_options": {"include_usage": True}}
     start = time.perf_counter()
     result = RequestResult(start=start - t0)
     last = start
+    events, done, streaming = 0, False, False
     try:
         async with client.stream("POST", "/v1/completions", json=body) as resp:
             if resp.status_code != 200:
-                result.error = f"HTTP {resp.status_code}: {(await resp.aread())[:200].decode(errors='replace')}"
-                return result
+                text = (await resp.aread())[:200].decode(errors="replace")
+                return _fail(result, f"HTTP {resp.status_code}", text)
+            streaming = True
             async for line in resp.aiter_lines():
-                if not line.startswith("data: ") or line == "data: [DONE]":
+                if line == "data: [DONE]":
+                    done = True
+                    continue
+                if not line.startswith("data: "):
                     continue
                 event = json.loads(line[6:])
-                if "error" in event:
-                    result.error = event["error"].get("message", "error event")
-                    return result
+                events += 1
+                if "error" in event:  # the server's in-band report of a failure mid-stream
+                    return _fail(result, "error event", str(event["error"].get("message", event["error"])))
                 if event.get("usage"):
                     result.prompt_tokens = event["usage"]["prompt_tokens"]
                     result.output_tokens = event["usage"]["completion_tokens"]
@@ -90,14 +123,16 @@ async def _send(client: httpx.AsyncClient, cfg: ServeBenchConfig, prompt: list[i
                         result.itls.append(now - last)
                     last = now
         result.latency = time.perf_counter() - start
+        if not done:
+            return _fail(result, "truncated stream", f"the stream ended after {events} events without [DONE]")
         if result.output_tokens != output_len:
-            result.error = f"got {result.output_tokens} output tokens, asked for {output_len}"
-        elif result.ttft is None:
-            result.error = "the stream carried no tokens"
-        else:
-            result.ok = True
-    except (httpx.HTTPError, json.JSONDecodeError, KeyError) as exc:
-        result.error = f"{type(exc).__name__}: {exc}"
+            return _fail(result, "wrong length", f"got {result.output_tokens} output tokens, asked for {output_len}")
+        if result.ttft is None:
+            return _fail(result, "no tokens", "the stream carried no tokens")
+        result.ok = True
+    except Exception as exc:  # one broken request must not end the run (and lose every other result)
+        where = f"mid-stream, after {events} events" if streaming else "before the response headers"
+        _fail(result, type(exc).__name__, f"{str(exc) or 'no message'} ({where})")
     return result
 
 
@@ -112,16 +147,13 @@ async def run_serve_bench(cfg: ServeBenchConfig) -> tuple[list[RequestResult], f
             req.prompt_token_ids = prefixes[i % cfg.prefix_groups] + req.prompt_token_ids
     rng = random.Random(cfg.seed + 1)
     gate = asyncio.Semaphore(cfg.max_concurrency) if cfg.max_concurrency else None
-    headers = {"Authorization": f"Bearer {cfg.api_key}"} if cfg.api_key else {}
-    limits = httpx.Limits(max_connections=cfg.max_concurrency, max_keepalive_connections=cfg.max_concurrency)
-    async with httpx.AsyncClient(base_url=cfg.url.rstrip("/"), headers=headers, limits=limits,
-                                 timeout=cfg.timeout_s) as client:
+    async with bench_client(cfg) as client:
 
         async def one(req) -> RequestResult:
             if gate is None:
-                return await _send(client, cfg, req.prompt_token_ids, req.output_len, t0)
+                return await send_request(client, cfg, req.prompt_token_ids, req.output_len, t0)
             async with gate:
-                return await _send(client, cfg, req.prompt_token_ids, req.output_len, t0)
+                return await send_request(client, cfg, req.prompt_token_ids, req.output_len, t0)
 
         t0 = time.perf_counter()
         tasks = []
@@ -160,6 +192,7 @@ def summarize(cfg: ServeBenchConfig, results: list[RequestResult], duration_s: f
         "max_concurrency": cfg.max_concurrency,
         "input_len": f"{cfg.input_len.low}-{cfg.input_len.high}", "output_len": f"{cfg.output_len.low}-{cfg.output_len.high}",
         "completed": len(ok), "failed": len(failed),
+        "error_counts": dict(sorted(Counter(r.error_type for r in failed).items())),
         "errors": sorted({r.error for r in failed})[:5],
         "duration_s": round(duration_s, 3),
         "request_throughput": round(len(ok) / duration_s, 3),
@@ -176,6 +209,7 @@ def summarize(cfg: ServeBenchConfig, results: list[RequestResult], duration_s: f
 def format_table(summary: dict) -> str:
     """A human-readable table of the summary."""
     rows = [("completed / failed", f"{summary['completed']} / {summary['failed']}"),
+            *((f"  failed: {kind}", n) for kind, n in summary.get("error_counts", {}).items()),
             ("duration (s)", summary["duration_s"]),
             ("request throughput (req/s)", summary["request_throughput"]),
             ("output token throughput (tok/s)", summary["output_token_throughput"]),

@@ -42,12 +42,13 @@ class RunningServer:
 
 
 @contextmanager
-def serve_in_thread(engine: AsyncEngine, **app_kwargs) -> Iterator[RunningServer]:
+def serve_in_thread(engine: AsyncEngine, timeout_keep_alive: float = 60, **app_kwargs) -> Iterator[RunningServer]:
     """uvicorn on 127.0.0.1 (any free port) until the block ends."""
     app = build_app(engine, served_model_name=MODEL_NAME, **app_kwargs)
     # Client and server share this process (and its GIL): a long keep-alive keeps a loaded test client from
     # reusing a connection uvicorn has just closed as idle.
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", timeout_keep_alive=60))
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning",
+                                           timeout_keep_alive=timeout_keep_alive))
     thread = threading.Thread(target=server.run, name="uvicorn", daemon=True)
     thread.start()
     deadline = time.monotonic() + 120
