@@ -12,6 +12,12 @@ import sys
 from railyard.engine.args import add_engine_args, engine_config_from_args
 from railyard.errors import ConfigError
 
+# A client that reuses a pooled connection just as the server closes it as idle loses that request (a POST is
+# not retried), so the server must be the side that waits longer: longer than httpx's and the openai client's
+# 5 s (uvicorn's default, the same 5 s: a race), aiohttp's 15 s, and the 60 s of vLLM's benchmark client, AWS
+# load balancers and ingress-nginx's upstream pool. 75 s is nginx's own default.
+DEFAULT_KEEP_ALIVE_S = 75
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("serve", help="serve a model over the OpenAI-compatible HTTP API")
@@ -23,6 +29,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-waiting-requests", type=int, default=1024,
                    help="requests allowed to wait for a batch slot before new ones get 503 + Retry-After")
     p.add_argument("--max-request-bytes", type=int, default=8 * 1024 * 1024, help="largest request body (413 above)")
+    p.add_argument("--timeout-keep-alive", type=int, default=DEFAULT_KEEP_ALIVE_S,
+                   help="seconds an idle connection stays open; keep it above your clients' and proxies' pool idle "
+                        f"timeouts (default: {DEFAULT_KEEP_ALIVE_S})")
     p.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"])
     add_engine_args(p)
     p.add_argument("--config", help="stack YAML: serve its models on Ray Serve instead (see `railyard cluster up`)")
@@ -62,15 +71,15 @@ def run_serve(args: argparse.Namespace) -> int:
 
     if not 0 <= args.port <= 65535:
         raise ConfigError(f"--port must be in [0, 65535], got {args.port}")
-    if args.max_waiting_requests < 1 or args.max_request_bytes < 1:
-        raise ConfigError("--max-waiting-requests and --max-request-bytes must be positive")
+    if args.max_waiting_requests < 1 or args.max_request_bytes < 1 or args.timeout_keep_alive < 1:
+        raise ConfigError("--max-waiting-requests, --max-request-bytes and --timeout-keep-alive must be positive")
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     engine = AsyncEngine(build_engine_for_serving(engine_config_from_args(args)),
                          max_waiting_requests=args.max_waiting_requests)
     name = args.served_model_name or default_model_name(engine)
     app = build_app(engine, served_model_name=name, api_key=args.api_key, max_request_bytes=args.max_request_bytes)
     server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
-                                           timeout_graceful_shutdown=5))
+                                           timeout_keep_alive=args.timeout_keep_alive, timeout_graceful_shutdown=5))
 
     async def announce() -> None:
         while not server.started:

@@ -8,6 +8,7 @@ import re
 import shlex
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -52,6 +53,29 @@ def test_serve_binds_loopback_and_prints_a_working_curl_example(serve_process):
                            timeout=60).json()
     assert reply["object"] == "chat.completion" and reply["model"] == "demo"
     assert reply["choices"][0]["message"]["role"] == "assistant"
+
+
+def _health_on(sock: socket.socket) -> bytes:
+    """GET /health on an open connection; the raw response, or b"" if the server had closed it."""
+    sock.sendall(b"GET /health HTTP/1.1\r\nHost: railyard\r\n\r\n")
+    data = b""
+    while not data.endswith(b'"ok"}'):
+        chunk = sock.recv(4096)
+        if not chunk:
+            break
+        data += chunk
+    return data
+
+
+def test_an_idle_connection_outlives_uvicorns_5_s_keep_alive(serve_process):
+    # A client that reuses a pooled connection the server has just closed as idle loses that request, so
+    # the server must keep idle connections longer than clients pool them (httpx's 5 s, aiohttp's 15 s, ...).
+    _, banner = serve_process
+    host, port = re.search(r"on http://([\d.]+):(\d+) ", banner).groups()
+    with socket.create_connection((host, int(port)), timeout=30) as sock:
+        assert _health_on(sock).startswith(b"HTTP/1.1 200")
+        time.sleep(6)
+        assert _health_on(sock).startswith(b"HTTP/1.1 200")
 
 
 def test_serve_stops_cleanly_on_ctrl_c(serve_process):

@@ -1,0 +1,42 @@
+"""An accepted streamed request is never just dropped: if the engine fails mid-stream, the client gets an
+OpenAI-style error event and [DONE] on a response that ends cleanly, not a closed connection."""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import pytest
+
+from tests.api.conftest import serve_in_thread, tiny_engine
+
+STREAMS = {
+    "completion": ("/v1/completions", {"prompt": "hello"}),
+    "completion of two prompts": ("/v1/completions", {"prompt": ["hello", "world"]}),
+    "chat": ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hello"}]}),
+}
+
+
+@pytest.mark.parametrize("kind", STREAMS)
+def test_an_engine_failure_mid_stream_ends_the_stream_with_an_error_event(tiny_model, kind):
+    path, fields = STREAMS[kind]
+    engine = tiny_engine(tiny_model)
+    with serve_in_thread(engine) as server:
+        real_step, steps = engine.engine.step, []
+
+        def step_then_fail():
+            steps.append(1)
+            if len(steps) > 3:
+                raise RuntimeError("device lost")  # what a failed kernel or a lost GPU looks like to the loop
+            return real_step()
+
+        engine.engine.step = step_then_fail
+        body = {"model": server.model, "max_tokens": 40, "ignore_eos": True, "stream": True, **fields}
+        with httpx.stream("POST", server.url + path, json=body, timeout=60) as resp:
+            assert resp.status_code == 200
+            lines = [line for line in resp.iter_lines() if line]  # raises if the connection is cut
+    assert lines[-1] == "data: [DONE]"
+    events = [json.loads(line.removeprefix("data: ")) for line in lines[:-1]]
+    assert any(e.get("choices") for e in events[:-1])  # tokens went out before the failure
+    error = events[-1]["error"]
+    assert error["type"] == "service_unavailable_error" and "device lost" in error["message"]
