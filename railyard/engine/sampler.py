@@ -146,6 +146,10 @@ def sample(logits: torch.Tensor, rows: list[SamplingRow]) -> SamplerOutput:
 @torch.inference_mode()
 def sample_async(logits: torch.Tensor, rows: list[SamplingRow]) -> PendingSample:
     """Queue the sampling of one token per row of logits [B, V]; no host synchronisation."""
+    if all(r.params.greedy and r.params.logprobs is None and not r.suppress_ids
+           and not r.params.needs_output_history for r in rows):
+        # Plain greedy: argmax of the model-dtype logits is argmax of their exact float32 values.
+        return PendingSample(logits.argmax(dim=-1), None, [None] * len(rows))
     logits = logits.float()
     dev = logits.device
     want_logprobs = [r.params.logprobs for r in rows]

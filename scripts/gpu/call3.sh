@@ -7,7 +7,7 @@ cd "$(dirname "$0")/../.."
 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.mem --format=csv | tee $OUT/log.txt
 python3 -c "import torch, triton, transformers; print(torch.__version__, triton.__version__, transformers.__version__)" | tee -a $OUT/log.txt
 timeout 60 python3 -m pytest -q tests/engine/attention -p no:cacheprovider 2>&1 | tail -n 4 | tee -a $OUT/log.txt
-# The engine runs the torch elementwise layers unless RAILYARD_FUSED_KERNELS=1 (see BENCHMARKS.md).
+# (Call 3 measured the torch elementwise layers; fused kernels were opt-in then.)
 bench() {  # model budget timeout
   echo "== bench $1 budget $2 $(date +%T)" | tee -a $OUT/log.txt
   timeout $3 python3 scripts/gpu/cli.py bench throughput --model $1 --num-prompts 256 --input-len 100-1024 \

@@ -56,10 +56,11 @@ def store_kv(kv_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slot_mapp
 # JIT compile in the middle of serving.
 @triton.jit(do_not_specialize=["bt_stride", "num_splits"])
 def _decode_split_kernel(q_ptr, cache_ptr, block_tables_ptr, seq_lens_ptr, part_acc_ptr, part_ml_ptr,
-                         qk_scale, q_stride_t, q_stride_h, bt_stride, plane_stride, num_splits,
+                         out_ptr, qk_scale, q_stride_t, q_stride_h, out_stride_t, out_stride_h, bt_stride,
+                         plane_stride, num_splits,
                          NUM_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr, GROUP: tl.constexpr,
                          G_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr,
-                         PAGE: tl.constexpr, BLOCK_N: tl.constexpr, IEEE: tl.constexpr):
+                         PAGE: tl.constexpr, BLOCK_N: tl.constexpr, IEEE: tl.constexpr, DIRECT: tl.constexpr):
     b = tl.program_id(0)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
@@ -103,6 +104,11 @@ def _decode_split_kernel(q_ptr, cache_ptr, block_tables_ptr, seq_lens_ptr, part_
         else:
             acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
         m = m_new
+    if DIRECT:  # one split: normalise here, as the merge would (same operations, same result)
+        out = acc / tl.maximum(l, 1e-30)[:, None]
+        tl.store(out_ptr + b * out_stride_t + heads[:, None] * out_stride_h + d[None, :],
+                 out.to(out_ptr.dtype.element_ty), mask=gmask[:, None] & dmask[None, :])
+        return
     # partials: acc [B, H, S, D], (m, l) [B, H, S, 2]
     row = (b * NUM_HEADS + heads) * num_splits + split
     tl.store(part_acc_ptr + row[:, None] * D_PAD + d[None, :], acc, mask=gmask[:, None])
@@ -148,14 +154,18 @@ def paged_decode(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Te
     group = num_heads // hk
     d_pad = triton.next_power_of_2(d)
     out = torch.empty_like(q) if out is None else out
-    part_acc = torch.empty((b, num_heads, num_splits, d_pad), dtype=torch.float32, device=q.device)
-    part_ml = torch.empty((b, num_heads, num_splits, 2), dtype=torch.float32, device=q.device)
+    direct = num_splits == 1  # no partials to merge: the kernel writes the output itself
+    part_acc = torch.empty((b, num_heads, 1 if direct else num_splits, d_pad), dtype=torch.float32, device=q.device)
+    part_ml = torch.empty((b, num_heads, 1 if direct else num_splits, 2), dtype=torch.float32, device=q.device)
     _decode_split_kernel[(b, hk, num_splits)](
-        q, kv_cache, block_tables, seq_lens, part_acc, part_ml, scale * _LOG2E,
-        q.stride(0), q.stride(1), block_tables.stride(0), kv_cache.stride(0), num_splits,
+        q, kv_cache, block_tables, seq_lens, part_acc, part_ml, out, scale * _LOG2E,
+        q.stride(0), q.stride(1), out.stride(0), out.stride(1), block_tables.stride(0), kv_cache.stride(0),
+        num_splits,
         NUM_HEADS=num_heads, NUM_KV_HEADS=hk, GROUP=group, G_PAD=max(16, triton.next_power_of_2(group)),
         HEAD_DIM=d, D_PAD=d_pad, PAGE=page, BLOCK_N=block_n or (64 if d_pad <= 128 else 32),
-        IEEE=q.dtype == torch.float32, num_warps=num_warps, num_stages=num_stages)
+        IEEE=q.dtype == torch.float32, DIRECT=direct, num_warps=num_warps, num_stages=num_stages)
+    if direct:
+        return out
     _merge_splits_kernel[(b, num_heads)](
         part_acc, part_ml, out, out.stride(0), out.stride(1), num_splits,
         NUM_HEADS=num_heads, HEAD_DIM=d, D_PAD=d_pad, S_PAD=max(2, triton.next_power_of_2(num_splits)),
