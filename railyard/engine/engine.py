@@ -213,7 +213,7 @@ class Engine:
         """Penalties read every output token on the host, so those steps wait for the previous one."""
         return self._num_history_requests > 0
 
-    def _launch(self, out) -> "_InFlight":
+    def _launch(self, out) -> _InFlight:
         now = time.monotonic()
         pending = self.executor.launch(out)
         self.computed_tokens_total += out.num_batched_tokens
@@ -230,7 +230,7 @@ class Engine:
                 sampled.append(seq)
         return _InFlight(sampled, pending)
 
-    def _complete(self, step: "_InFlight") -> list[RequestOutput]:
+    def _complete(self, step: _InFlight) -> list[RequestOutput]:
         """Wait for a launched step's tokens and apply them: append, detokenise, stop rules, outputs."""
         result = step.pending.result()
         touched: dict[str, _Request] = {}
@@ -239,7 +239,7 @@ class Engine:
             req = self.requests.get(seq.request_id)
             if req is None or seq.is_finished:  # aborted, or stopped by its previous token
                 continue
-            n_known = len(seq.output_token_ids) - seq.num_placeholders
+            n_known = seq.num_known_output_tokens
             seq.output_token_ids[n_known] = token
             seq.num_placeholders -= 1
             if req.metrics.first_scheduled_time is None:
@@ -312,9 +312,8 @@ class Engine:
             text = req.texts[seq.index] if req.texts else ""
             if not seq.is_finished and req.stop_holdback:
                 text = text[: max(0, len(text) - req.stop_holdback)]  # a stop string may still be forming
-            ids = seq.output_token_ids
             outs.append(CompletionOutput(
-                index=seq.index, text=text, token_ids=ids[:len(ids) - seq.num_placeholders],
+                index=seq.index, text=text, token_ids=seq.output_token_ids[:seq.num_known_output_tokens],
                 cumulative_logprob=seq.cumulative_logprob if req.params.logprobs is not None else None,
                 logprobs=list(seq.output_logprobs) if req.params.logprobs is not None else None,
                 finish_reason=seq.finish_reason, stop_reason=seq.stop_reason))

@@ -18,7 +18,8 @@ from railyard.engine.config import EngineConfig
 from railyard.engine.models.loader import build_empty, load_model, random_weights
 from railyard.engine.models.spec import ModelSpec
 from railyard.engine.parallel import SINGLE, ParallelState
-from railyard.engine.sampler import DoneSample, PendingSample, SamplerOutput, SamplingRow, host_tensor, sample_async
+from railyard.engine.sampler import (DoneSample, PendingSample, SamplerOutput, SamplingRow, host_tensor, sample_async,
+                                    to_device)
 from railyard.engine.scheduler import SchedulerOutput
 from railyard.engine.sequence import PLACEHOLDER
 from railyard.errors import ConfigError
@@ -210,7 +211,7 @@ class ModelRunner:
             slot_mapping=host_tensor(plan.slot_mapping, torch.long, dev),
             query_start_loc=host_tensor(starts, torch.int32, dev),
             seq_lens=host_tensor(plan.seq_lens, torch.int32, dev),
-            block_tables=_to_device(torch.from_numpy(padded_block_tables(plan.block_tables)), dev),
+            block_tables=to_device(torch.from_numpy(padded_block_tables(plan.block_tables)), dev),
             max_query_len=max(b - a for a, b in zip(starts, starts[1:])),
             max_seq_len=max(plan.seq_lens),
             query_start_loc_cpu=starts,
@@ -295,6 +296,3 @@ class ModelRunner:
         """One whole step in this process: plan, forward, sample, and wait for the sampled ids."""
         return self.launch(out).result()
 
-
-def _to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
-    return t.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else t

@@ -96,9 +96,13 @@ def _to_output(host: tuple[torch.Tensor, ...], with_logprobs: bool, want: list[i
 
 
 def host_tensor(values: list, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """A small host list as a device tensor without a stream sync (torch.tensor(..., device=cuda) waits
-    for the GPU to drain, which would stop the host from running ahead of it)."""
-    t = torch.tensor(values, dtype=dtype)
+    """A small host list as a device tensor without a stream sync (see to_device)."""
+    return to_device(torch.tensor(values, dtype=dtype), device)
+
+
+def to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A CPU tensor on the device without a stream sync: a plain copy (torch.tensor(..., device=cuda) too)
+    waits for the GPU to drain, which would stop the host from running ahead of it."""
     if device.type != "cuda":
         return t
     return t.pin_memory().to(device, non_blocking=True)

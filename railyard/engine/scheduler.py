@@ -72,9 +72,7 @@ class Scheduler:
         self._insert(self.waiting, seq)
 
     def abort(self, seq: Sequence) -> None:
-        for queue in (self.waiting, self.running, self.swapped):
-            if seq in queue:
-                queue.remove(seq)
+        self._remove(seq)
         self.bm.free(seq)
         seq.finish("abort")
 
@@ -83,11 +81,15 @@ class Scheduler:
 
         Usually it is running; under asynchronous scheduling it may have been preempted (waiting or
         swapped) by the step planned while its last token was on the device."""
+        self._remove(seq)
+        self.bm.free(seq)
+
+    def _remove(self, seq: Sequence) -> None:
+        """Take seq out of whichever queue holds it (at most one)."""
         for queue in (self.running, self.waiting, self.swapped):
             if seq in queue:
                 queue.remove(seq)
-                break
-        self.bm.free(seq)
+                return
 
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running or self.swapped)

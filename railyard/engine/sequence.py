@@ -72,7 +72,7 @@ class Sequence:
     @property
     def num_known_tokens(self) -> int:
         """Tokens whose values the host has (all but the placeholders)."""
-        return len(self.prompt_token_ids) + len(self.output_token_ids) - self.num_placeholders
+        return len(self.prompt_token_ids) + self.num_known_output_tokens
 
     @property
     def num_known_output_tokens(self) -> int:
