@@ -52,6 +52,35 @@ def store_kv(kv_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slot_mapp
         num_warps=1 if hk * d <= 512 else 4)
 
 
+@triton.jit
+def _attend_tile(q, acc, m, l, cache_ptr, bt_row, toks, valid, score_mask, d, dmask, kvh, qk_scale,
+                 plane_stride, HEAD_DIM: tl.constexpr, NUM_KV_HEADS: tl.constexpr, PAGE: tl.constexpr,
+                 IEEE: tl.constexpr):
+    """Fold one tile of paged keys/values (tokens `toks`, `valid` in range) into the running softmax
+    (acc, m, l) of the query rows q; score_mask [rows, tile] says which scores count. Shared by the
+    decode and prefill kernels, so both read the cache and round the same way."""
+    page = tl.load(bt_row + toks // PAGE, mask=valid, other=0).to(tl.int64)
+    off = (page * PAGE + toks % PAGE) * (NUM_KV_HEADS * HEAD_DIM) + kvh * HEAD_DIM
+    kv_mask = valid[:, None] & dmask[None, :]
+    k = tl.load(cache_ptr + off[:, None] + d[None, :], mask=kv_mask, other=0.0)
+    if IEEE:
+        s = tl.dot(q, tl.trans(k), input_precision="ieee")
+    else:
+        s = tl.dot(q, tl.trans(k))
+    s = tl.where(score_mask, s * qk_scale, float("-inf"))
+    m_new = tl.maximum(m, tl.max(s, 1))
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row with nothing to attend to yet
+    p = tl.exp2(s - m_safe[:, None])
+    alpha = tl.exp2(m - m_safe)
+    l = l * alpha + tl.sum(p, 1)
+    v = tl.load(cache_ptr + plane_stride + off[:, None] + d[None, :], mask=kv_mask, other=0.0)
+    if IEEE:
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
+    else:
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+    return acc, m_new, l
+
+
 # Per-step values (block-table width, split count) are not specialised on: a new value must not cost a
 # JIT compile in the middle of serving.
 @triton.jit(do_not_specialize=["bt_stride", "num_splits"])
@@ -80,30 +109,12 @@ def _decode_split_kernel(q_ptr, cache_ptr, block_tables_ptr, seq_lens_ptr, part_
     m = tl.full([G_PAD], float("-inf"), tl.float32)
     l = tl.zeros([G_PAD], tl.float32)
     acc = tl.zeros([G_PAD, D_PAD], tl.float32)
-    tok_stride = NUM_KV_HEADS * HEAD_DIM
     bt_row = block_tables_ptr + b.to(tl.int64) * bt_stride
     for start in range(tok_start, tok_end, BLOCK_N):
         toks = start + tl.arange(0, BLOCK_N)
         valid = toks < tok_end
-        page = tl.load(bt_row + toks // PAGE, mask=valid, other=0).to(tl.int64)
-        off = (page * PAGE + toks % PAGE) * tok_stride + kvh * HEAD_DIM
-        kv_mask = valid[:, None] & dmask[None, :]
-        k = tl.load(cache_ptr + off[:, None] + d[None, :], mask=kv_mask, other=0.0)
-        if IEEE:
-            s = tl.dot(q, tl.trans(k), input_precision="ieee")
-        else:
-            s = tl.dot(q, tl.trans(k))
-        s = tl.where(valid[None, :], s * qk_scale, float("-inf"))
-        m_new = tl.maximum(m, tl.max(s, 1))
-        p = tl.exp2(s - m_new[:, None])
-        alpha = tl.exp2(m - m_new)
-        l = l * alpha + tl.sum(p, 1)
-        v = tl.load(cache_ptr + plane_stride + off[:, None] + d[None, :], mask=kv_mask, other=0.0)
-        if IEEE:
-            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
-        else:
-            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
-        m = m_new
+        acc, m, l = _attend_tile(q, acc, m, l, cache_ptr, bt_row, toks, valid, valid[None, :], d, dmask, kvh,
+                                 qk_scale, plane_stride, HEAD_DIM, NUM_KV_HEADS, PAGE, IEEE)
     if DIRECT:  # one split: normalise here, as the merge would (same operations, same result)
         out = acc / tl.maximum(l, 1e-30)[:, None]
         tl.store(out_ptr + b * out_stride_t + heads[:, None] * out_stride_h + d[None, :],
@@ -198,33 +209,14 @@ def _prefill_kernel(q_ptr, cache_ptr, block_tables_ptr, seq_lens_ptr, query_star
         m = tl.full([BLOCK_M], float("-inf"), tl.float32)
         l = tl.zeros([BLOCK_M], tl.float32)
         acc = tl.zeros([BLOCK_M, D_PAD], tl.float32)
-        tok_stride = NUM_KV_HEADS * HEAD_DIM
         bt_row = block_tables_ptr + b.to(tl.int64) * bt_stride
         end = tl.minimum(seq_len, ctx + (q_block + 1) * BLOCK_M)
         for start in range(0, end, BLOCK_N):
             toks = start + tl.arange(0, BLOCK_N)
             valid = toks < end
-            page = tl.load(bt_row + toks // PAGE, mask=valid, other=0).to(tl.int64)
-            off = (page * PAGE + toks % PAGE) * tok_stride + kvh * HEAD_DIM
-            kv_mask = valid[:, None] & dmask[None, :]
-            k = tl.load(cache_ptr + off[:, None] + d[None, :], mask=kv_mask, other=0.0)
-            if IEEE:
-                s = tl.dot(q, tl.trans(k), input_precision="ieee")
-            else:
-                s = tl.dot(q, tl.trans(k))
             causal = valid[None, :] & (toks[None, :] <= q_pos[:, None])
-            s = tl.where(causal, s * qk_scale, float("-inf"))
-            m_new = tl.maximum(m, tl.max(s, 1))
-            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-            p = tl.exp2(s - m_safe[:, None])
-            alpha = tl.exp2(m - m_safe)
-            l = l * alpha + tl.sum(p, 1)
-            v = tl.load(cache_ptr + plane_stride + off[:, None] + d[None, :], mask=kv_mask, other=0.0)
-            if IEEE:
-                acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
-            else:
-                acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
-            m = m_new
+            acc, m, l = _attend_tile(q, acc, m, l, cache_ptr, bt_row, toks, valid, causal, d, dmask, kvh,
+                                     qk_scale, plane_stride, HEAD_DIM, NUM_KV_HEADS, PAGE, IEEE)
         out = acc / tl.maximum(l, 1e-30)[:, None]
         tl.store(out_ptr + (q_start + rows)[:, None].to(tl.int64) * out_stride_t + h * out_stride_h + d[None, :],
                  out.to(out_ptr.dtype.element_ty), mask=rmask[:, None] & dmask[None, :])
