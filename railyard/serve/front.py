@@ -12,19 +12,17 @@ from collections.abc import Callable
 from contextlib import asynccontextmanager
 from types import SimpleNamespace
 
-from fastapi import FastAPI, Request
+from fastapi import FastAPI
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY
 from prometheus_client.exposition import generate_latest
 from prometheus_client.registry import Collector, CollectorRegistry
 
-from railyard.api.chat import create_chat_completion
-from railyard.api.completions import create_completion
+from railyard.api.app import install_openai_routes
 from railyard.api.errors import ModelNotFoundError, install_error_handlers
 from railyard.api.generation import Generation
 from railyard.api.metrics import ServerMetrics
 from railyard.api.middleware import BearerAuth, BodySizeLimit
-from railyard.api.protocol import ChatCompletionRequest, CompletionRequest
 from railyard.serve.client import RayEngineClient
 
 DEFAULT_MAX_REQUEST_BYTES = 8 * 1024 * 1024
@@ -84,13 +82,7 @@ def openai_app(clients: dict[str, RayEngineClient], *, on_startup: Callable[[], 
             raise ModelNotFoundError(model)
         return gen
 
-    @app.post("/v1/completions")
-    async def completions(body: CompletionRequest, raw: Request) -> Response:
-        return await create_completion(generation(body.model), body, raw)
-
-    @app.post("/v1/chat/completions")
-    async def chat_completions(body: ChatCompletionRequest, raw: Request) -> Response:
-        return await create_chat_completion(generation(body.model), body, raw)
+    install_openai_routes(app, generation)
 
     def model_card(name: str) -> dict:
         client = clients[name]
