@@ -56,6 +56,11 @@ class _EngineStatsCollector:
             ("vllm:prefix_cache_queries", "Prefix cache queries, in terms of number of queried tokens.",
              s.prefix_cache_queries),
             ("vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens.", s.prefix_cache_hits),
+            ("railyard:engine_steps", "Forward passes the engine ran.", s.num_steps_total),
+            ("railyard:computed_tokens", "Tokens run through the model (prefill chunks and decodes).",
+             s.computed_tokens_total),
+            ("railyard:decode_rows", "Of the computed tokens, single-token decodes (the rest is prefill).",
+             s.decode_rows_total),
         ):
             family = CounterMetricFamily(name, doc, labels=_LABELS)
             family.add_metric(labels, value)

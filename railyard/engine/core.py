@@ -97,6 +97,8 @@ class EngineCore:
         self._seq_ids = itertools.count()
         self.prompt_tokens_total = 0
         self.computed_tokens_total = 0
+        self.num_steps_total = 0
+        self.decode_rows_total = 0
         self.generation_tokens_total = 0
         self.requests_finished_total = 0
         self.requests_added_total = 0
@@ -194,6 +196,9 @@ class EngineCore:
         now = time.monotonic()
         pending = self.executor.launch(out)
         self.computed_tokens_total += out.num_batched_tokens
+        self.num_steps_total += 1
+        self.decode_rows_total += sum(1 for item in out.scheduled if item.num_new_tokens == 1
+                                      and item.seq.num_computed_tokens >= item.seq.num_prompt_tokens)
         self.scheduler.mark_computed(out)
         sampled: list[Sequence] = []
         for item in out.scheduled:
@@ -274,6 +279,7 @@ class EngineCore:
             num_cpu_blocks=bm.cpu.num_blocks, num_free_cpu_blocks=bm.cpu.num_free,
             prefix_cache_queries=bm.prefix_queries, prefix_cache_hits=bm.prefix_hits,
             prompt_tokens_total=self.prompt_tokens_total, computed_tokens_total=self.computed_tokens_total,
+            num_steps_total=self.num_steps_total, decode_rows_total=self.decode_rows_total,
             generation_tokens_total=self.generation_tokens_total,
             num_preemptions_total=sch.num_preemptions, num_requests_finished_total=self.requests_finished_total,
             num_requests_added_total=self.requests_added_total,

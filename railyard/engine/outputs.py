@@ -115,6 +115,8 @@ class EngineStats:
     prefix_cache_hits: int = 0  # of those, tokens found
     prompt_tokens_total: int = 0
     computed_tokens_total: int = 0  # tokens run through the model (prefill chunks + decodes)
+    num_steps_total: int = 0  # forward passes; with decode_rows_total, what an average step carries
+    decode_rows_total: int = 0  # of computed_tokens_total, single-token decodes (the rest is prefill)
     generation_tokens_total: int = 0
     num_preemptions_total: int = 0
     num_requests_finished_total: int = 0
