@@ -75,7 +75,8 @@ def fp8_linear(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor
                bias: torch.Tensor | None = None) -> torch.Tensor:
     """y = x W^T (+ b) with W [N, K] fp8 and its per-channel scale [N]; x [M, K] in the model dtype."""
     xq, x_scale = quantize_per_token(x)
-    if scaled_mm_supported(x.device, x.dtype):
+    n, k = weight.shape
+    if scaled_mm_supported(x.device, x.dtype) and n % 16 == 0 and k % 16 == 0:  # _scaled_mm's shape rule
         return scaled_mm(xq, x_scale, weight, weight_scale, bias, x.dtype)
     return dequantized_linear(xq, x_scale, weight, weight_scale, bias, x.dtype)
 
