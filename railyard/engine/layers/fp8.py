@@ -73,12 +73,17 @@ def gemm_path(device: torch.device, dtype: torch.dtype) -> str:
 
 def fp8_linear(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor,
                bias: torch.Tensor | None = None) -> torch.Tensor:
-    """y = x W^T (+ b) with W [N, K] fp8 and its per-channel scale [N]; x [M, K] in the model dtype."""
+    """y = x W^T (+ b) with W [N, K] fp8 and its per-channel scale [N]; x [..., K] in the model dtype."""
+    lead = x.shape[:-1]
+    if x.dim() != 2 or x.stride(-1) != 1:
+        x = x.reshape(-1, x.shape[-1]).contiguous()
     xq, x_scale = quantize_per_token(x)
     n, k = weight.shape
     if scaled_mm_supported(x.device, x.dtype) and n % 16 == 0 and k % 16 == 0:  # _scaled_mm's shape rule
-        return scaled_mm(xq, x_scale, weight, weight_scale, bias, x.dtype)
-    return dequantized_linear(xq, x_scale, weight, weight_scale, bias, x.dtype)
+        y = scaled_mm(xq, x_scale, weight, weight_scale, bias, x.dtype)
+    else:
+        y = dequantized_linear(xq, x_scale, weight, weight_scale, bias, x.dtype)
+    return y.view(*lead, n)
 
 
 def scaled_mm(xq: torch.Tensor, x_scale: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor,

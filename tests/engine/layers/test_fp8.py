@@ -173,3 +173,12 @@ def test_unquantized_layers_keep_their_parameters():
     layer = QKVParallelLinear(64, 16, 4, 2, True)
     assert [n for n, _ in layer.named_parameters()] == ["weight", "bias"]
     assert layer.weight.dtype == torch.get_default_dtype()
+
+
+def test_fp8_linear_takes_batched_and_strided_inputs():
+    w = _randn(48, 64, seed=19)
+    q, scale = quantize_rows(w)
+    x = _randn(3, 5, 128, seed=20)[..., ::2]  # [3, 5, 64], last stride 2
+    got = fp8_linear(x, q, scale)
+    assert got.shape == (3, 5, 48)
+    torch.testing.assert_close(got.reshape(15, 48), fp8_linear(x.reshape(15, 64).contiguous(), q, scale))
