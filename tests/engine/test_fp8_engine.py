@@ -98,3 +98,19 @@ def test_generate_command_runs_fp8_weights_and_cache(tiny_model, capsys):
                "--quantization", "fp8", "--kv-cache-dtype", "fp8", "--json"])
     assert rc == 0
     assert '"finish_reason": "length"' in capsys.readouterr().out
+
+
+def test_an_fp8_cache_on_a_gpu_without_fp8_conversions_needs_the_torch_backend(monkeypatch):
+    """Triton converts e4m3 in registers only on compute capability 8.9+: an explicit triton backend on an
+    older GPU is refused; the automatic choice takes the torch backend, which runs the cache anywhere."""
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (8, 0))
+    gpu = torch.device("cuda")
+    with pytest.raises(ConfigError, match="needs a GPU of compute capability 8.9 or newer .* this one is 8.0: "
+                                          "use --attention-backend torch"):
+        model_runner._fp8_attention_backend("triton", gpu)
+    assert model_runner._fp8_attention_backend("auto", gpu) == "torch"
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    assert model_runner._fp8_attention_backend("triton", gpu) == "triton"
+    assert model_runner._fp8_attention_backend("auto", torch.device("cpu")) == "auto"

@@ -67,7 +67,7 @@ def gemm_path(device: torch.device, dtype: torch.dtype) -> str:
     if scaled_mm_supported(device, dtype):
         return "torch._scaled_mm (FP8 tensor cores)"
     why = "no FP8 tensor cores" if device.type != "cuda" or not _has_fp8_tensor_cores(device.index or 0) \
-        else f"{dtype} output (row-wise scaled matmuls write bfloat16 only)"
+        else f"a {str(dtype).removeprefix('torch.')} model: the tensor-core path is for bfloat16 models"
     return f"reference: dequantize then matmul ({why})"
 
 

@@ -182,3 +182,22 @@ def test_fp8_linear_takes_batched_and_strided_inputs():
     got = fp8_linear(x, q, scale)
     assert got.shape == (3, 5, 48)
     torch.testing.assert_close(got.reshape(15, 48), fp8_linear(x.reshape(15, 64).contiguous(), q, scale))
+
+
+@pytest.mark.parametrize("capability, dtype, path", [
+    ((9, 0), torch.bfloat16, "torch._scaled_mm (FP8 tensor cores)"),
+    ((8, 9), torch.bfloat16, "torch._scaled_mm (FP8 tensor cores)"),
+    ((8, 0), torch.bfloat16, "reference: dequantize then matmul (no FP8 tensor cores)"),
+    ((9, 0), torch.float32, "reference: dequantize then matmul (a float32 model: the tensor-core path is for "
+                            "bfloat16 models)"),
+])
+def test_the_gemm_path_follows_the_gpu_and_the_model_dtype(monkeypatch, capability, dtype, path):
+    from railyard.engine.layers import fp8
+
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index=None: capability)
+    fp8._has_fp8_tensor_cores.cache_clear()
+    try:
+        assert fp8.gemm_path(torch.device("cuda"), dtype) == path
+        assert fp8.gemm_path(torch.device("cpu"), torch.bfloat16).startswith("reference")
+    finally:
+        fp8._has_fp8_tensor_cores.cache_clear()
