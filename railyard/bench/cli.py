@@ -21,6 +21,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     tp.add_argument("--warmup-prompts", type=int, default=8,
                     help="untimed prompts of the same lengths (4 output tokens) run first, so JIT compilation "
                          "is not measured; 0: none")
+    tp.add_argument("--token-id-range", type=int, default=None,
+                    help="draw prompt token ids below this, as `railyard bench serve` does, so both run the very same "
+                         "requests (default: the model's vocabulary)")
     tp.add_argument("--peak-tflops", type=float, default=None,
                     help="matmul peak for the roofline (default: 790, bf16 measured on an H200)")
     tp.add_argument("--fp8-peak-tflops", type=float, default=None,
@@ -45,8 +48,10 @@ def run_throughput_cmd(args: argparse.Namespace) -> int:
     engine = Engine.from_config(engine_config_from_args(args))
     if args.warmup_prompts < 0:
         raise ConfigError("--warmup-prompts must be >= 0")
+    if args.token_id_range is not None and not 1 <= args.token_id_range <= engine.spec.vocab_size:
+        raise ConfigError(f"--token-id-range must be in [1, {engine.spec.vocab_size}] (the vocabulary)")
     result = run_throughput(engine, args.num_prompts, input_len, output_len, args.workload_seed,
-                            args.warmup_prompts)
+                            args.warmup_prompts, args.token_id_range)
     report = result.to_dict()
     report.update(roofline_report(engine, args, input_len, output_len, result.elapsed_s))
     print(json.dumps(report, indent=1))
@@ -60,7 +65,7 @@ def roofline_report(engine, args: argparse.Namespace, input_len, output_len, ela
     from railyard.bench.roofline import H200_HBM_TBS, H200_PEAK_TFLOPS, offline_roofline
     from railyard.bench.throughput import workload_requests
 
-    reqs = workload_requests(engine, args.num_prompts, input_len, output_len, args.workload_seed)
+    reqs = workload_requests(engine, args.num_prompts, input_len, output_len, args.workload_seed, args.token_id_range)
     peak, bw = args.peak_tflops or H200_PEAK_TFLOPS, args.hbm_tbs or H200_HBM_TBS
     fp8_peak = args.fp8_peak_tflops or 2 * peak
     shape = roofline_shape(engine)
