@@ -20,6 +20,8 @@ _HELP = {
     "preemption_mode": "what happens to a preempted sequence's KV: recompute or swap",
     "scheduling_policy": "fcfs or priority",
     "tensor_parallel_size": "GPUs (processes) per replica",
+    "structured_outputs_disable_any_whitespace": "constrained JSON gets no whitespace beyond ', ' and ': ' unless "
+                                                 "a request's structured_outputs.disable_any_whitespace says otherwise",
     "async_scheduling": "plan the next step while the device runs the current one (--no-async-scheduling: "
                         "one step at a time)",
 }

@@ -21,6 +21,7 @@ from railyard.engine.outputs import CompletionOutput, EngineStats, RequestMetric
 from railyard.engine.scheduler import Scheduler
 from railyard.engine.sampler import DoneSample, PendingSample
 from railyard.engine.sequence import PLACEHOLDER, Sequence
+from railyard.engine.structured.manager import Accepted, StructuredOutputManager
 from railyard.engine.tokenizer import IncrementalDetokenizer, load_tokenizer
 from railyard.errors import ConfigError, InvalidRequestError
 
@@ -99,6 +100,9 @@ class Engine:
             eos.add(self.tokenizer.eos_token_id)
         self.eos_token_ids = tuple(sorted(eos))
         self.requests: dict[str, _Request] = {}
+        # [structured outputs] grammars and matchers of constrained sequences (idle until the first one)
+        self.structured = StructuredOutputManager(self.tokenizer, spec.vocab_size, self.eos_token_ids,
+                                                  config.structured_outputs_disable_any_whitespace)
         self._seq_ids = itertools.count()
         self.prompt_tokens_total = 0
         self.computed_tokens_total = 0
@@ -122,6 +126,8 @@ class Engine:
         text, ids = self._tokenize(prompt, prompt_token_ids)
         # The sampler indexes logits with stop ids: one bad id would fail the whole batch.
         self._check_in_vocab(params.stop_token_ids, "stop token id")
+        if params.structured_outputs is not None:  # [structured outputs] refuse a bad constraint at the door
+            self.structured.validate(params.structured_outputs)
         max_len = self.config.max_model_len
         if len(ids) >= max_len:
             raise InvalidRequestError(
@@ -136,8 +142,11 @@ class Engine:
         self.requests[request_id] = _Request(request_id, text, list(ids), params, seqs, detoks,
                                              [""] * params.n, RequestMetrics(now), stop_holdback=holdback,
                                              final_only=params.output_kind == "final_only")
-        for seq in seqs:
-            self.scheduler.add(seq)
+        if params.structured_outputs is not None:  # [structured outputs] joins the scheduler once compiled
+            self.structured.add(request_id, seqs, params.structured_outputs)
+        else:
+            for seq in seqs:
+                self.scheduler.add(seq)
         self.prompt_tokens_total += len(ids)
         if params.needs_output_history:
             self._num_history_requests += 1
@@ -176,10 +185,11 @@ class Engine:
             if not seq.is_finished:
                 self.scheduler.abort(seq)
             self.executor.forget(seq.seq_id)
+        self.structured.forget(request_id, [s.seq_id for s in req.seqs])  # [structured outputs]
         return True
 
     def has_unfinished_requests(self) -> bool:
-        return self.scheduler.has_unfinished() or self._in_flight is not None
+        return self.scheduler.has_unfinished() or self._in_flight is not None or self.structured.num_compiling > 0
 
     @property
     def num_requests(self) -> int:
@@ -195,11 +205,16 @@ class Engine:
         that N's token finishes has one wasted row in N+1, discarded.
         """
         prev, self._in_flight = self._in_flight, None
+        failed = self._admit_compiled(idle=prev is None) if self.structured.num_compiling else []  # [structured]
         results: list[RequestOutput] = []
         if prev is not None and self._needs_known_tokens():
             results, prev = self._complete(prev), None
         out = self.scheduler.schedule()
-        launched = self._launch(out) if not out.is_empty else None
+        launched = None
+        if not out.is_empty:
+            launched, early = self._launch(out, prev)
+            if early is not None:  # prev was completed inside: its tokens were needed for this step's masks
+                results, prev = early, None
         if prev is not None:
             results = self._complete(prev)
         if launched is not None:
@@ -207,15 +222,22 @@ class Engine:
                 self._in_flight = launched
             else:
                 results = self._complete(launched)
-        return results
+        return failed + results if failed else results
 
     def _needs_known_tokens(self) -> bool:
         """Penalties read every output token on the host, so those steps wait for the previous one."""
         return self._num_history_requests > 0
 
-    def _launch(self, out) -> _InFlight:
+    def _launch(self, out, prev: _InFlight | None) -> tuple[_InFlight, list[RequestOutput] | None]:
+        """Launch a step; returns it and, if prev had to be completed first, prev's outputs.
+
+        [structured outputs] A step that samples a constrained row is launched in two parts: its forward pass
+        at once, its sampling once the rows' token bitmasks are filled. Those need every earlier token, so
+        the step in flight (prev) is completed in between, while the new forward pass runs on the device:
+        asynchronous scheduling keeps its overlap."""
         now = time.monotonic()
-        pending = self.executor.launch(out)
+        constrained = self.structured.needs_bitmask(out)
+        pending = self.executor.launch_forward(out) if constrained else self.executor.launch(out)
         self.computed_tokens_total += out.num_batched_tokens
         self.scheduler.mark_computed(out)
         sampled: list[Sequence] = []
@@ -228,7 +250,37 @@ class Engine:
                 seq.output_token_ids.append(PLACEHOLDER)
                 seq.num_placeholders += 1
                 sampled.append(seq)
-        return _InFlight(sampled, pending)
+        early = None
+        if constrained:
+            if prev is not None:
+                early = self._complete(prev)
+            pending = self.executor.launch_sample(pending, self.structured.bitmask(sampled))
+        return _InFlight(sampled, pending), early
+
+    def _admit_compiled(self, idle: bool) -> list[RequestOutput]:
+        """[structured outputs] Constrained requests whose grammar is compiled join the scheduler; those whose
+        compile failed end with an error. With nothing else to run, wait a moment for a compile instead of spinning."""
+        idle = idle and not self.scheduler.has_unfinished()
+        ready, failed = self.structured.take_ready(wait_s=0.005 if idle else 0.0)
+        for seq in ready:
+            if seq.request_id in self.requests:
+                self.scheduler.add(seq)
+        outputs = []
+        for request_id, message in failed.items():
+            req = self.requests.get(request_id)
+            if req is not None:
+                outputs.append(self._fail(req, message))
+        return outputs
+
+    def _fail(self, req: _Request, message: str) -> RequestOutput:
+        """End a request that never ran (its sequences hold no blocks) with an error output."""
+        for seq in req.seqs:
+            seq.finish("abort")
+        self.abort(req.request_id)
+        self.requests_finished_total += 1
+        out = self._output(req, True)
+        out.error = message
+        return out
 
     def _complete(self, step: _InFlight) -> list[RequestOutput]:
         """Wait for a launched step's tokens and apply them: append, detokenise, stop rules, outputs."""
@@ -274,11 +326,16 @@ class Engine:
             seq.output_logprobs.append(logprobs)
             seq.cumulative_logprob += logprobs[token]
         reason: tuple[str, int | str | None] | None = None
-        if n_out >= p.min_tokens:
+        accepted = self.structured.accept(seq, token)  # [structured outputs]
+        if accepted is Accepted.REJECTED:
+            reason = ("abort", None)
+        elif n_out >= p.min_tokens:
             if token in p.stop_token_ids:
                 reason = ("stop", token)
             elif not p.ignore_eos and token in seq.eos_token_ids:
                 reason = ("stop", None)
+        if reason is None and accepted is Accepted.TERMINATED:
+            reason = ("stop", None)  # the grammar is complete (its EOS came with ignore_eos): nothing may follow
         if reason is None and req.detoks:
             delta = req.detoks[seq.index].append(token)
             if delta:
@@ -294,6 +351,7 @@ class Engine:
             seq.finish(*reason)
             self.scheduler.finish(seq)
             self.executor.forget(seq.seq_id)
+            self.structured.forget(req.request_id, [seq.seq_id])  # [structured outputs]
 
     def _check_stop_strings(self, req: _Request, index: int, delta_len: int) -> tuple[str, str] | None:
         text = req.texts[index]
@@ -348,6 +406,7 @@ class Engine:
         self.executor.check_health()
 
     def shutdown(self) -> None:
+        self.structured.shutdown()
         self.executor.shutdown()
 
 
@@ -371,6 +430,12 @@ class LocalExecutor:
 
     def launch(self, out):
         return self.runner.launch(out)
+
+    def launch_forward(self, out):
+        return self.runner.launch_forward(out)
+
+    def launch_sample(self, forward, bitmask):
+        return self.runner.launch_sample(forward, bitmask)
 
     def execute(self, out):
         return self.runner.execute(out)
