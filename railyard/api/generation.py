@@ -16,6 +16,7 @@ from railyard.api.protocol import SamplingRequest
 from railyard.engine.async_engine import AsyncEngine, RequestStream
 from railyard.engine.config import SamplingParams
 from railyard.engine.outputs import RequestOutput
+from railyard.engine.structured import StructuredOutputsParams
 from railyard.errors import InvalidRequestError
 
 
@@ -56,6 +57,8 @@ class DeltaTracker:
     sent: dict[int, _Sent] = field(default_factory=dict)
 
     def deltas(self, prompt_index: int, out: RequestOutput) -> list[Delta]:
+        if out.error:  # the request ended on an error of its own (a constraint that failed to compile)
+            raise InvalidRequestError(out.error)
         result = []
         for c in out.outputs:
             index = prompt_index * self.n + c.index
@@ -103,7 +106,8 @@ class Generation:
                 f"{n + (max_tokens or 0)} tokens ({n} in the prompt{asked}). Please reduce the length of the prompt "
                 "or the completion.")
 
-    def sampling_params(self, req: SamplingRequest, max_tokens: int | None, logprobs: int | None) -> SamplingParams:
+    def sampling_params(self, req: SamplingRequest, max_tokens: int | None, logprobs: int | None,
+                        structured_outputs: StructuredOutputsParams | None = None) -> SamplingParams:
         """SamplingParams from the request (OpenAI defaults where unset); bad values raise InvalidRequestError."""
         if req.logit_bias:
             raise InvalidRequestError("logit_bias is not supported.")
@@ -116,7 +120,7 @@ class Generation:
             stop=[req.stop] if isinstance(req.stop, str) else list(req.stop or []),
             stop_token_ids=list(req.stop_token_ids or []), ignore_eos=req.ignore_eos, logprobs=logprobs,
             include_stop_str_in_output=req.include_stop_str_in_output,
-            skip_special_tokens=req.skip_special_tokens)
+            skip_special_tokens=req.skip_special_tokens, structured_outputs=structured_outputs)
 
     # -- into the engine and back ----------------------------------------------------------------
     async def submit(self, request_id: str, prompts: list[Prompt], params: SamplingParams, priority: int,
@@ -150,7 +154,12 @@ class Generation:
         watcher = asyncio.ensure_future(wait_for_disconnect(request))
         try:
             await asyncio.wait({work, watcher}, return_when=asyncio.FIRST_COMPLETED)
-            return work.result() if work.done() else None
+            if not work.done():
+                return None
+            failed = next((out.error for out in work.result() if out.error), None)
+            if failed:  # the request ended on an error of its own (a constraint that failed to compile)
+                raise InvalidRequestError(failed)
+            return work.result()
         finally:
             for task in (work, watcher):
                 task.cancel()
