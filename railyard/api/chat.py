@@ -50,11 +50,11 @@ async def create_chat_completion(gen: Generation, req: ChatCompletionRequest, ra
     arrival = time.monotonic()
     _check_supported(req)
     tools = plan_tools(req)  # [tools] None without tools
+    constraint = structured_outputs(req, tools.constraint if tools else None)  # [structured outputs]
     prompt = render_chat(gen, req, tools)
     max_tokens = req.max_completion_tokens or req.max_tokens
     gen.check_length(prompt, max_tokens)
     k = (req.top_logprobs or 0) if req.logprobs else None
-    constraint = structured_outputs(req, tools.constraint if tools else None)  # [structured outputs]
     params = gen.sampling_params(req, max_tokens, k, constraint)
     request_id = f"chatcmpl-{uuid.uuid4().hex}"
     streams = await gen.submit(request_id, [prompt], params, req.priority, arrival)

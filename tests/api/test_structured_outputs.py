@@ -15,17 +15,12 @@ import openai
 import pytest
 from pydantic import BaseModel, Field
 
-from tests.api.conftest import serve_in_thread, tiny_engine
 from tests.api.structured_schemas import SCHEMAS
 
 
 @pytest.fixture(scope="module")
-def so_server(tiny_model):
-    """Room for a 256-request batch; compact JSON (the tiny model would otherwise ramble in whitespace)."""
-    engine = tiny_engine(tiny_model, max_model_len=1024, max_num_seqs=256,
-                         structured_outputs_disable_any_whitespace=True)
-    with serve_in_thread(engine) as running:
-        yield running
+def so_server(structured_server):
+    return structured_server
 
 
 @pytest.fixture(scope="module")
