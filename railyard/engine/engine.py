@@ -383,7 +383,8 @@ class Engine:
         bm, sch = self.block_manager, self.scheduler
         total = bm.gpu.num_blocks
         return EngineStats(
-            num_running=len(sch.running), num_waiting=len(sch.waiting), num_swapped=len(sch.swapped),
+            num_running=len(sch.running), num_swapped=len(sch.swapped),
+            num_waiting=len(sch.waiting) + self.structured.num_compiling_seqs,  # [structured] compiling: waiting too
             num_free_blocks=bm.num_free_blocks, num_total_blocks=total,
             kv_cache_usage=bm.num_used_blocks / total if total else 0.0,
             num_cpu_blocks=bm.cpu.num_blocks, num_free_cpu_blocks=bm.cpu.num_free,

@@ -72,6 +72,7 @@ round(r['output_token_throughput']), r['ttft_ms']['p50'], r['errors'][:1])" 2>&1
 phase() {  # tag (byte | bpe), repetitions
   bench "$1_warm_plain" 16 32 64 8
   bench "$1_warm_json" 16 32 64 8 --structured-outputs "$SCHEMA"  # TokenizerInfo, compile, the mask kernel's JIT
+  bench "$1_warm_one" 1 2 64 8 --structured-outputs "$SCHEMA"  # the kernel's JIT for a one-row batch
   for rep in $(seq 1 $2); do
     for c in $C_LOW $C_HIGH; do
       bench "$1_plain_c${c}_r$rep" $c $((c * 3)) $IN $OUT_LEN

@@ -16,8 +16,11 @@ def apply_bitmask(logits: torch.Tensor, bitmask: GrammarBitmask) -> None:
     import xgrammar as xgr
 
     if logits.device.type == "cpu":
-        xgr.apply_token_bitmask_inplace(logits, bitmask.tensor, vocab_size=logits.shape[-1], indices=bitmask.rows)
-        return
-    mask = to_device(bitmask.tensor, logits.device)
-    rows = host_tensor(bitmask.rows, torch.int32, logits.device)
-    xgr.apply_token_bitmask_inplace(logits, mask, vocab_size=logits.shape[-1], indices=rows)
+        mask, rows = bitmask.tensor, bitmask.rows
+    else:
+        mask = to_device(bitmask.tensor, logits.device)
+        rows = host_tensor(bitmask.rows, torch.int32, logits.device)
+    xgr.apply_token_bitmask_inplace(logits, mask, vocab_size=bitmask.vocab_size, indices=rows)
+    if logits.shape[-1] > bitmask.vocab_size:  # ids past the tokenizer's: never allowed
+        index = rows if isinstance(rows, torch.Tensor) else torch.tensor(rows)
+        logits[index.long(), bitmask.vocab_size:] = float("-inf")

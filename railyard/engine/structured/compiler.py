@@ -66,12 +66,19 @@ class GrammarCompiler:
         self._pool.shutdown(wait=False, cancel_futures=True)
 
 
+def grammar_vocab_size(tokenizer, model_vocab_size: int) -> int:
+    """The ids the grammar masks cover: the tokenizer's, or the model's where it has fewer. Ids the model has
+    beyond its tokenizer (padding, or a named shape's 152k vocabulary over the 259-token byte tokenizer) are
+    masked apart (apply_bitmask): as xgrammar ids they would cost it a scan of them on every accepted token."""
+    return min(len(tokenizer), model_vocab_size)
+
+
 def _make_compiler(tokenizer, vocab_size: int, stop_token_ids: tuple[int, ...]):
     import xgrammar as xgr
 
-    # vocab_size is the model's (its logits' width), which may exceed the tokenizer's: the ids beyond the
-    # tokenizer's are never allowed. The stop tokens are the engine's EOS ids, which end a finished grammar.
-    info = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size, stop_token_ids=list(stop_token_ids))
+    # The stop tokens are the engine's EOS ids (those the tokenizer has): they end a finished grammar.
+    stops = [t for t in stop_token_ids if t < vocab_size] or None
+    info = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size, stop_token_ids=stops)
     threads = max(1, min(8, (os.cpu_count() or 2) // 2))
     # Our own cache (by constraint) holds the compiled grammars; xgrammar's second one would only double them.
     return xgr.GrammarCompiler(info, max_threads=threads, cache_enabled=False)

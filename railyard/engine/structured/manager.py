@@ -22,7 +22,7 @@ import torch
 
 from railyard.engine.scheduler import SchedulerOutput
 from railyard.engine.sequence import Sequence
-from railyard.engine.structured.compiler import GrammarCompiler
+from railyard.engine.structured.compiler import GrammarCompiler, grammar_vocab_size
 from railyard.engine.structured.grammar import check, clean_message
 from railyard.engine.structured.params import StructuredOutputsParams
 from railyard.errors import InvalidRequestError
@@ -39,10 +39,12 @@ class Accepted(Enum):
 
 @dataclass
 class GrammarBitmask:
-    """A step's token bitmask on the host: int32 [rows, ceil(vocab / 32)]; only `rows` are filled and applied."""
+    """A step's token bitmask on the host: int32 [rows, ceil(vocab_size / 32)]; only `rows` are filled and applied.
+    Logits of ids at or past vocab_size (the model's beyond its tokenizer's) are forbidden in those rows."""
 
     tensor: torch.Tensor
     rows: list[int]
+    vocab_size: int
 
 
 @dataclass
@@ -58,7 +60,7 @@ class StructuredOutputManager:
                  disable_any_whitespace: bool = False) -> None:
         self.tokenizer = tokenizer
         self.disable_any_whitespace = disable_any_whitespace  # the default of requests that leave it unset
-        self.vocab_size = vocab_size
+        self.vocab_size = grammar_vocab_size(tokenizer, vocab_size) if tokenizer is not None else vocab_size
         self.stop_token_ids = stop_token_ids
         self._compiler: GrammarCompiler | None = None
         self._compiling: dict[str, _Compiling] = {}  # by request id
@@ -85,7 +87,12 @@ class StructuredOutputManager:
 
     @property
     def num_compiling(self) -> int:
+        """Requests waiting for their grammar."""
         return len(self._compiling)
+
+    @property
+    def num_compiling_seqs(self) -> int:
+        return sum(len(c.seqs) for c in self._compiling.values()) if self._compiling else 0
 
     def take_ready(self, wait_s: float = 0.0) -> tuple[list[Sequence], dict[str, str]]:
         """Sequences whose grammar is compiled (each now has its matcher), and {request id: error} for
@@ -139,7 +146,7 @@ class StructuredOutputManager:
 
             self._batch = xgr.BatchGrammarMatcher()
         self._batch.batch_fill_next_token_bitmask(matchers, tensor, rows)
-        return GrammarBitmask(tensor, rows)
+        return GrammarBitmask(tensor, rows, self.vocab_size)
 
     def accept(self, seq: Sequence, token: int) -> Accepted:
         """Advance the sequence's matcher by its next known token."""
