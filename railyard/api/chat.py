@@ -9,7 +9,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
 from railyard.api.errors import error_body
-from railyard.api.generation import DeltaTracker, Generation, Prompt, now_s, usage
+from railyard.api.generation import ChoiceState, Generation, Prompt, now_s, usage
 from railyard.api.protocol import ChatCompletionRequest
 from railyard.api.sse import EventStreamResponse, sse
 from railyard.api.structured import structured_outputs
@@ -17,7 +17,7 @@ from railyard.api.tools import ToolPlan, finish_reason, parse_message, plan_tool
 from railyard.errors import InvalidRequestError
 
 
-def render_chat(gen: Generation, req: ChatCompletionRequest, tools: ToolPlan | None = None) -> Prompt:
+async def render_chat(gen: Generation, req: ChatCompletionRequest, tools: ToolPlan | None = None) -> Prompt:
     """The prompt text and ids, exactly as transformers' apply_chat_template renders the messages (and tools)."""
     if getattr(gen.tokenizer, "chat_template", None) is None:
         raise InvalidRequestError("this model has no chat template; use /v1/completions")
@@ -28,7 +28,7 @@ def render_chat(gen: Generation, req: ChatCompletionRequest, tools: ToolPlan | N
     except Exception as exc:  # the template itself rejects the conversation (jinja raise_exception etc.)
         raise InvalidRequestError(f"the chat template cannot render these messages: {exc}") from None
     # The template already carries any special tokens it wants; adding more would change the prompt.
-    return Prompt(text, gen.tokenize(text, add_special_tokens=False))
+    return Prompt(text, await gen.tokenize(text, add_special_tokens=False))
 
 
 def _check_supported(req: ChatCompletionRequest) -> None:
@@ -51,7 +51,7 @@ async def create_chat_completion(gen: Generation, req: ChatCompletionRequest, ra
     _check_supported(req)
     tools = plan_tools(req)  # [tools] None without tools
     constraint = structured_outputs(req, tools.constraint if tools else None)  # [structured outputs]
-    prompt = render_chat(gen, req, tools)
+    prompt = await render_chat(gen, req, tools)
     max_tokens = req.max_completion_tokens or req.max_tokens
     gen.check_length(prompt, max_tokens)
     k = (req.top_logprobs or 0) if req.logprobs else None
@@ -83,7 +83,7 @@ async def create_chat_completion(gen: Generation, req: ChatCompletionRequest, ra
 
 async def _stream(gen: Generation, req: ChatCompletionRequest, request_id: str, created: int, stream,
                   tools: ToolPlan | None = None):
-    tracker = DeltaTracker(req.n)
+    choices: dict[int, ChoiceState] = {}
     parsers = {i: tools.parser() for i in range(req.n)} if tools else {}  # [tools] one per choice
     k = (req.top_logprobs or 0) if req.logprobs else None
     include_usage = req.stream_options is not None and req.stream_options.include_usage
@@ -93,17 +93,19 @@ async def _stream(gen: Generation, req: ChatCompletionRequest, request_id: str, 
     try:
         async for out in stream:
             last = out
-            for d in tracker.deltas(0, out):  # one choice per chunk, as OpenAI streams them
-                if d.first:  # OpenAI opens each choice with the role
-                    yield sse({**head, "choices": [{"index": d.index, "delta": {"role": "assistant", "content": ""},
+            for c in out.outputs:  # delta outputs: one chunk per choice that advanced, as OpenAI streams them
+                state = choices.setdefault(c.index, ChoiceState())
+                if not state.started:  # OpenAI opens each choice with the role
+                    state.started = True
+                    yield sse({**head, "choices": [{"index": c.index, "delta": {"role": "assistant", "content": ""},
                                                     "logprobs": None, "finish_reason": None}], **usage_field})
-                delta = {"content": d.text} if d.text else {}
-                parser = parsers.get(d.index)
+                delta = {"content": c.text} if c.text else {}
+                parser = parsers.get(c.index)
                 if parser is not None:  # [tools] content and tool-call deltas
-                    delta = tool_delta(parser, d.text, d.finish_reason is not None)
-                logprobs = {"content": _logprobs(gen, d.token_ids, d.logprobs, k)} if k is not None else None
-                choice = {"index": d.index, "delta": delta, "logprobs": logprobs,
-                          "finish_reason": finish_reason(d.finish_reason, parser), "stop_reason": d.stop_reason}
+                    delta = tool_delta(parser, c.text, c.finish_reason is not None)
+                logprobs = {"content": _logprobs(gen, c.token_ids, c.logprobs, k)} if k is not None else None
+                choice = {"index": c.index, "delta": delta, "logprobs": logprobs,
+                          "finish_reason": finish_reason(c.finish_reason, parser), "stop_reason": c.stop_reason}
                 yield sse({**head, "choices": [choice], **usage_field})
         if include_usage and last is not None:
             yield sse({**head, "choices": [], "usage": usage([last])})

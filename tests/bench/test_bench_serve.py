@@ -38,6 +38,10 @@ def test_bench_serve_reports_latency_percentiles_and_throughput(server, tmp_path
     assert result["request_throughput"] > 0 and result["output_token_throughput"] > 0
     assert "TTFT p99 (ms)" in run.stderr  # the human-readable table
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    steps = result["server_steps"]  # what the server's engine steps carried, from its /metrics
+    assert steps["steps"] > 0 and steps["decode_rows_per_step"] > 0 and steps["prefill_tokens_per_step"] > 0
+    # Every output token but each request's first comes from a decode row.
+    assert steps["decode_rows_per_step"] * steps["steps"] >= result["total_output_tokens"] - 40 - 1
 
 
 def test_bench_serve_counts_failures_instead_of_crashing(server):
@@ -54,19 +58,20 @@ def test_bench_serve_rejects_a_bad_length_with_exit_2(server):
     assert run.returncode == 2 and "LOW <= HIGH" in run.stderr
 
 
-def test_bench_serve_constrains_every_request_and_can_make_each_schema_first_seen(server):
+def test_bench_serve_constrains_every_request_and_can_make_each_schema_first_seen(tiny_model):
     schema = {"type": "object", "properties": {"xs": {"type": "array", "minItems": 50,
                                                       "items": {"enum": ["ab", "cd"]}}}, "required": ["xs"]}
-    compiler = server.engine.engine.structured
-    for unique, new_compiles in ((False, 1), (True, 6)):
-        before = compiler._compiler.num_compiled if compiler._compiler else 0
-        run = bench("--url", server.url, "--model", server.model, "--num-prompts", "6", "--input-len", "8",
-                    "--output-len", "10", "--max-concurrency", "3", "--structured-outputs", json.dumps({"json": schema}),
-                    *(["--unique-schemas"] if unique else []))
-        result = json.loads(run.stdout)
-        assert (result["completed"], result["failed"]) == (6, 0), result["errors"]
-        assert result["structured_outputs"] == ["json"] and result["unique_schemas"] is unique
-        assert compiler._compiler.num_compiled - before == new_compiles
+    with serve_in_thread(tiny_engine(tiny_model, engine_process=False)) as server:  # its core is in reach
+        structured = server.engine.core.structured
+        for unique, new_compiles in ((False, 1), (True, 6)):
+            before = structured._compiler.num_compiled if structured._compiler else 0
+            run = bench("--url", server.url, "--model", server.model, "--num-prompts", "6", "--input-len", "8",
+                        "--output-len", "10", "--max-concurrency", "3", "--structured-outputs",
+                        json.dumps({"json": schema}), *(["--unique-schemas"] if unique else []))
+            result = json.loads(run.stdout)
+            assert (result["completed"], result["failed"]) == (6, 0), result["errors"]
+            assert result["structured_outputs"] == ["json"] and result["unique_schemas"] is unique
+            assert structured._compiler.num_compiled - before == new_compiles
 
 
 def test_bench_serve_refuses_unique_schemas_without_a_schema(server):

@@ -153,7 +153,7 @@ def test_a_first_seen_grammar_compiles_while_other_requests_keep_stepping(tiny_m
     finished = {}
     while "plain" not in finished:
         finished.update({o.request_id: o for o in engine.step() if o.finished})
-    assert "json" not in finished and engine.structured.num_compiling == 1  # still compiling; plain is done
+    assert "json" not in finished and engine.core.structured.num_compiling == 1  # still compiling; plain is done
     release.set()
     while engine.has_unfinished_requests():
         finished.update({o.request_id: o for o in engine.step() if o.finished})
@@ -186,7 +186,7 @@ def test_equal_constraints_share_one_compile(tiny_model):
                                                         structured_outputs=StructuredOutputsParams(json=schema)))
     while engine.has_unfinished_requests():
         engine.step()
-    assert engine.structured._compiler.num_compiled == 1
+    assert engine.core.structured._compiler.num_compiled == 1
 
 
 def test_ids_past_the_tokenizer_are_never_allowed(tiny_model):
