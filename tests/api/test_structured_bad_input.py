@@ -6,6 +6,8 @@ from __future__ import annotations
 import httpx
 import pytest
 
+from railyard.engine.structured.compiler import GrammarCompiler
+from tests.api.conftest import serve_in_thread, tiny_engine
 from tests.api.test_bad_input import assert_openai_error
 
 WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": {
@@ -75,3 +77,21 @@ def test_the_server_goes_on_after_bad_constraints(http, server):
     assert resp.status_code == 200 and resp.json()["choices"][0]["text"].isdigit()
     assert http.get("/health").status_code == 200
     assert server.idle_stats().num_pending == 0
+
+
+def test_a_constraint_the_engine_fails_to_compile_is_a_400_and_only_its_request_fails(tiny_model, monkeypatch):
+    """The door's check parses every constraint; should the engine's compile still fail, that request alone is
+    refused (a 400, or an error event once a stream has started) and the others go on."""
+    def failing_compile(self, spec):
+        raise RuntimeError("[12:00:00] /project/cpp/compiler.cc:1: out of memory")
+
+    monkeypatch.setattr(GrammarCompiler, "_compile", failing_compile)
+    with serve_in_thread(tiny_engine(tiny_model, engine_process=False)) as running:  # the patch reaches its core
+        with httpx.Client(base_url=running.url, timeout=60) as client:
+            body = {"model": "tiny", "prompt": "hi", "max_tokens": 4, "guided_regex": "[a-z]+"}
+            assert "out of memory" in assert_openai_error(client.post("/v1/completions", json=body), 400)["message"]
+            events = client.post("/v1/completions", json={**body, "stream": True}).text
+            assert '"type":"invalid_request_error"' in events and "out of memory" in events
+            plain = client.post("/v1/completions", json={"model": "tiny", "prompt": "hi", "max_tokens": 3,
+                                                          "ignore_eos": True})
+            assert plain.status_code == 200 and plain.json()["usage"]["completion_tokens"] == 3

@@ -56,7 +56,10 @@ def run(model: str, with_constrained: bool, **cfg) -> tuple[dict, dict, Engine]:
     for i, prompt in enumerate(PROMPTS):
         engine.add_request(f"u{i}", None, UNCONSTRAINED[i % len(UNCONSTRAINED)], prompt_token_ids=prompt)
         if with_constrained:
-            engine.add_request(f"c{i}", None, CONSTRAINED[i % len(CONSTRAINED)], prompt_token_ids=prompt[::-1])
+            # ASCII prompts (ids below 94 are '!'..'~'): a prompt ending mid-character would give the output's
+            # text a leading U+FFFD (the detokenizer is primed with the prompt's last tokens)
+            engine.add_request(f"c{i}", None, CONSTRAINED[i % len(CONSTRAINED)],
+                               prompt_token_ids=[t % 94 for t in prompt[::-1]])
     done = {}
     while engine.has_unfinished_requests():
         for out in engine.step():

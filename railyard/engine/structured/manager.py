@@ -54,15 +54,17 @@ class _Compiling:
 
 
 class StructuredOutputManager:
-    """Grammars and matchers for one engine's constrained sequences (cheap and idle until the first one)."""
+    """Grammars and matchers for one engine's constrained sequences (idle until the first one)."""
 
     def __init__(self, tokenizer, vocab_size: int, stop_token_ids: tuple[int, ...],
                  disable_any_whitespace: bool = False) -> None:
         self.tokenizer = tokenizer
         self.disable_any_whitespace = disable_any_whitespace  # the default of requests that leave it unset
         self.vocab_size = grammar_vocab_size(tokenizer, vocab_size) if tokenizer is not None else vocab_size
-        self.stop_token_ids = stop_token_ids
-        self._compiler: GrammarCompiler | None = None
+        # Started at once: xgrammar's import and the tokenizer's token table load on the compile thread, not
+        # on the step loop when the first constrained request arrives.
+        self._compiler = GrammarCompiler(tokenizer, self.vocab_size, stop_token_ids) if tokenizer is not None \
+            else None
         self._compiling: dict[str, _Compiling] = {}  # by request id
         self._matchers: dict[int, object] = {}  # by seq id: xgrammar GrammarMatcher
         self._buffers: list[torch.Tensor] = []  # two host bitmasks, used in turn
@@ -79,8 +81,6 @@ class StructuredOutputManager:
 
     def add(self, request_id: str, seqs: list[Sequence], spec: StructuredOutputsParams) -> None:
         """Start compiling the request's grammar; its sequences wait here until `take_ready` returns them."""
-        if self._compiler is None:
-            self._compiler = GrammarCompiler(self.tokenizer, self.vocab_size, self.stop_token_ids)
         if spec.disable_any_whitespace is None:
             spec = dataclasses.replace(spec, disable_any_whitespace=self.disable_any_whitespace)
         self._compiling[request_id] = _Compiling(seqs, self._compiler.compile(spec))
