@@ -23,7 +23,7 @@ log() { echo "== $(date +%T) +${SECONDS}s $*" | tee -a "$OUT/log.txt"; }
 
 if ls .whl/*.whl > /dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-    && export PYTHONPATH=/tmp/site
+    && export PYTHONPATH=/tmp/site:$PWD
 fi
 python3 -c "import xgrammar, fastapi, uvicorn, pydantic" 2>> "$OUT/log.txt" \
   || { log "missing packages: carry .whl with xgrammar, apache-tvm-ffi and the serve wheels"; exit 1; }
@@ -59,8 +59,11 @@ start_server() {  # tag, extra serve args
   log "server $1 up serving '$NAME' (pid $SERVER)"
   [ -n "$NAME" ]
 }
-stop_server() {  # tag
-  kill $SERVER 2> /dev/null; wait $SERVER 2> /dev/null
+stop_server() {  # tag: Ctrl-C, as a user stops it; the engine process frees the GPU as it exits
+  kill -INT $SERVER 2> /dev/null
+  for i in $(seq 1 40); do kill -0 $SERVER 2> /dev/null || break; sleep 0.5; done
+  kill -9 $SERVER 2> /dev/null; wait $SERVER 2> /dev/null
+  sleep 2
   grep -v -i "warn" "$WORK/serve_$1.log" | tail -n 30 > "$OUT/serve_$1.log"
 }
 bench() {  # result name, concurrency, prompts, input len, output len, extra args
