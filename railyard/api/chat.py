@@ -13,7 +13,8 @@ from railyard.api.generation import ChoiceState, Generation, Prompt, now_s, usag
 from railyard.api.protocol import ChatCompletionRequest
 from railyard.api.sse import EventStreamResponse, sse
 from railyard.api.structured import structured_outputs
-from railyard.api.tools import ToolPlan, finish_reason, parse_message, plan_tools, template_messages, tool_delta
+from railyard.api.tool_parsers import finish_reason, parse_message, tool_delta
+from railyard.api.tools import ToolPlan, plan_tools, template_messages
 from railyard.errors import InvalidRequestError
 
 

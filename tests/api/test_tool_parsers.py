@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from railyard.api.tools import HermesParser, NamedParser, RequiredParser, ToolCallParser, parse_message, tool_delta
+from railyard.api.tool_parsers import HermesParser, NamedParser, RequiredParser, ToolCallParser, parse_message, tool_delta
 
 HERMES = ('Let me check.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "days": 2}}\n</tool_call>'
           '\n<tool_call>\n{"name": "get_time", "arguments": {"tz": "CET"}}\n</tool_call>')
