@@ -43,8 +43,12 @@ SCHEMA='{"json": {"type": "object", "properties": {"items": {"type": "array", "m
   "maxItems": 3}}, "required": ["id", "name", "score", "tags"]}}}, "required": ["items"]}}'
 
 # The BPE tokenizer trains while the first server loads (on part of the cores); it must finish before measuring.
-RAYON_NUM_THREADS=8 python3 scripts/gpu/bpe_tokenizer.py "$WORK/bpe" --max-mb "$BPE_MB" > "$OUT/bpe.log" 2>&1 &
-BPE=$!
+# SKIP_BPE=1: phase 1 only (a short call).
+BPE=
+if [ -z "$SKIP_BPE" ]; then
+  RAYON_NUM_THREADS=8 python3 scripts/gpu/bpe_tokenizer.py "$WORK/bpe" --max-mb "$BPE_MB" > "$OUT/bpe.log" 2>&1 &
+  BPE=$!
+fi
 
 SERVER=
 start_server() {  # tag, extra serve args
@@ -90,11 +94,11 @@ phase() {  # tag (byte | bpe), repetitions
 
 log "phase 1: $MODEL, embedded byte-level tokenizer"
 if start_server byte; then
-  wait $BPE; log "bpe tokenizer: $(tail -n 1 "$OUT/bpe.log")"
+  [ -n "$BPE" ] && { wait $BPE; log "bpe tokenizer: $(tail -n 1 "$OUT/bpe.log")"; }
   phase byte $REPS
 fi
 stop_server byte
-wait $BPE 2> /dev/null
+[ -n "$BPE" ] && wait $BPE 2> /dev/null
 if [ $((BUDGET_S - SECONDS)) -gt 150 ] && [ -f "$WORK/bpe/tokenizer.json" ]; then
   log "phase 2: $MODEL, trained BPE tokenizer"
   if start_server bpe --tokenizer "$WORK/bpe"; then
