@@ -338,6 +338,7 @@ class ModelRunner:
         step's token bitmask is known, which may need the tokens of the step before)."""
         return ForwardPass(self.compute_logits(self.plan(out), self._fed), self.sampling_rows(out))
 
+    @torch.inference_mode()  # the logits are inference tensors: masking writes them in place
     def launch_sample(self, forward: ForwardPass, bitmask=None) -> PendingSample | DoneSample:
         """Queue the sampling of a launched forward pass, its constrained rows masked by `bitmask`."""
         if forward.logits is None:

@@ -23,4 +23,5 @@ def apply_bitmask(logits: torch.Tensor, bitmask: GrammarBitmask) -> None:
     xgr.apply_token_bitmask_inplace(logits, mask, vocab_size=bitmask.vocab_size, indices=rows)
     if logits.shape[-1] > bitmask.vocab_size:  # ids past the tokenizer's: never allowed
         index = rows if isinstance(rows, torch.Tensor) else torch.tensor(rows)
-        logits[index.long(), bitmask.vocab_size:] = float("-inf")
+        with torch.inference_mode():  # logits made under inference mode may only be written under it
+            logits[index.long(), bitmask.vocab_size:] = float("-inf")
