@@ -55,15 +55,14 @@ def roofline_report(engine, args: argparse.Namespace, input_len, output_len, ela
     """DESIGN.md's floor for this workload and model, and how close the measured run came (a line on stderr)."""
     import sys
 
-    from railyard.bench.roofline import H200_HBM_TBS, H200_PEAK_TFLOPS, ModelShape, offline_roofline
+    from railyard.bench.roofline import H200_HBM_TBS, h200_peak_tflops, offline_roofline
     from railyard.bench.throughput import workload_requests
 
     reqs = workload_requests(engine, args.num_prompts, input_len, output_len, args.workload_seed)
-    peak, bw = args.peak_tflops or H200_PEAK_TFLOPS, args.hbm_tbs or H200_HBM_TBS
     runner = getattr(engine.executor, "runner", None)
-    dtype_bytes = runner.dtype.itemsize if runner is not None else 2
-    roof = offline_roofline(ModelShape.of(engine.spec, dtype_bytes), [len(r.prompt_token_ids) for r in reqs],
-                            [r.output_len for r in reqs], peak, bw)
+    spec = runner.spec if runner is not None else engine.spec  # the runner's: at the precision it runs
+    peak, bw = args.peak_tflops or h200_peak_tflops(spec), args.hbm_tbs or H200_HBM_TBS
+    roof = offline_roofline(spec, [len(r.prompt_token_ids) for r in reqs], [r.output_len for r in reqs], peak, bw)
     pct = 100.0 * roof.total_s / elapsed_s
     print(f"roofline: floor {roof.total_s:.2f} s (prefill {roof.prefill_s:.2f} s + decode {roof.decode_s:.2f} s at "
           f"{peak:g} TFLOP/s, {bw:g} TB/s); measured {elapsed_s:.2f} s = {elapsed_s / roof.total_s:.2f}x the floor "

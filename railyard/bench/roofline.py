@@ -4,57 +4,32 @@ floor = prefill FLOPs / peak + sum over decode steps of max(bytes read / HBM ban
 bytes = every weight the step reads (the embedding table is gathered, not read; the LM head is)
 plus the KV of every running sequence. Idealised schedule: every prompt prefilled (yielding its
 first token), then all sequences decode together, each leaving when its output is complete.
-Torch-free: it reads only the model's shape.
+Torch-free: everything it counts comes from the model description (railyard.model.spec.ModelSpec),
+weights and KV at the precision the run stores them.
 """
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
+from railyard.model.spec import ModelSpec
+
 H200_PEAK_TFLOPS = 790.0  # bf16 dense matmul measured on this workplace's H200s
 H200_HBM_TBS = 4.3  # device-to-device copy, bytes read + written
+# Matmul peaks by the precision the projections run in (ModelSpec.matmul_precision); FP8 weights add theirs.
+# A precision without a measured figure falls back to bf16's.
+H200_PEAK_TFLOPS_BY_PRECISION = {"bfloat16": H200_PEAK_TFLOPS}
 
 
-@dataclass(frozen=True)
-class ModelShape:
-    """What the model costs per token: weights touched, FLOPs, KV bytes."""
-
-    hidden_size: int
-    intermediate_size: int
-    num_layers: int
-    num_heads: int
-    num_kv_heads: int
-    head_dim: int
-    vocab_size: int
-    dtype_bytes: int = 2
-
-    @classmethod
-    def of(cls, spec, dtype_bytes: int = 2) -> "ModelShape":
-        """From a ModelSpec (or anything with its field names)."""
-        return cls(spec.hidden_size, spec.intermediate_size, spec.num_layers, spec.num_heads, spec.num_kv_heads,
-                   spec.head_dim, spec.vocab_size, dtype_bytes)
-
-    @property
-    def layer_matmul_params(self) -> int:
-        h, d = self.hidden_size, self.head_dim
-        return h * (self.num_heads + 2 * self.num_kv_heads) * d + self.num_heads * d * h + 3 * h * self.intermediate_size
-
-    @property
-    def matmul_params(self) -> int:
-        """Weights multiplied per token: all layers' projections and the LM head (not the embedding gather)."""
-        return self.num_layers * self.layer_matmul_params + self.vocab_size * self.hidden_size
-
-    @property
-    def kv_bytes_per_token(self) -> int:
-        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * self.dtype_bytes
-
-    def attention_flops(self, query_positions: int, keys: int) -> float:
-        """QK^T and PV for `query_positions` queries that each see `keys` keys on average."""
-        return 4.0 * query_positions * keys * self.head_dim * self.num_heads * self.num_layers
+def h200_peak_tflops(spec: ModelSpec) -> float:
+    """The H200 matmul peak for this model at the precision it runs in."""
+    return H200_PEAK_TFLOPS_BY_PRECISION.get(spec.matmul_precision, H200_PEAK_TFLOPS)
 
 
 @dataclass
 class Roofline:
+    """The floor of one offline workload, split into its prefill and decode parts."""
+
     prefill_s: float
     decode_s: float
     total_s: float
@@ -67,14 +42,15 @@ class Roofline:
         return {k: round(v, 4) if isinstance(v, float) else v for k, v in asdict(self).items()}
 
 
-def offline_roofline(shape: ModelShape, prompt_lens: list[int], output_lens: list[int],
+def offline_roofline(spec: ModelSpec, prompt_lens: list[int], output_lens: list[int],
                      peak_tflops: float = H200_PEAK_TFLOPS, hbm_tbs: float = H200_HBM_TBS) -> Roofline:
+    """DESIGN.md's floor for these prompts and outputs on a GPU of the given matmul peak and HBM bandwidth."""
     peak, bw = peak_tflops * 1e12, hbm_tbs * 1e12
-    lm_head = 2.0 * shape.vocab_size * shape.hidden_size
-    layers = 2.0 * shape.num_layers * shape.layer_matmul_params
-    prefill_flops = sum(layers * n + shape.attention_flops(n, (n + 1) / 2) + lm_head for n in prompt_lens)
+    lm_head = 2.0 * spec.vocab_size * spec.hidden_size
+    layers = 2.0 * spec.num_layers * spec.layer_linear_params()
+    prefill_flops = sum(layers * n + spec.attention_flops(n, (n + 1) / 2) + lm_head for n in prompt_lens)
     prefill_s = prefill_flops / peak
-    weight_bytes = shape.matmul_params * shape.dtype_bytes
+    weight_bytes = spec.matmul_weight_bytes
     steps = max(output_lens, default=1) - 1  # the first output token comes from the prefill
     decode_s, memory_bound = 0.0, 0
     for j in range(1, steps + 1):
@@ -82,8 +58,8 @@ def offline_roofline(shape: ModelShape, prompt_lens: list[int], output_lens: lis
         if not ctx:
             break
         kv = sum(ctx)
-        flops = (layers + lm_head) * len(ctx) + shape.attention_flops(1, kv / len(ctx)) * len(ctx)
-        bytes_ = weight_bytes + kv * shape.kv_bytes_per_token
+        flops = (layers + lm_head) * len(ctx) + spec.attention_flops(1, kv / len(ctx)) * len(ctx)
+        bytes_ = weight_bytes + kv * spec.kv_bytes_per_token()
         t_mem, t_flop = bytes_ / bw, flops / peak
         memory_bound += t_mem >= t_flop
         decode_s += max(t_mem, t_flop)

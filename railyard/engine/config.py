@@ -6,11 +6,12 @@ from dataclasses import dataclass, field, fields
 from typing import Literal
 
 from railyard.errors import ConfigError, InvalidRequestError
+from railyard.model.precision import DTYPES
+from railyard.model.spec import check_max_model_len
 
 SchedulingPolicy = Literal["fcfs", "priority"]
 PreemptionMode = Literal["recompute", "swap"]
 
-_DTYPES = ("auto", "float32", "bfloat16", "float16")
 _DEVICES = ("auto", "cpu", "cuda")
 _BACKENDS = ("auto", "torch", "triton")
 
@@ -67,7 +68,7 @@ class EngineConfig:
         if self.preemption_mode not in ("recompute", "swap"):
             raise ConfigError(f"preemption_mode must be 'recompute' or 'swap', got {self.preemption_mode!r}")
         _positive("tensor_parallel_size", self.tensor_parallel_size)
-        _choice("dtype", self.dtype, _DTYPES)
+        _choice("dtype", self.dtype, DTYPES)
         _choice("device", self.device, _DEVICES)
         _choice("attention_backend", self.attention_backend, _BACKENDS)
 
@@ -75,11 +76,7 @@ class EngineConfig:
         """Fill the options whose defaults depend on the model (called once the config.json is read)."""
         if self.max_model_len is None:
             self.max_model_len = model_max_len
-        elif self.max_model_len > model_max_len:
-            raise ConfigError(
-                f"max_model_len {self.max_model_len} exceeds the model's max_position_embeddings "
-                f"{model_max_len}; lower --max-model-len"
-            )
+        check_max_model_len(self.max_model_len, model_max_len)
         if self.max_num_batched_tokens is None:
             self.max_num_batched_tokens = max(2048, self.max_num_seqs) if self.enable_chunked_prefill \
                 else max(self.max_model_len, self.max_num_seqs)

@@ -15,14 +15,14 @@ from dataclasses import dataclass, field
 from railyard.engine.block_manager import BlockManager
 from railyard.engine.config import EngineConfig, SamplingParams
 from railyard.engine.model_runner import ModelRunner
-from railyard.engine.models.loader import read_spec, resolve_model_dir
-from railyard.engine.models.spec import ModelSpec
+from railyard.engine.models.loader import resolve_model_dir
 from railyard.engine.outputs import CompletionOutput, EngineStats, RequestMetrics, RequestOutput
 from railyard.engine.scheduler import Scheduler
 from railyard.engine.sampler import DoneSample, PendingSample
 from railyard.engine.sequence import PLACEHOLDER, Sequence
 from railyard.engine.tokenizer import IncrementalDetokenizer, load_tokenizer
 from railyard.errors import ConfigError, InvalidRequestError
+from railyard.model.spec import ModelSpec, read_model_spec
 
 log = logging.getLogger("railyard.engine")
 
@@ -76,7 +76,7 @@ class Engine:
         self.config = config
         if spec is None:
             model_dir = resolve_model_dir(config.model)
-            spec = read_spec(model_dir)
+            spec = read_model_spec(model_dir)
             self.tokenizer = load_tokenizer(config.tokenizer or model_dir)
         else:  # a named shape with random weights (GPU benchmarks); token ids only
             model_dir = None

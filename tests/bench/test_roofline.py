@@ -4,18 +4,20 @@ from __future__ import annotations
 
 import pytest
 
-from railyard.bench.roofline import ModelShape, offline_roofline
-from railyard.shapes import parameter_count, shape_config
+from railyard.bench.roofline import offline_roofline
+from railyard.model.spec import ModelSpec
+from railyard.shapes import shape_config
 
-# one layer, hidden 4, ffn 8, 2 heads of dim 2 (1 KV head), vocab 10: easy to count by hand
-TOY = ModelShape(hidden_size=4, intermediate_size=8, num_layers=1, num_heads=2, num_kv_heads=1, head_dim=2,
-                 vocab_size=10, dtype_bytes=2)
+# one layer, hidden 4, ffn 8, 2 heads of dim 2 (1 KV head), vocab 10, bf16: easy to count by hand
+TOY = ModelSpec.from_hf_config(dict(
+    architectures=["LlamaForCausalLM"], hidden_size=4, intermediate_size=8, num_hidden_layers=1,
+    num_attention_heads=2, num_key_value_heads=1, head_dim=2, vocab_size=10, torch_dtype="bfloat16"))
 
 
 def test_toy_shape_counts_weights_and_kv_by_hand():
     # qkv 4*(2+2)*2=32, o 2*2*4=16, mlp 3*4*8=96 -> 144 per layer; + lm head 10*4=40
     assert TOY.matmul_params == 184
-    assert TOY.kv_bytes_per_token == 2 * 1 * 1 * 2 * 2
+    assert TOY.kv_bytes_per_token() == 2 * 1 * 1 * 2 * 2
 
 
 def test_prefill_is_flops_over_peak_and_decode_step_takes_the_larger_bound():
@@ -30,5 +32,5 @@ def test_prefill_is_flops_over_peak_and_decode_step_takes_the_larger_bound():
 
 
 def test_qwen2_7b_shape_has_its_published_parameter_count():
-    assert parameter_count(shape_config("qwen2-7b")) == pytest.approx(7.62e9, rel=0.01)
-    assert parameter_count(shape_config("qwen3-0.6b")) == pytest.approx(0.596e9, rel=0.02)
+    assert ModelSpec.from_hf_config(shape_config("qwen2-7b")).num_params() == pytest.approx(7.62e9, rel=0.01)
+    assert ModelSpec.from_hf_config(shape_config("qwen3-0.6b")).num_params() == pytest.approx(0.596e9, rel=0.02)

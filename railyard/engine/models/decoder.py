@@ -15,8 +15,8 @@ from railyard.engine.layers.embedding import ParallelLMHead, VocabParallelEmbedd
 from railyard.engine.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
 from railyard.engine.layers.norm import RMSNorm
 from railyard.engine.layers.rotary import RotaryEmbedding
-from railyard.engine.models.spec import ModelSpec
 from railyard.engine.parallel import SINGLE, ParallelState
+from railyard.model.spec import ModelSpec
 
 
 class Attention(nn.Module):

@@ -13,9 +13,9 @@ import torch
 from safetensors import safe_open
 
 from railyard.engine.models.decoder import CausalLM
-from railyard.engine.models.spec import ModelSpec
 from railyard.engine.parallel import SINGLE, ParallelState
 from railyard.errors import ModelLoadError
+from railyard.model.spec import ModelSpec
 
 
 def resolve_model_dir(model: str) -> Path:
@@ -33,16 +33,6 @@ def resolve_model_dir(model: str) -> Path:
     if not (path / "config.json").is_file():
         raise ModelLoadError(f"{path} has no config.json: not an HF-format checkpoint directory")
     return path
-
-
-def read_spec(model_dir: Path) -> ModelSpec:
-    try:
-        cfg = json.loads((model_dir / "config.json").read_text())
-    except json.JSONDecodeError as exc:
-        raise ModelLoadError(f"{model_dir / 'config.json'} is not valid JSON: {exc}") from None
-    if not isinstance(cfg, dict):
-        raise ModelLoadError(f"{model_dir / 'config.json'} must hold a JSON object")
-    return ModelSpec.from_hf_config(cfg)
 
 
 def weight_files(model_dir: Path) -> list[Path]:

@@ -1,0 +1,81 @@
+"""`railyard plan` refuses what the engine refuses, with the engine's own message: both run the same checks.
+
+The engine side is the real `railyard generate` / `railyard bench throughput` (each refuses before loading
+any weight); the planner side is the real `railyard plan` over a stack naming the same model.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from railyard.cli import main
+from railyard.shapes import shape_config, shape_names
+
+from .test_spec import MALFORMED, _config
+
+NODES = Path(__file__).parents[1] / "cluster" / "fixtures" / "doctor" / "good" / "nodes.json"
+
+
+def _error(argv: list[str], capsys) -> str:
+    """The one-line error of a railyard command that must refuse its input (exit 2), without its prefix."""
+    assert main(argv) == 2
+    line = capsys.readouterr().err.strip()
+    assert "\n" not in line
+    return line.split(": error: ", 1)[1]
+
+
+def _plan_error(tmp_path: Path, capsys, model: dict) -> str:
+    stack = {"image": "ghcr.io/example/railyard:0.1.0", "gpu_product": "NVIDIA-H200",
+             "models": [{"name": "m", **model}]}
+    path = tmp_path / "stack.yaml"
+    path.write_text(yaml.safe_dump(stack))
+    message = _error(["plan", "--nodes", str(NODES), "-c", str(path)], capsys)
+    assert message.startswith("model 'm': ")
+    return message.removeprefix("model 'm': ")
+
+
+@pytest.mark.parametrize(("change", "message"), MALFORMED)
+def test_a_config_json_the_engine_refuses_is_refused_by_plan_with_the_same_message(tmp_path, capsys, change,
+                                                                                      message):
+    checkpoint = tmp_path / "ckpt"
+    checkpoint.mkdir()
+    (checkpoint / "config.json").write_text(json.dumps(_config(**change)))
+    engine = _error(["generate", "--model", str(checkpoint), "--prompt", "hi"], capsys)
+    assert message in engine
+    assert _plan_error(tmp_path, capsys, {"model": str(checkpoint)}) == engine
+
+
+@pytest.mark.parametrize("name", shape_names())
+def test_a_tensor_parallel_size_the_engine_refuses_is_refused_by_plan_with_the_same_message(tmp_path, capsys,
+                                                                                           name):
+    tp = 3  # divides none of the named shapes' head counts
+    engine = _error(["bench", "throughput", "--model", name, "--tensor-parallel-size", str(tp)], capsys)
+    assert engine.startswith(f"tensor_parallel_size {tp} does not divide the model's")
+    plan = _plan_error(tmp_path, capsys, {"model": f"/models/{name}", "shape": name, "tensor_parallel_size": tp,
+                                          "resources": {"cpu": "8"}})
+    assert plan == engine
+
+
+@pytest.mark.parametrize("name", shape_names())
+def test_a_max_model_len_beyond_the_models_positions_is_refused_by_both(tmp_path, capsys, name):
+    too_long = shape_config(name)["max_position_embeddings"] * 2
+    engine = _error(["bench", "throughput", "--model", name, "--max-model-len", str(too_long)], capsys)
+    assert engine.startswith(f"max_model_len {too_long} exceeds the model's max_position_embeddings")
+    plan = _plan_error(tmp_path, capsys, {"model": f"/models/{name}", "shape": name,
+                                          "engine": {"max_model_len": too_long}})
+    assert plan == engine
+
+
+@pytest.mark.parametrize("name", shape_names())
+def test_every_named_shape_is_accepted_and_sized_by_plan(tmp_path, capsys, name):
+    stack = {"image": "ghcr.io/example/railyard:0.1.0", "gpu_product": "NVIDIA-H200",
+             "models": [{"name": "m", "model": f"/models/{name}", "shape": name}]}
+    path = tmp_path / "stack.yaml"
+    path.write_text(yaml.safe_dump(stack))
+    assert main(["plan", "--nodes", str(NODES), "-c", str(path), "--json"]) == 0
+    (sizing,) = json.loads(capsys.readouterr().out)["sizing"]
+    assert sizing["kv_cache"]["num_blocks"] > 0 and sizing["note"] == f"shape from named shape {name}"
