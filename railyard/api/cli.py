@@ -59,11 +59,6 @@ def build_engine_for_serving(config):
 
 
 def run_serve(args: argparse.Namespace) -> int:
-    if args.config:  # layer 2: the stack's replicas on Ray Serve, same OpenAI app in front
-        from railyard.serve.cli import run_stack
-
-        args.cpu, args.deploy_timeout = None, 600.0
-        return run_stack(args)
     import uvicorn
 
     from railyard.api.app import build_app, default_model_name
