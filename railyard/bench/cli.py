@@ -46,6 +46,9 @@ def run_throughput_cmd(args: argparse.Namespace) -> int:
     result = run_throughput(engine, args.num_prompts, input_len, output_len, args.workload_seed,
                             args.warmup_prompts)
     report = result.to_dict()
+    memory = getattr(getattr(engine.executor, "runner", None), "memory", None)
+    if memory is not None:  # the engine's start-up report: how its memory divided into weights and KV blocks
+        report["memory"] = memory.as_dict()
     report.update(roofline_report(engine, args, input_len, output_len, result.elapsed_s))
     print(json.dumps(report, indent=1))
     return 0
