@@ -55,7 +55,7 @@ class MemoryBudget:
     total_bytes: int
     utilization: float
     weights_bytes: int
-    activation_bytes: int  # peak of the largest step beyond the weights
+    activation_bytes: int  # peak of the largest step beyond the weights (activations, rotary tables)
     other_bytes: int  # outside this process's torch allocator: CUDA context, other processes
     reserve_bytes: int  # decode CUDA graphs, sampler logits
     block_bytes: int  # one KV-cache block on this GPU

@@ -5,11 +5,7 @@
 # Prints the section's JSON on stdout: {"runs": {"1": plan_bench's JSON, ...}, "machine": ...}. Seconds.
 #
 #   bash scripts/cpu/planner-scale.sh           # RUNS=3 NODES=1000 PODS=2000 by default
-set -uo pipefail
-cd "$(dirname "$0")/../.."
-OUT=${OUT:-/tmp/railyard-out}
-mkdir -p "$OUT"
-COMMIT=${COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
+source "$(dirname "$0")/../common.sh"
 RUNS=${RUNS:-3}
 ARGS=()
 for run in $(seq 1 "$RUNS"); do

@@ -6,31 +6,15 @@
 # plus 16-512 random tokens, 16-256 output tokens (EOS ignored).
 #
 # Prints the section's JSON on stdout: {"runs": {"rr1": {"router", "load_avg_before", "bench": bench serve
-# JSON, "metrics": prefix-cache tokens and routing decisions from /metrics}, ...}}. About 7 minutes on 2 cores.
+# JSON, "metrics": prefix-cache tokens and routing decisions from /metrics}, ...}}. About 12 minutes on 2 cores (a Ray start per run).
 #
 #   bash scripts/cpu/routing-on-ray-serve.sh    # PAIRS=3 NUM_PROMPTS=96 PORT=8000 by default
-set -uo pipefail
-export PYTHONUNBUFFERED=1
-cd "$(dirname "$0")/../.."
-OUT=${OUT:-/tmp/railyard-out}
-mkdir -p "$OUT"
-COMMIT=${COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
+source "$(dirname "$0")/../common.sh"
 PAIRS=${PAIRS:-3}
 PORT=${PORT:-8000}
 URL=http://127.0.0.1:$PORT
 STACK=railyard/serve/stacks/tiny-cpu.yaml
 python3 -c "from railyard.engine.tiny_model import ensure_tiny_model; ensure_tiny_model()"  # the stack's model
-log() { echo "== $* $(date +%T)" | tee -a "$OUT/log.txt" >&2; }
-SERVER=
-stop_server() {
-  [ -z "$SERVER" ] && return
-  kill -INT "$SERVER" 2>/dev/null  # cluster up removes its apps and its local Ray on Ctrl-C
-  for _ in $(seq 1 60); do kill -0 "$SERVER" 2>/dev/null || break; sleep 1; done
-  kill -KILL "$SERVER" 2>/dev/null
-  wait "$SERVER" 2>/dev/null
-  SERVER=
-}
-trap stop_server EXIT
 
 ARGS=()
 run() {  # name router

@@ -8,13 +8,7 @@
 # "tp_check": tp_check.py's JSON}; logs go to $OUT. About 3 minutes on one H200.
 #
 #   bash scripts/gpu/correctness.sh
-set -uo pipefail
-export PYTHONUNBUFFERED=1
-cd "$(dirname "$0")/../.."
-OUT=${OUT:-/tmp/railyard-out}
-mkdir -p "$OUT"
-COMMIT=${COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
-log() { echo "== $* $(date +%T)" | tee -a "$OUT/log.txt" >&2; }
+source "$(dirname "$0")/../common.sh"
 
 log "kernel tests"
 timeout 150 python3 -m pytest -q tests/engine/attention -p no:cacheprovider > "$OUT/kernel_tests.txt" 2>&1

@@ -10,12 +10,7 @@
 #   bash scripts/gpu/offline-vs-hf.sh                 # carry .peers (a copy of /work/shared/peers) for HF
 #   SHAPES=qwen2-7b HF=0 bash scripts/gpu/offline-vs-hf.sh    # railyard's 7B run only
 #   SMOKE=1 bash scripts/gpu/offline-vs-hf.sh         # the script's plumbing on a CPU: tiny model, 8 prompts
-set -uo pipefail
-export PYTHONUNBUFFERED=1
-cd "$(dirname "$0")/../.."
-OUT=${OUT:-/tmp/railyard-out}
-mkdir -p "$OUT"
-COMMIT=${COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
+source "$(dirname "$0")/../common.sh"
 SHAPES=${SHAPES:-qwen3-0.6b qwen2-7b}
 HF_BUDGET_S=${HF_BUDGET_S:-350}
 PEER=$(ls .peers/hf_baseline.py shared/peers/hf_baseline.py 2>/dev/null | head -n 1)
@@ -26,7 +21,6 @@ if [ -n "${SMOKE:-}" ]; then
   EXTRA=(--device cpu --num-prompts 8 --input-len 16-64 --output-len 8 --max-num-batched-tokens 2048 --warmup-prompts 1)
   HF=0
 fi
-log() { echo "== $* $(date +%T)" | tee -a "$OUT/log.txt" >&2; }
 
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader > "$OUT/gpu.txt" 2>&1
 python3 -c "import json, torch, transformers; print(json.dumps({'torch': torch.__version__, \

@@ -13,12 +13,7 @@
 #
 #   bash scripts/gpu/online-serving.sh          # carry .whl if the machine lacks the server's wheels
 #   SMOKE=1 bash scripts/gpu/online-serving.sh  # the script's plumbing on a CPU: tiny model, 8 prompts per load
-set -uo pipefail
-export PYTHONUNBUFFERED=1
-cd "$(dirname "$0")/../.."
-OUT=${OUT:-/tmp/railyard-out}
-mkdir -p "$OUT"
-COMMIT=${COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
+source "$(dirname "$0")/../common.sh"
 MODEL=${MODEL:-qwen2-7b}
 PORT=${PORT:-8011}
 URL=http://127.0.0.1:$PORT
@@ -33,17 +28,6 @@ if ls .whl/*.whl > /dev/null 2>&1; then  # wheels the GPU machine lacks (fastapi
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
   export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
 fi
-log() { echo "== $* $(date +%T)" | tee -a "$OUT/log.txt" >&2; }
-SERVER=
-stop_server() {
-  [ -z "$SERVER" ] && return
-  kill -INT "$SERVER" 2>/dev/null
-  for _ in $(seq 1 30); do kill -0 "$SERVER" 2>/dev/null || break; sleep 1; done
-  kill -KILL "$SERVER" 2>/dev/null
-  wait "$SERVER" 2>/dev/null
-  SERVER=
-}
-trap stop_server EXIT
 
 ARGS=()
 serve() {  # name, then `railyard serve` flags

@@ -8,15 +8,9 @@
 # the kernel tables are in $OUT/profile_<shape>.txt. About 3 minutes on one H200.
 #
 #   bash scripts/gpu/step-profile.sh                  # SHAPE=qwen2-7b BUDGET=8192 by default
-set -uo pipefail
-export PYTHONUNBUFFERED=1
-cd "$(dirname "$0")/../.."
-OUT=${OUT:-/tmp/railyard-out}
-mkdir -p "$OUT"
-COMMIT=${COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
+source "$(dirname "$0")/../common.sh"
 SHAPE=${SHAPE:-qwen2-7b}
 BUDGET=${BUDGET:-8192}
-log() { echo "== $* $(date +%T)" | tee -a "$OUT/log.txt" >&2; }
 
 log "profile_steps $SHAPE $BUDGET"
 OUT="$OUT" timeout 240 python3 scripts/gpu/profile_steps.py "$SHAPE" "$BUDGET" > "$OUT/profile.log" 2>&1
