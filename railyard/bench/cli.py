@@ -21,6 +21,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     tp.add_argument("--warmup-prompts", type=int, default=8,
                     help="untimed prompts of the same lengths (4 output tokens) run first, so JIT compilation "
                          "is not measured; 0: none")
+    tp.add_argument("--token-id-range", type=int, default=None,
+                    help="draw prompt token ids below this, as `railyard bench serve` does, so both run the very same "
+                         "requests (default: the model's vocabulary)")
     tp.add_argument("--peak-tflops", type=float, default=None,
                     help="matmul peak for the roofline (default: 790, bf16 measured on an H200)")
     tp.add_argument("--hbm-tbs", type=float, default=None,
@@ -43,8 +46,10 @@ def run_throughput_cmd(args: argparse.Namespace) -> int:
     engine = Engine.from_config(engine_config_from_args(args))
     if args.warmup_prompts < 0:
         raise ConfigError("--warmup-prompts must be >= 0")
+    if args.token_id_range is not None and not 1 <= args.token_id_range <= engine.spec.vocab_size:
+        raise ConfigError(f"--token-id-range must be in [1, {engine.spec.vocab_size}] (the vocabulary)")
     result = run_throughput(engine, args.num_prompts, input_len, output_len, args.workload_seed,
-                            args.warmup_prompts)
+                            args.warmup_prompts, args.token_id_range)
     report = result.to_dict()
     memory = getattr(getattr(engine.executor, "runner", None), "memory", None)
     if memory is not None:  # the engine's start-up report: how its memory divided into weights and KV blocks
@@ -61,7 +66,7 @@ def roofline_report(engine, args: argparse.Namespace, input_len, output_len, ela
     from railyard.bench.roofline import H200_HBM_TBS, h200_peak_tflops, offline_roofline
     from railyard.bench.throughput import workload_requests
 
-    reqs = workload_requests(engine, args.num_prompts, input_len, output_len, args.workload_seed)
+    reqs = workload_requests(engine, args.num_prompts, input_len, output_len, args.workload_seed, args.token_id_range)
     runner = getattr(engine.executor, "runner", None)
     spec = runner.spec if runner is not None else engine.spec  # the runner's: at the precision it runs
     peak, bw = args.peak_tflops or h200_peak_tflops(spec), args.hbm_tbs or H200_HBM_TBS

@@ -113,9 +113,9 @@ class SamplingParams:
     prompt_logprobs: None = None
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
-    # "cumulative": an output after every step (streaming); "final_only": only when the request finishes
-    # (offline generation: saves building an output object per request per step).
-    output_kind: Literal["cumulative", "final_only"] = "cumulative"
+    # "cumulative": after every step, everything so far; "delta": after every step, only what is new
+    # (streaming: nothing is copied per step); "final_only": once, when the request finishes (offline).
+    output_kind: Literal["cumulative", "delta", "final_only"] = "cumulative"
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -150,8 +150,8 @@ class SamplingParams:
             (not isinstance(self.seed, int) or -2**63 <= self.seed <= 2**63 - 129,
              f"seed must fit in int64, got {self.seed}"),
             (not isinstance(self.top_k, int) or self.top_k < 2**31, f"top_k must be below 2**31, got {self.top_k}"),
-            (self.output_kind in ("cumulative", "final_only"),
-             f"output_kind must be 'cumulative' or 'final_only', got {self.output_kind!r}"),
+            (self.output_kind in ("cumulative", "delta", "final_only"),
+             f"output_kind must be 'cumulative', 'delta' or 'final_only', got {self.output_kind!r}"),
         ]
         for ok, message in checks:
             if not ok:

@@ -52,3 +52,18 @@ def test_bench_throughput_rejects_negative_warmup(tiny_model, capsys):
     rc = main(["bench", "throughput", "--model", tiny_model, "--warmup-prompts", "-1"])
     assert rc == 2
     assert "--warmup-prompts" in capsys.readouterr().err
+
+
+def test_token_id_range_gives_the_very_requests_bench_serve_sends(tiny_model):
+    from railyard.bench.serve import ServeBenchConfig
+    from railyard.bench.throughput import workload_requests
+    from railyard.bench.workload import LengthRange, synthetic_requests
+    from railyard.engine.config import EngineConfig
+    from railyard.engine.engine import Engine
+
+    cfg = ServeBenchConfig(url="", model="", num_prompts=20, input_len=LengthRange(10, 90),
+                           output_len=LengthRange(8, 8), seed=3)
+    served = synthetic_requests(cfg.num_prompts, cfg.input_len, cfg.output_len, cfg.token_id_range, cfg.seed)
+    engine = Engine(EngineConfig(model=tiny_model, max_model_len=128))
+    offline = workload_requests(engine, 20, LengthRange(10, 90), LengthRange(8, 8), 3, cfg.token_id_range)
+    assert offline == served
