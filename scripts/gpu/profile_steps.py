@@ -70,7 +70,7 @@ def timed(obj, attr):
 
 
 for obj, attr in ((eng.scheduler, "schedule"), (eng.scheduler, "mark_computed"), (runner, "plan"),
-                  (runner, "sampling_rows"), (eng, "_complete")):
+                  (runner, "sampling_rows"), (eng.core, "_complete")):
     timed(obj, attr)
 windows = {"prefill/mixed steps 2-4": (2, 5), "decode steps 150-154": (150, 155)}
 stats = {True: [0, 0.0], False: [0, 0.0]}  # kind of the step launched -> steps, wall
