@@ -26,6 +26,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                          "requests (default: the model's vocabulary)")
     tp.add_argument("--peak-tflops", type=float, default=None,
                     help="matmul peak for the roofline (default: 790, bf16 measured on an H200)")
+    tp.add_argument("--fp8-peak-tflops", type=float, default=None,
+                    help="FP8 matmul peak for the roofline of FP8 weights (default: 2x the bf16 peak)")
     tp.add_argument("--hbm-tbs", type=float, default=None,
                     help="memory bandwidth for the roofline in TB/s (default: 4.3, measured on an H200)")
     add_engine_args(tp)
@@ -63,17 +65,29 @@ def roofline_report(engine, args: argparse.Namespace, input_len, output_len, ela
     """DESIGN.md's floor for this workload and model, and how close the measured run came (a line on stderr)."""
     import sys
 
-    from railyard.bench.roofline import H200_HBM_TBS, h200_peak_tflops, offline_roofline
+    from railyard.bench.roofline import H200_HBM_TBS, H200_PEAK_TFLOPS, offline_roofline
     from railyard.bench.throughput import workload_requests
 
     reqs = workload_requests(engine, args.num_prompts, input_len, output_len, args.workload_seed, args.token_id_range)
-    runner = getattr(engine.executor, "runner", None)
-    spec = runner.spec if runner is not None else engine.spec  # the runner's: at the precision it runs
-    peak, bw = args.peak_tflops or h200_peak_tflops(spec), args.hbm_tbs or H200_HBM_TBS
-    roof = offline_roofline(spec, [len(r.prompt_token_ids) for r in reqs], [r.output_len for r in reqs], peak, bw)
+    peak, bw = args.peak_tflops or H200_PEAK_TFLOPS, args.hbm_tbs or H200_HBM_TBS
+    fp8_peak = args.fp8_peak_tflops or 2 * peak
+    roof = offline_roofline(roofline_spec(engine), [len(r.prompt_token_ids) for r in reqs],
+                            [r.output_len for r in reqs], peak, bw, fp8_peak)
     pct = 100.0 * roof.total_s / elapsed_s
+    fp8 = roof.fp8_peak_tflops is not None
+    rates = f"{peak:g} TFLOP/s" + (f" ({fp8_peak:g} for the FP8 linear layers)" if fp8 else "")
     print(f"roofline: floor {roof.total_s:.2f} s (prefill {roof.prefill_s:.2f} s + decode {roof.decode_s:.2f} s at "
-          f"{peak:g} TFLOP/s, {bw:g} TB/s); measured {elapsed_s:.2f} s = {elapsed_s / roof.total_s:.2f}x the floor "
+          f"{rates}, {bw:g} TB/s); measured {elapsed_s:.2f} s = {elapsed_s / roof.total_s:.2f}x the floor "
           f"({pct:.1f}% of roofline)", file=sys.stderr)
     return {"roofline": roof.to_dict(), "measured_over_roofline": round(elapsed_s / roof.total_s, 3),
             "percent_of_roofline": round(pct, 1)}
+
+
+def roofline_spec(engine):
+    """The model as the engine runs it, which the roofline counts: model dtype, FP8 linear weights, KV-cache dtype.
+    The runner's own description; for tensor-parallel workers in other processes, the same one from the config."""
+    runner = getattr(engine.executor, "runner", None)
+    if runner is not None:
+        return runner.spec
+    c = engine.config
+    return engine.spec.with_precision(c.dtype, c.kv_cache_dtype, c.quantization)  # TP ranks run on GPUs

@@ -5,7 +5,9 @@ bytes = every weight the step reads (the embedding table is gathered, not read; 
 plus the KV of every running sequence. Idealised schedule: every prompt prefilled (yielding its
 first token), then all sequences decode together, each leaving when its output is complete.
 Torch-free: everything it counts comes from the model description (railyard.model.spec.ModelSpec),
-weights and KV at the precision the run stores them.
+weights and KV at the precision the run stores them: with FP8 weights the decoder's linear layers read
+1 byte per weight and multiply at the FP8 rate (the LM head stays in the model dtype at the bf16 rate,
+as does attention); an FP8 KV cache reads 1 byte per element.
 """
 
 from __future__ import annotations
@@ -15,15 +17,10 @@ from dataclasses import asdict, dataclass
 from railyard.model.spec import ModelSpec
 
 H200_PEAK_TFLOPS = 790.0  # bf16 dense matmul measured on this workplace's H200s
+# FP8 dense matmul: twice the bf16 rate (the datasheet's ratio, 1979 vs 989 TFLOP/s) until measured here;
+# scripts/gpu/fp8.sh measures torch._scaled_mm and passes its rate to `bench throughput --fp8-peak-tflops`.
+H200_FP8_PEAK_TFLOPS = 2 * H200_PEAK_TFLOPS
 H200_HBM_TBS = 4.3  # device-to-device copy, bytes read + written
-# Matmul peaks by the precision the projections run in (ModelSpec.matmul_precision); FP8 weights add theirs.
-# A precision without a measured figure falls back to bf16's.
-H200_PEAK_TFLOPS_BY_PRECISION = {"bfloat16": H200_PEAK_TFLOPS}
-
-
-def h200_peak_tflops(spec: ModelSpec) -> float:
-    """The H200 matmul peak for this model at the precision it runs in."""
-    return H200_PEAK_TFLOPS_BY_PRECISION.get(spec.matmul_precision, H200_PEAK_TFLOPS)
 
 
 @dataclass
@@ -37,20 +34,29 @@ class Roofline:
     decode_memory_bound_steps: int
     peak_tflops: float
     hbm_tbs: float
+    fp8_peak_tflops: float | None = None  # the linear layers' rate, when their weights are FP8
 
     def to_dict(self) -> dict:
         return {k: round(v, 4) if isinstance(v, float) else v for k, v in asdict(self).items()}
 
 
 def offline_roofline(spec: ModelSpec, prompt_lens: list[int], output_lens: list[int],
-                     peak_tflops: float = H200_PEAK_TFLOPS, hbm_tbs: float = H200_HBM_TBS) -> Roofline:
-    """DESIGN.md's floor for these prompts and outputs on a GPU of the given matmul peak and HBM bandwidth."""
+                     peak_tflops: float = H200_PEAK_TFLOPS, hbm_tbs: float = H200_HBM_TBS,
+                     fp8_peak_tflops: float = H200_FP8_PEAK_TFLOPS) -> Roofline:
+    """DESIGN.md's floor for these prompts and outputs on a GPU of the given matmul peaks and HBM bandwidth.
+
+    peak_tflops: the model dtype's rate (LM head, attention, unquantized projections); fp8_peak_tflops: the
+    decoder's linear layers' rate when they multiply in FP8 (spec.matmul_precision "fp8")."""
+    fp8 = spec.matmul_precision == "fp8"
     peak, bw = peak_tflops * 1e12, hbm_tbs * 1e12
+    layer_peak = fp8_peak_tflops * 1e12 if fp8 else peak
     lm_head = 2.0 * spec.vocab_size * spec.hidden_size
     layers = 2.0 * spec.num_layers * spec.layer_linear_params()
-    prefill_flops = sum(layers * n + spec.attention_flops(n, (n + 1) / 2) + lm_head for n in prompt_lens)
-    prefill_s = prefill_flops / peak
+    # Seconds of compute per token at each rate: linear layers, LM head (one row), attention (per query-key pair).
+    layer_s, head_s = layers / layer_peak, lm_head / peak
+    prefill_s = sum(layer_s * n + spec.attention_flops(n, (n + 1) / 2) / peak + head_s for n in prompt_lens)
     weight_bytes = spec.matmul_weight_bytes
+    kv_bytes_per_token = spec.kv_bytes_per_token()
     steps = max(output_lens, default=1) - 1  # the first output token comes from the prefill
     decode_s, memory_bound = 0.0, 0
     for j in range(1, steps + 1):
@@ -58,9 +64,9 @@ def offline_roofline(spec: ModelSpec, prompt_lens: list[int], output_lens: list[
         if not ctx:
             break
         kv = sum(ctx)
-        flops = (layers + lm_head) * len(ctx) + spec.attention_flops(1, kv / len(ctx)) * len(ctx)
-        bytes_ = weight_bytes + kv * spec.kv_bytes_per_token()
-        t_mem, t_flop = bytes_ / bw, flops / peak
+        t_flop = (layer_s + head_s) * len(ctx) + spec.attention_flops(1, kv / len(ctx)) * len(ctx) / peak
+        t_mem = (weight_bytes + kv * kv_bytes_per_token) / bw
         memory_bound += t_mem >= t_flop
         decode_s += max(t_mem, t_flop)
-    return Roofline(prefill_s, decode_s, prefill_s + decode_s, steps, memory_bound, peak_tflops, hbm_tbs)
+    return Roofline(prefill_s, decode_s, prefill_s + decode_s, steps, memory_bound, peak_tflops, hbm_tbs,
+                    fp8_peak_tflops if fp8 else None)

@@ -57,11 +57,13 @@ def resolve_shape(name: str, checkpoint: str, shape: str | None = None) -> tuple
     return None
 
 
-def engine_accepts(spec: ModelSpec, *, tensor_parallel_size: int, max_model_len: int, dtype: str) -> ModelSpec:
-    """The model as a replica's engine would run it, or the engine's own refusal (the same checks it runs)."""
+def engine_accepts(spec: ModelSpec, *, tensor_parallel_size: int, max_model_len: int, dtype: str,
+                   kv_cache_dtype: str = "auto", quantization: str | None = None) -> ModelSpec:
+    """The model as a replica's engine would run it (dtype, KV-cache dtype, weight quantization: None keeps the
+    checkpoint's own), or the engine's own refusal (the same checks it runs)."""
     check_tensor_parallel(spec, tensor_parallel_size)
     check_max_model_len(max_model_len, spec.max_position_embeddings)
-    return spec.with_precision(dtype)
+    return spec.with_precision(dtype, kv_cache_dtype, quantization)
 
 
 @dataclass(frozen=True)
@@ -93,6 +95,8 @@ def size_kv_cache(
     block_size: int,
     dtype: str,
     max_model_len: int,
+    kv_cache_dtype: str = "auto",
+    quantization: str | None = None,
     max_num_seqs: int = 256,
     max_num_batched_tokens: int = 8192,
     enforce_eager: bool = False,
@@ -102,7 +106,8 @@ def size_kv_cache(
 
     overhead_bytes_per_gpu replaces the predicted activations, CUDA context and reserve with one figure."""
     tp = tensor_parallel_size
-    spec = engine_accepts(spec, tensor_parallel_size=tp, max_model_len=max_model_len, dtype=dtype)
+    spec = engine_accepts(spec, tensor_parallel_size=tp, max_model_len=max_model_len, dtype=dtype,
+                          kv_cache_dtype=kv_cache_dtype, quantization=quantization)
     if overhead_bytes_per_gpu is None:
         tokens = profile_tokens(max_num_batched_tokens, max_model_len, max_num_seqs)
         activations = activation_bytes(spec, tokens, max_num_seqs, tp)

@@ -20,6 +20,9 @@ _HELP = {
     "preemption_mode": "what happens to a preempted sequence's KV: recompute or swap",
     "scheduling_policy": "fcfs or priority",
     "tensor_parallel_size": "GPUs (processes) per replica",
+    "quantization": "fp8: FP8 weights (per-channel scales) and per-token FP8 activations; FP8 checkpoints are "
+                    "detected from config.json",
+    "kv_cache_dtype": "auto (the model dtype), bfloat16 or fp8 (e4m3, per-layer K/V scales: twice the blocks of bf16)",
     "async_scheduling": "plan the next step while the device runs the current one (--no-async-scheduling: "
                         "one step at a time)",
 }

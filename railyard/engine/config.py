@@ -6,12 +6,13 @@ from dataclasses import dataclass, field, fields
 from typing import Literal
 
 from railyard.errors import ConfigError, InvalidRequestError
-from railyard.model.precision import DTYPES
+from railyard.model.precision import DTYPES, check_kv_cache_dtype, check_quantization
 from railyard.model.spec import check_max_model_len
 
 SchedulingPolicy = Literal["fcfs", "priority"]
 PreemptionMode = Literal["recompute", "swap"]
 
+DEFAULT_MAX_NUM_BATCHED_TOKENS = 8192
 _DEVICES = ("auto", "cpu", "cuda")
 _BACKENDS = ("auto", "torch", "triton")
 
@@ -34,10 +35,18 @@ class EngineConfig:
     num_cpu_blocks: int | None = None  # override the swap pool size
     enable_prefix_caching: bool = True
     enable_chunked_prefill: bool = True
+    # With chunked prefill, at most this many prompt tokens of one request per step (0: up to the budget), as
+    # vLLM's option of the same name: a long prompt joining running decodes then lengthens their step little.
+    long_prefill_token_threshold: int = 0
     scheduling_policy: SchedulingPolicy = "fcfs"
     preemption_mode: PreemptionMode = "recompute"
     tensor_parallel_size: int = 1
     attention_backend: str = "auto"
+    # "fp8": linear layers in float8_e4m3fn with per-output-channel scales (quantized at load unless the
+    # checkpoint already is FP8), activations quantized per token; the embedding and LM head stay as they are.
+    quantization: str | None = None
+    # "fp8": the KV cache in float8_e4m3fn with one K and one V scale per layer (half the bytes of bf16).
+    kv_cache_dtype: str = "auto"
     enforce_eager: bool = False
     # Plan step N+1 while step N runs on the device (single-process executors; see Engine.step).
     async_scheduling: bool = True
@@ -51,6 +60,9 @@ class EngineConfig:
         _positive("max_num_seqs", self.max_num_seqs)
         if self.max_num_batched_tokens is not None:
             _positive("max_num_batched_tokens", self.max_num_batched_tokens)
+        if not isinstance(self.long_prefill_token_threshold, int) or self.long_prefill_token_threshold < 0:
+            raise ConfigError(f"long_prefill_token_threshold must be an integer >= 0 (0: off), got "
+                              f"{self.long_prefill_token_threshold!r}")
         if self.max_model_len is not None:
             _positive("max_model_len", self.max_model_len)
         if not 0.0 < self.gpu_memory_utilization <= 1.0:
@@ -71,6 +83,8 @@ class EngineConfig:
         _choice("dtype", self.dtype, DTYPES)
         _choice("device", self.device, _DEVICES)
         _choice("attention_backend", self.attention_backend, _BACKENDS)
+        check_quantization(self.quantization)  # the precisions of model/precision.py, which sizes them
+        check_kv_cache_dtype(self.kv_cache_dtype)
 
     def resolve(self, model_max_len: int) -> None:
         """Fill the options whose defaults depend on the model (called once the config.json is read)."""
@@ -78,7 +92,10 @@ class EngineConfig:
             self.max_model_len = model_max_len
         check_max_model_len(self.max_model_len, model_max_len)
         if self.max_num_batched_tokens is None:
-            self.max_num_batched_tokens = max(2048, self.max_num_seqs) if self.enable_chunked_prefill \
+            # 8,192: on the H200 the 7B shape's served throughput is highest and its TTFT and TPOT p99 lowest
+            # there among 2,048 / 8,192 (16,384 is 3% faster offline only); BENCHMARKS.md, online serving.
+            self.max_num_batched_tokens = max(DEFAULT_MAX_NUM_BATCHED_TOKENS, self.max_num_seqs) \
+                if self.enable_chunked_prefill \
                 else max(self.max_model_len, self.max_num_seqs)
         if not self.enable_chunked_prefill and self.max_num_batched_tokens < self.max_model_len:
             raise ConfigError(

@@ -38,11 +38,7 @@ def run_engine_core(config: EngineConfig, input_address: str, output_address: st
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, _raise_stop)
     logging.basicConfig(level=log_level, format="%(asctime)s %(levelname)s %(name)s[core]: %(message)s")
-    threads = os.environ.get("RAILYARD_TORCH_THREADS")
-    if threads:
-        import torch
-
-        torch.set_num_threads(int(threads))
+    _set_torch_threads(config)
     _exit_when_parent_dies()
     ctx = zmq.Context()
     inp = ctx.socket(zmq.PULL)
@@ -138,6 +134,20 @@ def _utility(core, call: UtilityCall) -> UtilityResult:
     if isinstance(value, set | frozenset):
         value = sorted(value)
     return UtilityResult(call.call_id, True, value)
+
+
+def _set_torch_threads(config: EngineConfig) -> None:
+    """On the CPU, leave one core to the front: its event loop must answer while the model runs (and torch's
+    spinning OpenMP threads, one per core, would fight it for every core). $RAILYARD_TORCH_THREADS overrides."""
+    import torch
+
+    from railyard.engine.model_runner import resolve_device
+
+    threads = os.environ.get("RAILYARD_TORCH_THREADS")
+    if threads:
+        torch.set_num_threads(int(threads))
+    elif resolve_device(config.device).type == "cpu":
+        torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) - 1))
 
 
 def _raise_stop(signum, frame) -> None:

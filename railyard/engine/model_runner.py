@@ -15,6 +15,7 @@ import torch
 from railyard.engine.attention import AttentionMetadata, get_backend
 from railyard.engine.cuda_graphs import DecodeGraphs, padded_block_tables
 from railyard.engine.config import EngineConfig
+from railyard.engine.layers.fp8 import FP8, cache_bits, gemm_path
 from railyard.engine.models.loader import build_empty, load_model, random_weights
 from railyard.engine.parallel import SINGLE, ParallelState
 from railyard.engine.sampler import (DoneSample, PendingSample, SamplerOutput, SamplingRow, host_tensor, sample_async,
@@ -27,7 +28,8 @@ from railyard.model.spec import ModelSpec
 
 log = logging.getLogger("railyard.engine")
 
-TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+# model/precision.py's dtype names (weights, activations, KV-cache elements) -> torch dtypes
+TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "fp8": FP8}
 CPU_KV_CACHE_GIB = 1.0  # KV pool budget when running on the CPU (no device memory to profile)
 
 
@@ -37,6 +39,18 @@ def resolve_device(name: str) -> torch.device:
     if name == "cuda" and not torch.cuda.is_available():
         raise ConfigError("device 'cuda' requested but torch sees no CUDA GPU; use --device cpu")
     return torch.device(name)
+
+
+def _fp8_attention_backend(name: str, device: torch.device) -> str:
+    """The attention backend for an FP8 KV cache: Triton converts e4m3 in registers only on sm_89+."""
+    if device.type != "cuda" or torch.cuda.get_device_capability(device) >= (8, 9):
+        return name
+    cap = "%d.%d" % torch.cuda.get_device_capability(device)
+    if name == "triton":
+        raise ConfigError(f"kv_cache_dtype fp8 with the triton attention backend needs a GPU of compute capability "
+                          f"8.9 or newer (Ada, Hopper); this one is {cap}: use --attention-backend torch")
+    log.warning("kv_cache_dtype fp8 on a GPU of compute capability %s: the torch attention backend runs it", cap)
+    return "torch"
 
 
 @dataclass
@@ -66,14 +80,28 @@ class ModelRunner:
         self.config = config
         self.ps = ps
         self.device = device or resolve_device(config.device)
-        self.spec = spec = spec.with_precision(config.dtype, device_type=self.device.type)  # as this run stores it
+        if spec.quantization and not config.quantization:  # an FP8 checkpoint needs no flag
+            log.info("the checkpoint is %s-quantized (config.json quantization_config): loading it as such",
+                     spec.quantization)
+        # The model as this run stores it: dtype, KV-cache dtype and weight quantization (the flag's, else the
+        # checkpoint's own); weight bytes and the KV block's bytes, and with them the block count, follow from it
+        # as the planner computes them.
+        self.spec = spec = spec.with_precision(config.dtype, config.kv_cache_dtype, config.quantization,
+                                               device_type=self.device.type)
         self.dtype = TORCH_DTYPES[spec.dtype]
+        self.kv_dtype = self.dtype if spec.kv_cache_dtype == "auto" else TORCH_DTYPES[spec.kv_cache_dtype]
+        self.quantization = spec.quantization
         backend = config.attention_backend
+        if self.kv_dtype == FP8:
+            backend = _fp8_attention_backend(backend, self.device)
         self.backend_cls = get_backend(backend, self.device.type)
         if model_dir is None:  # a named shape with random weights (benchmarks): nothing to read from disk
             self.model = random_weights(build_empty(spec, self.dtype, self.device, self.backend_cls, ps), config.seed)
         else:
             self.model = load_model(model_dir, spec, self.dtype, self.device, self.backend_cls, ps)
+        if self.quantization == "fp8":
+            log.info("FP8 weights (per-channel scales, per-token activations); GEMMs: %s",
+                     gemm_path(self.device, self.dtype))
         attn = self.model.model.layers[0].self_attn
         self.num_kv_heads, self.head_dim = attn.num_kv_heads, attn.head_dim
         self.block_size = config.block_size
@@ -81,10 +109,10 @@ class ModelRunner:
         self.num_gpu_blocks = config.num_gpu_blocks or self._profile_num_blocks()
         self.num_cpu_blocks = self._num_cpu_blocks()
         shape = (2, self.num_gpu_blocks, self.block_size, self.num_kv_heads, self.head_dim)
-        self.kv_caches = [torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in range(spec.num_layers)]
+        self.kv_caches = [torch.zeros(shape, dtype=self.kv_dtype, device=self.device) for _ in range(spec.num_layers)]
         cpu_shape = (2, self.num_cpu_blocks, self.block_size, self.num_kv_heads, self.head_dim)
         pin = self.device.type == "cuda"
-        self.cpu_caches = [torch.zeros(cpu_shape, dtype=self.dtype, pin_memory=pin)
+        self.cpu_caches = [torch.zeros(cpu_shape, dtype=self.kv_dtype, pin_memory=pin)
                            for _ in range(spec.num_layers)] if self.num_cpu_blocks else []
         self._rows: dict[int, SamplingRow] = {}  # per live sequence
         self._fed: torch.Tensor | None = None  # the last launched step's sampled ids, on the device
@@ -102,7 +130,8 @@ class ModelRunner:
     # -- sizing ----------------------------------------------------------------------------------
     @property
     def block_bytes(self) -> int:
-        """One KV block on this rank, from the model description (the planner sizes with the same number)."""
+        """One KV block on this rank at the cache's element size (1 byte for FP8), from the model description
+        (the planner sizes with the same number)."""
         return self.spec.kv_bytes_per_block(self.block_size, self.ps.world_size)
 
     def _profile_num_blocks(self) -> int:
@@ -133,14 +162,15 @@ class ModelRunner:
                 f"{total / GIB:.1f} GiB); raise gpu_memory_utilization or lower max_num_batched_tokens"
             )
         torch.cuda.empty_cache()
-        log.info("memory profile (a %d-token step): %s", n, self.memory.describe())
+        log.info("memory profile (a %d-token step, KV cache in %s): %s", n, str(self.kv_dtype).removeprefix("torch."),
+                 self.memory.describe())
         return self.memory.num_blocks
 
     def _dummy_forward(self, num_tokens: int) -> int:
         """One prefill of num_tokens through a scratch cache (for memory profiling); returns the scratch bytes."""
         dev, bs = self.device, self.block_size
         n_blocks = -(-num_tokens // bs)
-        scratch = [torch.zeros((2, n_blocks, bs, self.num_kv_heads, self.head_dim), dtype=self.dtype, device=dev)
+        scratch = [torch.zeros((2, n_blocks, bs, self.num_kv_heads, self.head_dim), dtype=self.kv_dtype, device=dev)
                    for _ in range(self.spec.num_layers)]
         ids = torch.zeros(num_tokens, dtype=torch.long, device=dev)
         pos = torch.arange(num_tokens, device=dev) % self.spec.max_position_embeddings
@@ -230,16 +260,17 @@ class ModelRunner:
         self._rows.pop(seq_id, None)
 
     def swap(self, plan: StepPlan) -> None:
+        """Copy preempted blocks out to the CPU pool and resumed ones back (FP8 caches as raw bytes)."""
         if plan.swap_out:
             src = torch.tensor([g for g, _ in plan.swap_out], device=self.device)
             dst = torch.tensor([c for _, c in plan.swap_out])
             for gpu, cpu in zip(self.kv_caches, self.cpu_caches):
-                cpu[:, dst] = gpu[:, src].to("cpu")
+                cache_bits(cpu)[:, dst] = cache_bits(gpu)[:, src].to("cpu")
         if plan.swap_in:
             src = torch.tensor([c for c, _ in plan.swap_in])
             dst = torch.tensor([g for _, g in plan.swap_in], device=self.device)
             for gpu, cpu in zip(self.kv_caches, self.cpu_caches):
-                gpu[:, dst] = cpu[:, src].to(self.device, non_blocking=True)
+                cache_bits(gpu)[:, dst] = cache_bits(cpu)[:, src].to(self.device, non_blocking=True)
 
     @torch.inference_mode()
     def compute_logits(self, plan: StepPlan, fed: torch.Tensor | None = None) -> torch.Tensor | None:

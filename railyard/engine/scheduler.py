@@ -52,6 +52,9 @@ class Scheduler:
         self.max_model_len = config.max_model_len
         self.budget = config.max_num_batched_tokens
         self.chunked = config.enable_chunked_prefill
+        # The most prompt tokens one sequence computes per step (chunked prefill); None: the budget's.
+        self.chunk_cap = config.long_prefill_token_threshold if self.chunked and config.long_prefill_token_threshold \
+            else None
         self.priority_mode = config.scheduling_policy == "priority"
         self.waiting: list[Sequence] = []
         self.running: list[Sequence] = []
@@ -108,7 +111,7 @@ class Scheduler:
             if seq.num_placeholders and seq.reaches_length_limit(self.max_model_len):
                 i += 1  # finishes once its token in flight arrives: another step would be wasted
                 continue
-            num_new = min(seq.num_uncomputed_tokens, budget)
+            num_new = self._chunk(seq.num_uncomputed_tokens, budget)
             if self._make_room(seq, num_new, i, out):
                 out.scheduled.append(ScheduledSequence(seq, num_new, seq.num_computed_tokens + num_new == seq.num_tokens))
                 budget -= num_new
@@ -119,6 +122,11 @@ class Scheduler:
         if not self.swapped:
             self._schedule_waiting(out, budget)
         return out
+
+    def _chunk(self, num_uncomputed: int, budget: int) -> int:
+        """How many of a sequence's uncomputed tokens this step computes: what the budget and the chunk cap allow."""
+        num_new = min(num_uncomputed, budget)
+        return min(num_new, self.chunk_cap) if self.chunk_cap else num_new
 
     def _make_room(self, seq: Sequence, num_new: int, first_unscheduled: int, out: SchedulerOutput) -> bool:
         """Allocate slots for seq, preempting lowest-priority unscheduled sequences as needed."""
@@ -148,7 +156,7 @@ class Scheduler:
     def _schedule_swapped(self, out: SchedulerOutput, budget: int) -> int:
         while self.swapped and budget > 0 and len(self.running) < self.max_num_seqs:
             seq = self.swapped[0]
-            num_new = min(seq.num_uncomputed_tokens, budget)
+            num_new = self._chunk(seq.num_uncomputed_tokens, budget)
             if not self.bm.can_swap_in(seq, num_new):
                 break
             self.swapped.pop(0)
@@ -169,7 +177,7 @@ class Scheduler:
             remaining = seq.num_tokens - num_cached
             if remaining > budget and not self.chunked:
                 break
-            num_new = min(remaining, budget)
+            num_new = self._chunk(remaining, budget)
             if not self.bm.admit(seq, cached, num_cached + num_new):
                 break
             self.waiting.pop(0)

@@ -15,8 +15,9 @@ from pathlib import Path
 from typing import Any
 
 from railyard.errors import ConfigError, ModelLoadError
-from railyard.model.precision import (DTYPE_BYTES, KV_CACHE_DTYPE_BYTES, QUANTIZATION_BYTES, check_kv_cache_dtype,
-                                      check_quantization, resolve_dtype)
+from railyard.model.precision import (DTYPE_BYTES, KV_CACHE_DTYPE_BYTES, QUANTIZATION_BYTES, QUANTIZATION_SCALE_BYTES,
+                                      check_kv_cache_dtype, check_quantization, resolve_dtype)
+from railyard.model.quant_config import checkpoint_quantization
 
 # architecture name -> (qkv bias, per-head q/k RMSNorm)
 ARCHITECTURES = {
@@ -53,7 +54,9 @@ class ModelSpec:
     # Precision of a run (with_precision); from config.json: the checkpoint's own.
     dtype: str = "bfloat16"  # activations and unquantized weights
     kv_cache_dtype: str = "auto"  # "auto": the model dtype
-    quantization: str | None = None  # quantized linear-layer weights (None: unquantized)
+    # Quantized linear-layer weights (None: unquantized); "fp8": float8 weights with float32 per-channel scales,
+    # from an FP8 checkpoint's quantization_config (model/quant_config.py) or quantized as the engine loads.
+    quantization: str | None = None
 
     @classmethod
     def from_hf_config(cls, cfg: dict[str, Any]) -> "ModelSpec":
@@ -96,7 +99,7 @@ class ModelSpec:
                 torch_dtype=torch_dtype,
                 eos_token_ids=_token_ids(eos),
                 dtype=resolve_dtype("auto", torch_dtype, "cuda"),
-                quantization=_quantization(cfg.get("quantization_config")),
+                quantization=checkpoint_quantization(cfg),
             )
         except KeyError as exc:
             raise ModelLoadError(f"config.json lacks required field {exc}") from None
@@ -128,7 +131,7 @@ class ModelSpec:
         return KV_CACHE_DTYPE_BYTES.get(self.kv_cache_dtype, self.dtype_bytes)
 
     @property
-    def linear_weight_bytes(self) -> float:
+    def linear_weight_bytes(self) -> int:
         """Bytes of one weight of the decoder layers' projections (quantized ones: the method's size)."""
         return QUANTIZATION_BYTES[self.quantization] if self.quantization else self.dtype_bytes
 
@@ -156,6 +159,12 @@ class ModelSpec:
         qkv = (self.num_heads // tp + 2 * self.kv_heads_per_rank(tp)) * d * h
         return qkv + (self.num_heads // tp) * d * h + 3 * h * (self.intermediate_size // tp)
 
+    def layer_linear_outputs(self, tp: int = 1) -> int:
+        """Output channels of one decoder layer's projections on one rank (each carries a scale when quantized):
+        fused QKV and gate/up are split over ranks, o and down are not (row-parallel: split by input)."""
+        qkv = (self.num_heads // tp + 2 * self.kv_heads_per_rank(tp)) * self.head_dim
+        return qkv + self.hidden_size + 2 * (self.intermediate_size // tp) + self.hidden_size
+
     def layer_other_params(self, tp: int = 1) -> int:
         """One decoder layer's biases and norms on one rank (kept in the model dtype)."""
         d = self.head_dim
@@ -173,10 +182,12 @@ class ModelSpec:
         return self.num_layers * layer + self.vocab_params(tp) + self.hidden_size
 
     def weight_bytes(self, tp: int = 1) -> int:
-        """Bytes of the weights one rank holds: projections at their stored precision, the rest in the dtype."""
+        """Bytes of the weights one rank holds: projections at their stored precision (with their per-channel
+        scales when quantized), the rest in the dtype."""
         linear = self.num_layers * self.layer_linear_params(tp)
         rest = self.num_params(tp) - linear
-        return int(linear * self.linear_weight_bytes) + rest * self.dtype_bytes
+        scales = self.num_layers * self.layer_linear_outputs(tp) * QUANTIZATION_SCALE_BYTES.get(self.quantization, 0)
+        return linear * self.linear_weight_bytes + scales + rest * self.dtype_bytes
 
     # -- per-token work (the roofline) -------------------------------------------------------------------
     @property
@@ -186,9 +197,10 @@ class ModelSpec:
 
     @property
     def matmul_weight_bytes(self) -> int:
-        """Bytes a decode step reads for its matmuls: the projections at their precision, the LM head in the dtype."""
+        """Bytes a decode step reads for its matmuls: the projections at their precision, the LM head in the dtype
+        (a quantized projection's scales, 4 bytes per output row, are left out: 0.1-0.3% of the named shapes')."""
         projections = self.num_layers * self.layer_linear_params()
-        return int(projections * self.linear_weight_bytes) + self.vocab_size * self.hidden_size * self.dtype_bytes
+        return projections * self.linear_weight_bytes + self.vocab_size * self.hidden_size * self.dtype_bytes
 
     def attention_flops(self, query_positions: float, keys: float) -> float:
         """QK^T and PV for `query_positions` queries that each see `keys` keys on average."""
@@ -277,15 +289,3 @@ def _token_ids(eos: Any) -> tuple[int, ...]:
         raise ModelLoadError(f"config.json field 'eos_token_id' must be a token id or a list of them, got {eos!r}")
     return tuple(ids)
 
-
-def _quantization(config: Any) -> str | None:
-    """The checkpoint's weight quantization method, if config.json declares one."""
-    if config is None:
-        return None
-    method = config.get("quant_method") if isinstance(config, dict) else None
-    if not isinstance(method, str):
-        raise ModelLoadError(f"config.json: quantization_config must name its quant_method, got {config!r}")
-    try:
-        return check_quantization(method)
-    except ConfigError as exc:
-        raise ModelLoadError(str(exc)) from None

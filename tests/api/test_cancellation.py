@@ -14,11 +14,13 @@ NUM_REQUESTS = 2000
 CONCURRENCY = 64
 CANCEL_FRACTION = 0.3
 MAX_TOKENS = 10
+CANCELLED_MAX_TOKENS = 150  # long enough that a request cut after 2 events cannot finish before its abort lands
 
 
 async def stream_completion(client: httpx.AsyncClient, model: str, prompt: str, cancel_after: int | None) -> dict:
     """Read one SSE completion; with cancel_after, close the connection after that many events."""
-    body = {"model": model, "prompt": prompt, "max_tokens": MAX_TOKENS, "stream": True, "ignore_eos": True,
+    max_tokens = MAX_TOKENS if cancel_after is None else CANCELLED_MAX_TOKENS
+    body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "stream": True, "ignore_eos": True,
             "temperature": 0.8, "seed": 1}
     text, events, finish = "", 0, None
     async with client.stream("POST", "/v1/completions", json=body) as resp:
@@ -59,7 +61,7 @@ def test_cancelled_streams_free_their_blocks_and_the_rest_complete(server):
     assert (stats.num_running, stats.num_waiting, stats.num_swapped) == (0, 0, 0)
     aborted = NUM_REQUESTS - (stats.num_requests_finished_total - finished_before)
     print(f"{NUM_REQUESTS - len(kept)} cancelled by the client, {aborted} aborted before their last token")
-    assert aborted > 0.5 * (NUM_REQUESTS - len(kept))  # cancellation reached the engine, not just the socket
+    assert aborted >= 0.95 * (NUM_REQUESTS - len(kept))  # cancellation reached the engine, not just the socket
     # Only the prefix cache may still hold blocks, and those are all reclaimable (free or evictable).
     assert stats.num_free_blocks == stats.num_total_blocks and stats.kv_cache_usage == 0.0
     server.in_loop(server.engine.check_invariants())

@@ -54,6 +54,28 @@ def test_bench_throughput_rejects_negative_warmup(tiny_model, capsys):
     assert "--warmup-prompts" in capsys.readouterr().err
 
 
+def test_bench_throughput_roofline_counts_fp8_weights_and_kv_cache(tiny_model, capsys):
+    args = ["bench", "throughput", "--model", tiny_model, "--num-prompts", "4", "--input-len", "8-40",
+            "--output-len", "4", "--warmup-prompts", "0"]
+    assert main(args) == 0
+    bf16 = json.loads(capsys.readouterr().out)["roofline"]
+    assert main(args + ["--quantization", "fp8", "--kv-cache-dtype", "fp8", "--fp8-peak-tflops", "1500"]) == 0
+    fp8 = json.loads(capsys.readouterr().out)["roofline"]
+    assert bf16["fp8_peak_tflops"] is None and fp8["fp8_peak_tflops"] == 1500
+
+
+def test_roofline_spec_takes_its_bytes_from_the_engine(tiny_model):
+    from railyard.bench.cli import roofline_spec
+    from railyard.engine.config import EngineConfig
+    from railyard.engine.engine import Engine
+
+    plain = roofline_spec(Engine(EngineConfig(model=tiny_model, device="cpu")))
+    fp8 = roofline_spec(Engine(EngineConfig(model=tiny_model, device="cpu", quantization="fp8",
+                                            kv_cache_dtype="fp8")))
+    assert (plain.dtype_bytes, plain.linear_weight_bytes, plain.kv_element_bytes) == (4, 4, 4)  # float32 on CPU
+    assert (fp8.dtype_bytes, fp8.linear_weight_bytes, fp8.kv_element_bytes) == (4, 1, 1)
+
+
 def test_token_id_range_gives_the_very_requests_bench_serve_sends(tiny_model):
     from railyard.bench.serve import ServeBenchConfig
     from railyard.bench.throughput import workload_requests

@@ -161,3 +161,29 @@ def test_chunked_prefill_splits_a_long_prompt_over_steps_within_budget():
                 item.seq.finish("length")
                 sched.finish(item.seq)
     assert chunks == [[(16, False)], [(16, False)], [(8, True)]]
+
+
+def test_long_prefill_token_threshold_caps_each_prompts_chunk_and_the_budget_takes_several():
+    sched, bm = _make(dict(block_size=8, max_num_seqs=4, max_num_batched_tokens=64, num_gpu_blocks=32,
+                           preemption_mode="recompute", scheduling_policy="fcfs", enable_prefix_caching=False,
+                           num_cpu_blocks=0, long_prefill_token_threshold=12))
+    sched.add(Sequence(0, "a", 0, [3] * 30, SamplingParams(max_tokens=1), 0.0))
+    sched.add(Sequence(1, "b", 0, [4] * 20, SamplingParams(max_tokens=1), 1.0))
+    first = sched.schedule()
+    # Neither prompt takes more than 12 tokens of the step, and both start in it (the budget holds 64).
+    assert [(s.seq.request_id, s.num_new_tokens) for s in first.scheduled] == [("a", 12), ("b", 12)]
+    sched.mark_computed(first)
+    second = sched.schedule()
+    assert [(s.seq.request_id, s.num_new_tokens, s.sample) for s in second.scheduled] == \
+        [("a", 12, False), ("b", 8, True)]
+
+
+def test_capped_prefill_chunks_give_the_same_tokens(tiny_model):
+    from railyard import LLM
+
+    prompts = [[(7 * i + j) % 250 for j in range(n)] for i, n in enumerate((5, 40, 90, 13))]
+    params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
+    plain = LLM(tiny_model, block_size=8).generate(prompt_token_ids=prompts, sampling_params=params, use_tqdm=False)
+    capped = LLM(tiny_model, block_size=8, long_prefill_token_threshold=16).generate(
+        prompt_token_ids=prompts, sampling_params=params, use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in capped] == [o.outputs[0].token_ids for o in plain]

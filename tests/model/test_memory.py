@@ -16,11 +16,17 @@ from railyard.model.memory import MemoryBudget
 from railyard.model.spec import read_model_spec
 
 
-@pytest.mark.parametrize(("arch", "block_size"), [("qwen2", 8), ("qwen3", 16), ("llama", 32)])
-def test_planner_predicts_the_cpu_engines_weights_and_kv_blocks(tiny_models, arch, block_size):
+@pytest.mark.parametrize(("arch", "block_size", "precision"), [
+    ("qwen2", 8, {}), ("qwen3", 16, {}), ("llama", 32, {}),
+    # FP8 (the torch reference path on the CPU): 1-byte KV elements, 1-byte linear weights plus float32 scales
+    ("qwen2", 16, dict(kv_cache_dtype="fp8")),
+    ("qwen3", 8, dict(quantization="fp8", kv_cache_dtype="fp8")),
+    ("llama", 16, dict(quantization="fp8", kv_cache_dtype="bfloat16")),
+], ids=lambda v: "-".join(f"{k}={x}" for k, x in v.items()) or "model-dtype" if isinstance(v, dict) else str(v))
+def test_planner_predicts_the_cpu_engines_weights_and_kv_blocks(tiny_models, arch, block_size, precision):
     # Seats enough that memory, not max_num_seqs * max_model_len, bounds the CPU engine's KV pool.
-    engine = Engine(EngineConfig(model=tiny_models[arch], device="cpu", block_size=block_size, max_num_seqs=4096,
-                                 max_model_len=1024, enable_prefix_caching=False))
+    engine = Engine(EngineConfig(model=tiny_models[arch], device="cpu", block_size=block_size, max_num_seqs=16384,
+                                 max_model_len=1024, enable_prefix_caching=False, **precision))
     runner = engine.executor.runner
     report = runner.memory
     held = sum(t.numel() * t.element_size() for t in runner.kv_caches)  # the KV tensors really allocated
@@ -29,7 +35,7 @@ def test_planner_predicts_the_cpu_engines_weights_and_kv_blocks(tiny_models, arc
     planned = size_kv_cache(
         read_model_spec(tiny_models[arch]), gpu_memory_bytes=report.total_bytes, tensor_parallel_size=1,
         gpu_memory_utilization=report.utilization, block_size=block_size, dtype="float32", max_model_len=1024,
-        overhead_bytes_per_gpu=report.activation_bytes + report.other_bytes + report.reserve_bytes)
+        overhead_bytes_per_gpu=report.activation_bytes + report.other_bytes + report.reserve_bytes, **precision)
     measured_weights = sum(p.numel() * p.element_size() for p in runner.model.parameters())
     assert planned.weights_bytes == pytest.approx(measured_weights, rel=0.02)
     assert planned.bytes_per_block == report.block_bytes

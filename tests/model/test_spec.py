@@ -37,8 +37,9 @@ MALFORMED = [
     (dict(rope_scaling={"rope_type": "yarn", "factor": 4.0}), "rope scaling type 'yarn' is not supported"),
     (dict(rope_scaling={"rope_type": "linear"}), "rope_scaling linear needs a positive factor, got None"),
     (dict(eos_token_id="</s>"), "'eos_token_id' must be a token id or a list of them"),
-    (dict(quantization_config={"quant_method": "awq", "bits": 4}), "quantization 'awq' is not supported"),
+    (dict(quantization_config={"quant_method": "awq", "bits": 4}), "quantization method 'awq' is not supported"),
     (dict(quantization_config={"bits": 4}), "quantization_config must name its quant_method"),
+    (dict(quantization_config={"quant_method": "fp8", "weight_block_size": [128, 128]}), "block-wise FP8 scales"),
 ]
 
 
@@ -74,6 +75,24 @@ def test_weight_and_kv_bytes_follow_the_element_size_of_the_precision():
     assert fp32.matmul_weight_bytes == 2 * bf16.matmul_weight_bytes == 4 * bf16.matmul_params
 
 
+def test_fp8_weights_take_one_byte_and_a_float32_scale_per_output_channel_and_an_fp8_cache_one_byte():
+    bf16 = ModelSpec.from_hf_config(shape_config("qwen2-7b"))
+    fp8 = bf16.with_precision(kv_cache_dtype="fp8", quantization="fp8")
+    linear = bf16.num_layers * bf16.layer_linear_params()
+    # qkv (28 + 2 * 4) * 128 rows, o 3584, gate/up 2 * 18944, down 3584: one float32 scale each, per layer
+    scales = 28 * ((28 + 2 * 4) * 128 + 3584 + 2 * 18944 + 3584) * 4
+    assert fp8.weight_bytes() == bf16.weight_bytes() - linear + scales
+    assert fp8.kv_bytes_per_token() == bf16.kv_bytes_per_token() // 2 == 28 * 2 * 4 * 128
+    assert fp8.matmul_weight_bytes == bf16.matmul_weight_bytes - linear
+    assert (fp8.matmul_precision, bf16.matmul_precision) == ("fp8", "bfloat16")
+
+
+def test_a_checkpoints_own_fp8_quantization_is_kept_unless_a_run_names_one():
+    spec = ModelSpec.from_hf_config(_config(quantization_config={"quant_method": "fp8"}))
+    assert spec.quantization == "fp8" and spec.with_precision("auto").quantization == "fp8"
+    assert ModelSpec.from_hf_config(_config()).with_precision(quantization="fp8").quantization == "fp8"
+
+
 def test_auto_precision_is_the_checkpoints_dtype_on_a_gpu_and_float32_on_the_cpu():
     spec = ModelSpec.from_hf_config(shape_config("qwen2-7b"))
     assert spec.with_precision("auto", device_type="cuda").dtype == "bfloat16"
@@ -82,8 +101,8 @@ def test_auto_precision_is_the_checkpoints_dtype_on_a_gpu_and_float32_on_the_cpu
 
 
 @pytest.mark.parametrize(("option", "message"), [
-    (dict(kv_cache_dtype="fp8"), "kv_cache_dtype 'fp8' is not supported (supported: auto)"),
-    (dict(quantization="fp8"), "quantization 'fp8' is not supported (supported: none)"),
+    (dict(kv_cache_dtype="int8"), "kv_cache_dtype must be one of auto, bfloat16, fp8; got 'int8'"),
+    (dict(quantization="int4"), "quantization must be fp8 (or unset), got 'int4'"),
     (dict(dtype="float8"), "dtype must be one of auto, float32, bfloat16, float16; got 'float8'"),
 ])
 def test_a_precision_railyard_does_not_run_is_a_config_error(option, message):
