@@ -12,16 +12,19 @@ from railyard.api.errors import error_body
 from railyard.api.generation import ChoiceState, Generation, Prompt, now_s, usage
 from railyard.api.protocol import ChatCompletionRequest
 from railyard.api.sse import EventStreamResponse, sse
+from railyard.api.structured import structured_outputs
+from railyard.api.tool_parsers import finish_reason, parse_message, tool_delta
+from railyard.api.tools import ToolPlan, plan_tools, template_messages
 from railyard.errors import InvalidRequestError
 
 
-async def render_chat(gen: Generation, req: ChatCompletionRequest) -> Prompt:
-    """The prompt text and ids, exactly as transformers' apply_chat_template renders the messages."""
+async def render_chat(gen: Generation, req: ChatCompletionRequest, tools: ToolPlan | None = None) -> Prompt:
+    """The prompt text and ids, exactly as transformers' apply_chat_template renders the messages (and tools)."""
     if getattr(gen.tokenizer, "chat_template", None) is None:
         raise InvalidRequestError("this model has no chat template; use /v1/completions")
-    messages = [m.template_dict() for m in req.messages]
+    messages = template_messages(req.messages)
     try:
-        text = gen.tokenizer.apply_chat_template(messages, tokenize=False,
+        text = gen.tokenizer.apply_chat_template(messages, tools=tools.tools if tools else None, tokenize=False,
                                                  add_generation_prompt=req.add_generation_prompt)
     except Exception as exc:  # the template itself rejects the conversation (jinja raise_exception etc.)
         raise InvalidRequestError(f"the chat template cannot render these messages: {exc}") from None
@@ -30,12 +33,6 @@ async def render_chat(gen: Generation, req: ChatCompletionRequest) -> Prompt:
 
 
 def _check_supported(req: ChatCompletionRequest) -> None:
-    if req.tools:
-        raise InvalidRequestError("tools are not supported by this server.")
-    if req.tool_choice not in (None, "none", "auto"):
-        raise InvalidRequestError("tool_choice is not supported by this server.")
-    if req.response_format is not None and req.response_format.type != "text":
-        raise InvalidRequestError(f"response_format {req.response_format.type!r} is not supported; use 'text'.")
     if req.top_logprobs is not None and not req.logprobs:
         raise InvalidRequestError("top_logprobs requires logprobs to be true.")
 
@@ -53,30 +50,42 @@ def _logprobs(gen: Generation, token_ids: list[int], logprobs: list[dict[int, fl
 async def create_chat_completion(gen: Generation, req: ChatCompletionRequest, raw: Request) -> Response:
     arrival = time.monotonic()
     _check_supported(req)
-    prompt = await render_chat(gen, req)
+    tools = plan_tools(req)  # [tools] None without tools
+    constraint = structured_outputs(req, tools.constraint if tools else None)  # [structured outputs]
+    prompt = await render_chat(gen, req, tools)
     max_tokens = req.max_completion_tokens or req.max_tokens
     gen.check_length(prompt, max_tokens)
     k = (req.top_logprobs or 0) if req.logprobs else None
-    params = gen.sampling_params(req, max_tokens, k)
+    params = gen.sampling_params(req, max_tokens, k, constraint)
     request_id = f"chatcmpl-{uuid.uuid4().hex}"
     streams = await gen.submit(request_id, [prompt], params, req.priority, arrival)
     created = now_s()
     if req.stream:
-        return EventStreamResponse(_stream(gen, req, request_id, created, streams[0]), streams)
+        return EventStreamResponse(_stream(gen, req, request_id, created, streams[0], tools), streams)
     outputs = await gen.collect(streams, raw)
     if outputs is None:
         return Response(status_code=499)  # the client left; nobody reads this
     out = outputs[0]
-    choices = [{"index": c.index, "message": {"role": "assistant", "content": c.text},
-                "logprobs": {"content": _logprobs(gen, c.token_ids, c.logprobs, k)} if k is not None else None,
-                "finish_reason": c.finish_reason, "stop_reason": c.stop_reason}
-               for c in out.outputs]
+    choices = []
+    for c in out.outputs:
+        parser = tools.parser() if tools else None  # [tools] the same parser the stream uses
+        message = {"role": "assistant", "content": c.text}
+        if parser is not None:
+            parsed = parse_message(parser, c.text)
+            message["content"] = parsed.content
+            if parsed.tool_calls:
+                message["tool_calls"] = parsed.tool_calls
+        choices.append({"index": c.index, "message": message,
+                        "logprobs": {"content": _logprobs(gen, c.token_ids, c.logprobs, k)} if k is not None else None,
+                        "finish_reason": finish_reason(c.finish_reason, parser), "stop_reason": c.stop_reason})
     return JSONResponse({"id": request_id, "object": "chat.completion", "created": created, "model": gen.model_name,
                          "choices": choices, "usage": usage([out])})
 
 
-async def _stream(gen: Generation, req: ChatCompletionRequest, request_id: str, created: int, stream):
+async def _stream(gen: Generation, req: ChatCompletionRequest, request_id: str, created: int, stream,
+                  tools: ToolPlan | None = None):
     choices: dict[int, ChoiceState] = {}
+    parsers = {i: tools.parser() for i in range(req.n)} if tools else {}  # [tools] one per choice
     k = (req.top_logprobs or 0) if req.logprobs else None
     include_usage = req.stream_options is not None and req.stream_options.include_usage
     head = {"id": request_id, "object": "chat.completion.chunk", "created": created, "model": gen.model_name}
@@ -92,12 +101,15 @@ async def _stream(gen: Generation, req: ChatCompletionRequest, request_id: str, 
                     yield sse({**head, "choices": [{"index": c.index, "delta": {"role": "assistant", "content": ""},
                                                     "logprobs": None, "finish_reason": None}], **usage_field})
                 delta = {"content": c.text} if c.text else {}
+                parser = parsers.get(c.index)
+                if parser is not None:  # [tools] content and tool-call deltas
+                    delta = tool_delta(parser, c.text, c.finish_reason is not None)
                 logprobs = {"content": _logprobs(gen, c.token_ids, c.logprobs, k)} if k is not None else None
-                choice = {"index": c.index, "delta": delta, "logprobs": logprobs, "finish_reason": c.finish_reason,
-                          "stop_reason": c.stop_reason}
+                choice = {"index": c.index, "delta": delta, "logprobs": logprobs,
+                          "finish_reason": finish_reason(c.finish_reason, parser), "stop_reason": c.stop_reason}
                 yield sse({**head, "choices": [choice], **usage_field})
         if include_usage and last is not None:
             yield sse({**head, "choices": [], "usage": usage([last])})
     except Exception as exc:  # the engine died mid-stream: say so in-band, then end the stream
-        yield sse(error_body(503, str(exc)))
+        yield sse(error_body(400 if isinstance(exc, InvalidRequestError) else 503, str(exc)))
     yield sse("[DONE]")

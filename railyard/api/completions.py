@@ -12,6 +12,7 @@ from railyard.api.errors import error_body
 from railyard.api.generation import ChoiceState, Generation, Prompt, merge_streams, now_s, usage
 from railyard.api.protocol import CompletionRequest
 from railyard.api.sse import EventStreamResponse, sse
+from railyard.api.structured import structured_outputs
 from railyard.engine.outputs import RequestOutput
 from railyard.errors import InvalidRequestError
 
@@ -55,7 +56,7 @@ async def create_completion(gen: Generation, req: CompletionRequest, raw: Reques
     prompts = await _prompts(gen, req)
     for p in prompts:
         gen.check_length(p, req.max_tokens)
-    params = gen.sampling_params(req, req.max_tokens, req.logprobs)
+    params = gen.sampling_params(req, req.max_tokens, req.logprobs, structured_outputs(req))  # [structured outputs]
     request_id = f"cmpl-{uuid.uuid4().hex}"
     streams = await gen.submit(request_id, prompts, params, req.priority, arrival)
     created = now_s()
@@ -97,5 +98,5 @@ async def _stream(gen: Generation, req: CompletionRequest, request_id: str, crea
         if include_usage:
             yield sse({**head, "choices": [], "usage": usage(list(latest.values()))})
     except Exception as exc:  # the engine died mid-stream: say so in-band, then end the stream
-        yield sse(error_body(503, str(exc)))
+        yield sse(error_body(400 if isinstance(exc, InvalidRequestError) else 503, str(exc)))
     yield sse("[DONE]")

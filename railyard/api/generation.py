@@ -20,6 +20,7 @@ from railyard.api.protocol import SamplingRequest
 from railyard.engine.client import EngineClient
 from railyard.engine.config import SamplingParams
 from railyard.engine.outputs import OutputKind, RequestOutput
+from railyard.engine.structured import StructuredOutputsParams
 from railyard.errors import InvalidRequestError
 
 # Tokenising a text this long on the event loop would hold every other stream up: it goes to a thread.
@@ -83,7 +84,8 @@ class Generation:
                 f"{n + (max_tokens or 0)} tokens ({n} in the prompt{asked}). Please reduce the length of the prompt "
                 "or the completion.")
 
-    def sampling_params(self, req: SamplingRequest, max_tokens: int | None, logprobs: int | None) -> SamplingParams:
+    def sampling_params(self, req: SamplingRequest, max_tokens: int | None, logprobs: int | None,
+                        structured_outputs: StructuredOutputsParams | None = None) -> SamplingParams:
         """SamplingParams from the request (OpenAI defaults where unset); bad values raise InvalidRequestError.
 
         Streamed requests get delta outputs (only what is new, merged while a client reads slowly), the others
@@ -101,7 +103,7 @@ class Generation:
             stop=[req.stop] if isinstance(req.stop, str) else list(req.stop or []),
             stop_token_ids=list(req.stop_token_ids or []), ignore_eos=req.ignore_eos, logprobs=logprobs,
             include_stop_str_in_output=req.include_stop_str_in_output,
-            skip_special_tokens=req.skip_special_tokens, output_kind=kind)
+            skip_special_tokens=req.skip_special_tokens, output_kind=kind, structured_outputs=structured_outputs)
 
     # -- into the engine and back ----------------------------------------------------------------
     async def submit(self, request_id: str, prompts: list[Prompt], params: SamplingParams, priority: int,

@@ -43,6 +43,8 @@ class ServeBenchConfig:
     prefix_groups: int = 0  # > 0: prompts start with one of this many shared prefixes (round robin over groups)
     shared_prefix_len: int = 0  # tokens of each shared prefix
     timeout_s: float = 600.0
+    structured_outputs: dict | None = None  # sent as each request's `structured_outputs` (vLLM's field)
+    unique_schemas: bool = False  # give each request's JSON schema its own description: every one is first-seen
 
 
 @dataclass
@@ -87,11 +89,22 @@ def _fail(result: RequestResult, error_type: str, message: str) -> RequestResult
     return result
 
 
+def constraint_fields(cfg: ServeBenchConfig, index: int) -> dict:
+    """The request's structured-outputs field, if the run constrains its outputs (a schema must outlast
+    --output-len: a grammar that completes ends its request early, which counts as a wrong length)."""
+    if cfg.structured_outputs is None:
+        return {}
+    so = cfg.structured_outputs
+    if cfg.unique_schemas:  # a new cache key, so the server compiles it as a first-seen schema
+        so = {**so, "json": {**so["json"], "description": f"railyard bench {cfg.seed}-{index}"}}
+    return {"structured_outputs": so}
+
+
 async def send_request(client: httpx.AsyncClient, cfg: ServeBenchConfig, prompt: list[int], output_len: int,
-                       t0: float) -> RequestResult:
+                       t0: float, extra: dict | None = None) -> RequestResult:
     """One streamed completion, timed; any failure is recorded on the result, never raised."""
     body = {"model": cfg.model, "prompt": prompt, "max_tokens": output_len, "temperature": 0.0, "ignore_eos": True,
-            "stream": True, "stream_options": {"include_usage": True}}
+            "stream": True, "stream_options": {"include_usage": True}, **(extra or {})}
     start = time.perf_counter()
     result = RequestResult(start=start - t0)
     last = start
@@ -187,16 +200,18 @@ async def run_serve_bench(cfg: ServeBenchConfig) -> tuple[list[RequestResult], f
     gate = asyncio.Semaphore(cfg.max_concurrency) if cfg.max_concurrency else None
     async with bench_client(cfg) as client:
 
-        async def one(req) -> RequestResult:
+        async def one(i, req) -> RequestResult:
             if gate is None:
-                return await send_request(client, cfg, req.prompt_token_ids, req.output_len, t0)
+                return await send_request(client, cfg, req.prompt_token_ids, req.output_len, t0,
+                                          constraint_fields(cfg, i))
             async with gate:
-                return await send_request(client, cfg, req.prompt_token_ids, req.output_len, t0)
+                return await send_request(client, cfg, req.prompt_token_ids, req.output_len, t0,
+                                          constraint_fields(cfg, i))
 
         t0 = time.perf_counter()
         tasks = []
-        for req in requests:
-            tasks.append(asyncio.ensure_future(one(req)))
+        for i, req in enumerate(requests):
+            tasks.append(asyncio.ensure_future(one(i, req)))
             if math.isfinite(cfg.request_rate):
                 await asyncio.sleep(rng.expovariate(cfg.request_rate))
         results = await asyncio.gather(*tasks)
@@ -231,6 +246,9 @@ def summarize(cfg: ServeBenchConfig, results: list[RequestResult], duration_s: f
         "request_rate": cfg.request_rate if math.isfinite(cfg.request_rate) else "inf",
         "max_concurrency": cfg.max_concurrency,
         "input_len": f"{cfg.input_len.low}-{cfg.input_len.high}", "output_len": f"{cfg.output_len.low}-{cfg.output_len.high}",
+        "structured_outputs": sorted(k for k in cfg.structured_outputs if k != "disable_any_whitespace")
+        if cfg.structured_outputs else None,
+        "unique_schemas": cfg.unique_schemas,
         "completed": len(ok), "failed": len(failed),
         "error_counts": dict(sorted(Counter(r.error_type for r in failed).items())),
         "errors": sorted({r.error for r in failed})[:5],

@@ -25,6 +25,12 @@ def register_serve(kinds: argparse._SubParsersAction) -> None:
     p.add_argument("--prefix-groups", type=int, default=0,
                    help="prompts start with one of this many shared prefixes (0: none), e.g. system prompts")
     p.add_argument("--shared-prefix-len", type=int, default=0, help="tokens of each shared prefix")
+    p.add_argument("--structured-outputs", default=None, metavar="JSON|@FILE",
+                   help="constrain every request: a JSON object sent as its `structured_outputs` (vLLM's field), e.g. "
+                        "'{\"json\": {...schema...}}'; the constraint must outlast --output-len")
+    p.add_argument("--unique-schemas", action="store_true",
+                   help="with a JSON schema: vary each request's schema (its description) so every one is first-seen "
+                        "by the server's grammar cache")
     p.add_argument("--api-key", default=None)
     p.add_argument("--plot", default=None, help="write latency percentiles over time to this PNG")
     p.add_argument("--output", default=None, help="also write the JSON (with per-request results) here")
@@ -43,11 +49,13 @@ def run_serve_bench_cmd(args: argparse.Namespace) -> int:
         raise ConfigError("--request-rate must be positive (leave it out to send everything at once)")
     if args.max_concurrency is not None and args.max_concurrency < 1:
         raise ConfigError("--max-concurrency must be at least 1")
+    structured = _structured_outputs(args.structured_outputs, args.unique_schemas)
     cfg = ServeBenchConfig(url=args.url, model=args.model, num_prompts=args.num_prompts,
                            input_len=LengthRange.parse(args.input_len), output_len=LengthRange.parse(args.output_len),
                            request_rate=args.request_rate, max_concurrency=args.max_concurrency, seed=args.seed,
                            api_key=args.api_key, prefix_groups=args.prefix_groups,
-                           shared_prefix_len=args.shared_prefix_len)
+                           shared_prefix_len=args.shared_prefix_len, structured_outputs=structured,
+                           unique_schemas=args.unique_schemas)
     before = asyncio.run(scrape_server_counters(cfg))
     results, duration = asyncio.run(run_serve_bench(cfg))
     after = asyncio.run(scrape_server_counters(cfg))
@@ -62,3 +70,21 @@ def run_serve_bench_cmd(args: argparse.Namespace) -> int:
         with open(args.output, "w") as f:
             json.dump({**summary, "requests": results_to_dicts(results)}, f, indent=1)
     return 0 if summary["completed"] else 1
+
+
+def _structured_outputs(value: str | None, unique: bool) -> dict | None:
+    """--structured-outputs as a dict (inline JSON or @file); --unique-schemas needs a JSON schema in it."""
+    if value is None:
+        if unique:
+            raise ConfigError("--unique-schemas varies a JSON schema: give one with --structured-outputs")
+        return None
+    try:
+        text = open(value[1:]).read() if value.startswith("@") else value
+        parsed = json.loads(text)
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"--structured-outputs must be a JSON object or @file of one: {exc}") from None
+    if not isinstance(parsed, dict):
+        raise ConfigError("--structured-outputs must be a JSON object, e.g. '{\"regex\": \"[a-z]+\"}'")
+    if unique and not isinstance(parsed.get("json"), dict):
+        raise ConfigError("--unique-schemas varies a JSON schema: --structured-outputs needs a \"json\" object")
+    return parsed

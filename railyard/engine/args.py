@@ -23,6 +23,8 @@ _HELP = {
     "quantization": "fp8: FP8 weights (per-channel scales) and per-token FP8 activations; FP8 checkpoints are "
                     "detected from config.json",
     "kv_cache_dtype": "auto (the model dtype), bfloat16 or fp8 (e4m3, per-layer K/V scales: twice the blocks of bf16)",
+    "structured_outputs_disable_any_whitespace": "constrained JSON gets no whitespace beyond ', ' and ': ' unless "
+                                                 "a request's structured_outputs.disable_any_whitespace says otherwise",
     "async_scheduling": "plan the next step while the device runs the current one (--no-async-scheduling: "
                         "one step at a time)",
 }

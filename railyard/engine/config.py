@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 from typing import Literal
 
+from railyard.engine.structured.params import StructuredOutputsParams
 from railyard.errors import ConfigError, InvalidRequestError
 from railyard.model.precision import DTYPES, check_kv_cache_dtype, check_quantization
 from railyard.model.spec import check_max_model_len
@@ -51,6 +52,9 @@ class EngineConfig:
     # Plan step N+1 while step N runs on the device (single-process executors; see Engine.step).
     async_scheduling: bool = True
     cuda_graph_max_batch_size: int = 256
+    # JSON constraints allow no whitespace beyond ", " and ": " unless a request says otherwise (vLLM's
+    # structured-outputs disable_any_whitespace): weak models can loop on whitespace a grammar allows.
+    structured_outputs_disable_any_whitespace: bool = False
     seed: int = 0
     served_model_name: str | None = None
 
@@ -133,8 +137,15 @@ class SamplingParams:
     # "cumulative": after every step, everything so far; "delta": after every step, only what is new
     # (streaming: nothing is copied per step); "final_only": once, when the request finishes (offline).
     output_kind: Literal["cumulative", "delta", "final_only"] = "cumulative"
+    # Constrained decoding: the output must match this JSON schema / regex / choice / grammar.
+    structured_outputs: StructuredOutputsParams | None = None
 
     def __post_init__(self) -> None:
+        if isinstance(self.structured_outputs, dict):
+            try:
+                self.structured_outputs = StructuredOutputsParams(**self.structured_outputs)
+            except TypeError as exc:
+                raise InvalidRequestError(f"structured_outputs: {exc}") from None
         if isinstance(self.stop, str):
             self.stop = [self.stop]
         self.stop = list(self.stop or [])
@@ -169,6 +180,8 @@ class SamplingParams:
             (not isinstance(self.top_k, int) or self.top_k < 2**31, f"top_k must be below 2**31, got {self.top_k}"),
             (self.output_kind in ("cumulative", "delta", "final_only"),
              f"output_kind must be 'cumulative', 'delta' or 'final_only', got {self.output_kind!r}"),
+            (self.structured_outputs is None or isinstance(self.structured_outputs, StructuredOutputsParams),
+             "structured_outputs must be a StructuredOutputsParams (or a dict of its fields)"),
         ]
         for ok, message in checks:
             if not ok:

@@ -25,6 +25,7 @@ from railyard.engine.outputs import EngineStats, SeqDelta
 from railyard.engine.sampler import DoneSample, PendingSample
 from railyard.engine.scheduler import Scheduler
 from railyard.engine.sequence import PLACEHOLDER, Sequence
+from railyard.engine.structured.manager import Accepted, StructuredOutputManager
 from railyard.engine.tokenizer import load_tokenizer
 from railyard.engine.validation import check_prompt_token_ids, check_sampling_params
 from railyard.errors import ConfigError, InvalidRequestError
@@ -72,7 +73,8 @@ class EngineCore:
         else:  # a named shape with random weights (GPU benchmarks); token ids only
             model_dir = None
             tokenizer_path = config.tokenizer
-        # The core needs the tokenizer only for its EOS id; the front detokenises with its own copy.
+        # The core needs the tokenizer for its EOS id and for grammars (structured outputs); the front
+        # detokenises with its own copy.
         self.tokenizer = load_tokenizer(tokenizer_path) if tokenizer_path else None
         self.tokenizer_path = tokenizer_path
         self.model_dir = model_dir
@@ -94,6 +96,10 @@ class EngineCore:
             eos.add(self.tokenizer.eos_token_id)
         self.eos_token_ids = tuple(sorted(eos))
         self.requests: dict[str, _Request] = {}
+        # [structured outputs] grammars and matchers of constrained sequences (idle until the first one)
+        self.structured = StructuredOutputManager(self.tokenizer, spec.vocab_size, self.eos_token_ids,
+                                                  config.structured_outputs_disable_any_whitespace)
+        self._refused: list[tuple[str, str]] = []  # (request id, why): constraints that failed to compile
         self._seq_ids = itertools.count()
         self.prompt_tokens_total = 0
         self.computed_tokens_total = 0
@@ -130,12 +136,17 @@ class EngineCore:
         ids = list(prompt_token_ids)
         check_prompt_token_ids(ids, vocab_size=self.spec.vocab_size, max_model_len=self.config.max_model_len)
         check_sampling_params(params, vocab_size=self.spec.vocab_size)
+        if params.structured_outputs is not None:  # [structured outputs] refuse a bad constraint at the door
+            self.structured.validate(params.structured_outputs)
         now = arrival_time if arrival_time is not None else time.monotonic()
         seqs = [Sequence(next(self._seq_ids), request_id, i, list(ids), params, now, priority, self.eos_token_ids)
                 for i in range(params.n)]
         self.requests[request_id] = _Request(request_id, params, seqs, len(seqs))
-        for seq in seqs:
-            self.scheduler.add(seq)
+        if params.structured_outputs is not None:  # [structured outputs] joins the scheduler once compiled
+            self.structured.add(request_id, seqs, params.structured_outputs)
+        else:
+            for seq in seqs:
+                self.scheduler.add(seq)
         self.prompt_tokens_total += len(ids)
         self.requests_added_total += 1
         if params.needs_output_history:
@@ -151,6 +162,7 @@ class EngineCore:
             if not seq.is_finished:
                 self.scheduler.abort(seq)
             self.executor.forget(seq.seq_id)
+        self.structured.forget(request_id, [s.seq_id for s in req.seqs])  # [structured outputs]
         return True
 
     def stop_sequence(self, request_id: str, index: int, stop_reason: int | str | None = None) -> None:
@@ -161,7 +173,13 @@ class EngineCore:
         self._finish(req, req.seqs[index], "stop", stop_reason)
 
     def has_unfinished_requests(self) -> bool:
-        return self.scheduler.has_unfinished() or self._in_flight is not None
+        return self.scheduler.has_unfinished() or self._in_flight is not None or self.structured.num_compiling > 0
+
+    def take_refused(self) -> list[tuple[str, str]]:
+        """(request id, why) of requests refused since the last call: their constraint failed to compile. They
+        ended with "abort" deltas; the drivers tell their fronts why (RequestRefused)."""
+        refused, self._refused = self._refused, []
+        return refused
 
     @property
     def num_requests(self) -> int:
@@ -177,12 +195,17 @@ class EngineCore:
         that N's token finishes has one wasted row in N+1, discarded.
         """
         prev, self._in_flight = self._in_flight, None
+        failed = self._admit_compiled(idle=prev is None) if self.structured.num_compiling else []  # [structured]
         results: list[SeqDelta] = []
         if prev is not None and self._num_history_requests > 0:
             # Penalties read every output token on the host, so those steps wait for the previous one.
             results, prev = self._complete(prev), None
         out = self.scheduler.schedule()
-        launched = self._launch(out) if not out.is_empty else None
+        launched = None
+        if not out.is_empty:
+            launched, early = self._launch(out, prev)
+            if early is not None:  # prev was completed inside: its tokens were needed for this step's masks
+                results, prev = early, None
         if prev is not None:
             results = self._complete(prev)
         if launched is not None:
@@ -190,11 +213,18 @@ class EngineCore:
                 self._in_flight = launched
             else:
                 results = self._complete(launched)
-        return results
+        return failed + results if failed else results
 
-    def _launch(self, out) -> _InFlight:
+    def _launch(self, out, prev: _InFlight | None) -> tuple[_InFlight, list[SeqDelta] | None]:
+        """Launch a step; returns it and, if prev had to be completed first, prev's deltas.
+
+        [structured outputs] A step that samples a constrained row is launched in two parts: its forward pass
+        at once, its sampling once the rows' token bitmasks are filled. Those need every earlier token, so
+        the step in flight (prev) is completed in between, while the new forward pass runs on the device:
+        asynchronous scheduling keeps its overlap."""
         now = time.monotonic()
-        pending = self.executor.launch(out)
+        constrained = self.structured.needs_bitmask(out)
+        pending = self.executor.launch_forward(out) if constrained else self.executor.launch(out)
         self.computed_tokens_total += out.num_batched_tokens
         self.num_steps_total += 1
         self.decode_rows_total += sum(1 for item in out.scheduled if item.num_new_tokens == 1
@@ -210,7 +240,32 @@ class EngineCore:
                 seq.output_token_ids.append(PLACEHOLDER)
                 seq.num_placeholders += 1
                 sampled.append(seq)
-        return _InFlight(sampled, pending)
+        early = None
+        if constrained:
+            if prev is not None:
+                early = self._complete(prev)
+            pending = self.executor.launch_sample(pending, self.structured.bitmask(sampled))
+        return _InFlight(sampled, pending), early
+
+    def _admit_compiled(self, idle: bool) -> list[SeqDelta]:
+        """[structured outputs] Constrained requests whose grammar is compiled join the scheduler; those whose
+        compile failed end ("abort") and are refused. With nothing else to run, wait a moment for a compile
+        instead of spinning."""
+        idle = idle and not self.scheduler.has_unfinished()
+        ready, failed = self.structured.take_ready(wait_s=0.005 if idle else 0.0)
+        for seq in ready:
+            if seq.request_id in self.requests:
+                self.scheduler.add(seq)
+        deltas = []
+        for request_id, message in failed.items():
+            req = self.requests.get(request_id)
+            if req is not None:
+                for seq in req.seqs:
+                    self._finish(req, seq, "abort", None)
+                    deltas.append(SeqDelta(request_id, seq.index, [], finish_reason="abort"))
+                self._refused.append((request_id, message))
+                self.requests_added_total -= 1  # refused after all: the front counts it out as such
+        return deltas
 
     def _complete(self, step: _InFlight) -> list[SeqDelta]:
         """Wait for a launched step's tokens and apply them: append, stop rules, deltas."""
@@ -229,7 +284,7 @@ class EngineCore:
             if n_known == 0:
                 delta.first_scheduled_time = seq.first_scheduled_time
                 delta.num_cached_prompt_tokens = seq.num_cached_prompt_tokens
-            reason = self._stop_reason(seq, n_known + 1, token)
+            reason = self._stop_reason(seq, n_known + 1, token, self.structured.accept(seq, token))
             if reason is not None:
                 del seq.output_token_ids[n_known + 1:]  # a row already launched for it is wasted
                 seq.num_placeholders = 0
@@ -240,9 +295,13 @@ class EngineCore:
             deltas.append(delta)
         return deltas
 
-    def _stop_reason(self, seq: Sequence, n_out: int, token: int) -> tuple[str, int | str | None] | None:
-        """The stop rules that need no text, for the n_out-th output token, just made known."""
+    def _stop_reason(self, seq: Sequence, n_out: int, token: int,
+                     accepted: Accepted) -> tuple[str, int | str | None] | None:
+        """The stop rules that need no text, for the n_out-th output token, just made known (and `accepted`
+        by the sequence's grammar, if it has one)."""
         p = seq.params
+        if accepted is Accepted.REJECTED:  # [structured outputs] outside its grammar: a masking fault
+            return ("abort", None)
         if n_out >= p.min_tokens:
             if token in p.stop_token_ids:
                 return ("stop", token)
@@ -252,12 +311,15 @@ class EngineCore:
             return ("length", None)
         if seq.num_prompt_tokens + n_out >= self.config.max_model_len:
             return ("length", None)
+        if accepted is Accepted.TERMINATED:  # [structured outputs] the grammar is complete (its EOS, ignore_eos)
+            return ("stop", None)
         return None
 
     def _finish(self, req: _Request, seq: Sequence, reason: str, stop_reason: int | str | None) -> None:
         seq.finish(reason, stop_reason)
         self.scheduler.finish(seq)
         self.executor.forget(seq.seq_id)
+        self.structured.forget(req.request_id, [seq.seq_id])  # [structured outputs]
         req.num_unfinished -= 1
         if req.num_unfinished == 0:
             self.requests.pop(req.request_id, None)
@@ -273,7 +335,8 @@ class EngineCore:
         bm, sch = self.block_manager, self.scheduler
         total = bm.gpu.num_blocks
         return EngineStats(
-            num_running=len(sch.running), num_waiting=len(sch.waiting), num_swapped=len(sch.swapped),
+            num_running=len(sch.running), num_swapped=len(sch.swapped),
+            num_waiting=len(sch.waiting) + self.structured.num_compiling_seqs,  # [structured] compiling: waiting too
             num_free_blocks=bm.num_free_blocks, num_total_blocks=total,
             kv_cache_usage=bm.num_used_blocks / total if total else 0.0,
             num_cpu_blocks=bm.cpu.num_blocks, num_free_cpu_blocks=bm.cpu.num_free,
@@ -298,6 +361,7 @@ class EngineCore:
         self.executor.check_health()
 
     def shutdown(self) -> None:
+        self.structured.shutdown()
         self.executor.shutdown()
 
 
@@ -321,6 +385,12 @@ class LocalExecutor:
 
     def launch(self, out):
         return self.runner.launch(out)
+
+    def launch_forward(self, out):
+        return self.runner.launch_forward(out)
+
+    def launch_sample(self, forward, bitmask):
+        return self.runner.launch_sample(forward, bitmask)
 
     def execute(self, out):
         return self.runner.execute(out)

@@ -92,6 +92,7 @@ def _serve(core, inp: zmq.Socket, out: zmq.Socket) -> None:
         handled = _drain(core, inp, out, refused)
         if core.has_unfinished_requests():
             deltas = core.step()
+            refused += [RequestRefused(r, why) for r, why in core.take_refused()]  # [structured outputs]
             out.send(encoder.encode(StepOutputs(deltas, core.stats(), refused)), copy=False)
         elif handled:  # aborts, refusals or calls changed what the front should see
             out.send(encoder.encode(StepOutputs([], core.stats(), refused)))

@@ -95,6 +95,11 @@ class Engine:
         processed = self.processor.process(self.core.step(), time.monotonic())
         for request_id, index, stop in processed.stop:
             self.core.stop_sequence(request_id, index, stop)
+        refused = self.core.take_refused()  # [structured outputs] a constraint failed to compile: say why
+        if refused:
+            why = dict(refused)
+            for out in processed.outputs:
+                out.error = why.get(out.request_id, out.error)
         return processed.outputs
 
     # -- introspection ---------------------------------------------------------------------------

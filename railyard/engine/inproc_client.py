@@ -110,6 +110,7 @@ class InProcessEngineClient(CoreClient):
                 results.append((future, False, exc))
         deltas = self.core.step() if self.core.has_unfinished_requests() else []
         refused, self._refused = self._refused, []
+        refused += [RequestRefused(r, why) for r, why in self.core.take_refused()]  # [structured outputs]
         return results, deltas, refused, self.core.stats(), self.core.has_unfinished_requests()
 
     def _submit_turn(self, loop: asyncio.AbstractEventLoop) -> asyncio.Future:

@@ -72,6 +72,14 @@ class StepPlan:
     feed_src: list[int] = field(default_factory=list)
 
 
+@dataclass
+class ForwardPass:
+    """A step whose forward pass is queued: the logits of its sampled rows (None if none) and their rows."""
+
+    logits: torch.Tensor | None
+    rows: list[SamplingRow]
+
+
 class ModelRunner:
     """Runs one replica's model (or one tensor-parallel shard of it) on one device."""
 
@@ -309,10 +317,22 @@ class ModelRunner:
 
         The sampled ids stay on the device as the feed of the next launch, whose plan may hold
         placeholders for them (asynchronous scheduling)."""
-        logits = self.compute_logits(self.plan(out), self._fed)
-        if logits is None:
+        return self.launch_sample(self.launch_forward(out))
+
+    def launch_forward(self, out: SchedulerOutput) -> ForwardPass:
+        """Queue a step's forward pass only; `launch_sample` samples it (structured outputs: once the
+        step's token bitmask is known, which may need the tokens of the step before)."""
+        return ForwardPass(self.compute_logits(self.plan(out), self._fed), self.sampling_rows(out))
+
+    def launch_sample(self, forward: ForwardPass, bitmask=None) -> PendingSample | DoneSample:
+        """Queue the sampling of a launched forward pass, its constrained rows masked by `bitmask`."""
+        if forward.logits is None:
             return DoneSample(SamplerOutput([], []))
-        pending = sample_async(logits, self.sampling_rows(out))
+        if bitmask is not None:  # [structured outputs]
+            from railyard.engine.structured.apply import apply_bitmask
+
+            apply_bitmask(forward.logits, bitmask)
+        pending = sample_async(forward.logits, forward.rows)
         self._fed = pending.token_ids
         return pending
 

@@ -29,7 +29,7 @@ import torch.multiprocessing as torch_mp
 
 from railyard.engine.config import EngineConfig
 from railyard.engine.exits import describe_exit
-from railyard.engine.model_runner import ModelRunner, resolve_device
+from railyard.engine.model_runner import ModelRunner, StepPlan, resolve_device
 from railyard.engine.parallel import ParallelState
 from railyard.engine.sampler import DoneSample, SamplerOutput, sample
 from railyard.engine.scheduler import SchedulerOutput
@@ -161,12 +161,20 @@ class TensorParallelExecutor:
     def launch(self, out: SchedulerOutput) -> DoneSample:
         return DoneSample(self.execute(out))
 
+    def launch_forward(self, out: SchedulerOutput) -> tuple[StepPlan, list]:
+        """The step's plan and sampling rows, taken now; the ranks run it in launch_sample (steps are synchronous)."""
+        return self.runner.plan(out), self.runner.sampling_rows(out)
+
+    def launch_sample(self, forward: tuple[StepPlan, list], bitmask=None) -> DoneSample:
+        return DoneSample(self._run(*forward, bitmask))
+
     def execute(self, out: SchedulerOutput) -> SamplerOutput:
         """Plan once, send the plan to every worker, run rank 0's shard and sample on rank 0."""
+        return self._run(self.runner.plan(out), self.runner.sampling_rows(out), None)
+
+    def _run(self, plan: StepPlan, rows: list, bitmask) -> SamplerOutput:
         if self._dead:
             raise EngineDeadError(self._dead)
-        plan = self.runner.plan(out)
-        rows = self.runner.sampling_rows(out)
         for rank, conn in enumerate(self._conns, start=1):
             try:
                 conn.send(plan)
@@ -175,7 +183,13 @@ class TensorParallelExecutor:
 
         def step() -> SamplerOutput:
             logits = self.runner.compute_logits(plan)
-            return SamplerOutput([], []) if logits is None else sample(logits, rows)
+            if logits is None:
+                return SamplerOutput([], [])
+            if bitmask is not None:  # [structured outputs] constrained rows, masked on rank 0 (it alone samples)
+                from railyard.engine.structured.apply import apply_bitmask
+
+                apply_bitmask(logits, bitmask)
+            return sample(logits, rows)
 
         return self._call_rank0(step)
 

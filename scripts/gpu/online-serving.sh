@@ -1,11 +1,12 @@
 #!/bin/bash
 # Online serving on the H200 (issue 12), one device call: the same 512 requests offline
-# (`railyard bench throughput`) and served (`railyard serve` + `railyard bench serve`), the engine core in
-# its own process against the in-process engine, at several token budgets; plus 64 streams, Poisson 8 req/s,
-# and py-spy profiles of both server processes under 256 streams. Writes $OUT/results.tgz and $OUT/summary.txt.
+# (`railyard bench throughput`) and served (`railyard serve` + `railyard bench serve`) at 256 streams and at
+# Poisson 8 req/s, for several long-prefill caps, the engine core in its own process against the in-process
+# engine; 64 streams; py-spy profiles of both server processes under 256 streams. Writes $OUT/results.tgz and $OUT/summary.txt.
 #   carry: .whl (fastapi, starlette, uvicorn, pydantic(-core), httptools, pyzmq, msgspec, py-spy, ...)
 #   env: CALL_S (seconds this call may use, default 540), BUDGETS (offline budgets), SERVE_BUDGET (default 8192),
-#        SERVED_BUDGETS (more budgets served, engine process), MODEL/WORK/ENGINE (a dry run on a small model)
+#        THRESHOLDS (long_prefill_token_threshold values served, engine process), PROFILE_T (the one also run
+#        at 64 streams, in-process, and profiled), MODEL/WORK/ENGINE (a dry run on a small model), SKIP_WHEELS
 set -o pipefail
 export PYTHONUNBUFFERED=1
 cd "$(dirname "$0")/../.."
@@ -13,8 +14,8 @@ cd "$(dirname "$0")/../.."
   --target /tmp/site .whl/*.whl || { echo "wheel install failed"; exit 1; }
 export PYTHONPATH=/tmp/site:$PWD PATH=/tmp/site/bin:$PATH
 R=/tmp/results; mkdir -p $R; LOG=$R/log.txt
-CALL_S=${CALL_S:-540}; SERVE_BUDGET=${SERVE_BUDGET:-8192}; BUDGETS=${BUDGETS:-"2048 8192 16384"}
-SERVED_BUDGETS=${SERVED_BUDGETS:-2048}
+CALL_S=${CALL_S:-540}; SERVE_BUDGET=${SERVE_BUDGET:-8192}; BUDGETS=${BUDGETS:-"8192"}
+THRESHOLDS=${THRESHOLDS:-"256 0 128 512"}; PROFILE_T=${PROFILE_T:-256}
 MODEL=${MODEL:-qwen2-7b}; NAME=$(basename $MODEL); PORT=8011; URL=http://127.0.0.1:$PORT
 WORK=${WORK:-"--num-prompts 512 --input-len 100-1024 --output-len 256"}
 ENGINE=${ENGINE:-"--max-model-len 4096 --max-num-seqs 256"}
@@ -83,24 +84,22 @@ profile() {  # name: py-spy on the server and its engine process for 12 s, mid-r
   wait
 }
 
-if [ $(left) -gt 200 ]; then
-  serve proc_b$SERVE_BUDGET $SERVE_BUDGET
-  profile proc_b$SERVE_BUDGET & P=$!
-  bench served_proc_b${SERVE_BUDGET}_c256 150 --max-concurrency 256; wait $P
-  [ $(left) -gt 200 ] && bench served_proc_b${SERVE_BUDGET}_c64 120 --max-concurrency 64
-  [ $(left) -gt 170 ] && bench served_proc_b${SERVE_BUDGET}_poisson8 100 --request-rate 8 --num-prompts 300 --seed 1
-  stop
-fi
-if [ $(left) -gt 110 ]; then
-  serve inproc_b$SERVE_BUDGET $SERVE_BUDGET --no-engine-process
-  profile inproc_b$SERVE_BUDGET & P=$!
-  bench served_inproc_b${SERVE_BUDGET}_c256 150 --max-concurrency 256; wait $P
-  stop
-fi
-for B in $SERVED_BUDGETS; do
-  [ $(left) -lt 110 ] && { say "skip served budget $B"; continue; }
-  serve proc_b$B $B
-  bench served_proc_b${B}_c256 150 --max-concurrency 256
+# The long-prefill cap (one prompt's tokens per step) against ITL at moderate load, then 256 and 64 streams.
+for T in $THRESHOLDS; do
+  [ $(left) -lt 100 ] && { say "skip threshold $T"; continue; }
+  serve proc_b${SERVE_BUDGET}_t$T $SERVE_BUDGET --long-prefill-token-threshold $T
+  P=""; if [ "$T" = "$PROFILE_T" ]; then profile proc_b${SERVE_BUDGET}_t$T & P=$!; fi
+  bench served_proc_b${SERVE_BUDGET}_t${T}_c256 120 --max-concurrency 256; [ -n "$P" ] && wait $P
+  bench served_proc_b${SERVE_BUDGET}_t${T}_poisson8 80 --request-rate 8 --num-prompts 300 --seed 1
+  if [ "$T" = "$PROFILE_T" ] && [ $(left) -gt 130 ]; then
+    bench served_proc_b${SERVE_BUDGET}_t${T}_c64 60 --max-concurrency 64
+  fi
   stop
 done
+if [ $(left) -gt 90 ]; then
+  serve inproc_b${SERVE_BUDGET}_t$PROFILE_T $SERVE_BUDGET --long-prefill-token-threshold $PROFILE_T --no-engine-process
+  profile inproc_b${SERVE_BUDGET}_t$PROFILE_T & P=$!
+  bench served_inproc_b${SERVE_BUDGET}_t${PROFILE_T}_c256 120 --max-concurrency 256; wait $P
+  stop
+fi
 say done

@@ -20,6 +20,7 @@ from railyard.engine.client import CoreClient
 from railyard.engine.config import EngineConfig
 from railyard.engine.inproc_client import InProcessEngineClient
 from railyard.engine.process_client import EngineProcessClient
+from railyard.engine.tiny_model import write_tiny_checkpoint
 from railyard.engine.tokenizer import load_tokenizer
 
 MODEL_NAME = "tiny"
@@ -82,6 +83,16 @@ def tiny_engine(model_dir: str, *, engine_process: bool = True, **overrides) -> 
 @pytest.fixture(scope="session")
 def server(tiny_model) -> Iterator[RunningServer]:
     with serve_in_thread(tiny_engine(tiny_model)) as running:
+        yield running
+
+
+@pytest.fixture(scope="session")
+def structured_server(tmp_path_factory) -> Iterator[RunningServer]:
+    """Room for a 256-request batch and for tools prompts (a byte per token: the tiny model, with 4k positions);
+    compact constrained JSON (the tiny random model would otherwise ramble in the whitespace a grammar allows)."""
+    model = write_tiny_checkpoint(tmp_path_factory.mktemp("tiny-4k"), max_position_embeddings=4096)
+    engine = tiny_engine(str(model), max_model_len=2048, max_num_seqs=256, structured_outputs_disable_any_whitespace=True)
+    with serve_in_thread(engine) as running:
         yield running
 
 

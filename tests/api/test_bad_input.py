@@ -75,9 +75,6 @@ def test_body_over_the_size_limit_is_413(http, server):
 def test_unsupported_options_are_400_not_ignored(http, server):
     for body in ({"prompt": "hi", "echo": True}, {"prompt": "hi", "logit_bias": {"5": 10}}):
         assert_openai_error(http.post("/v1/completions", json={"model": server.model, **body}), 400)
-    resp = http.post("/v1/chat/completions", json={"model": server.model, "messages": [{"role": "user", "content": "x"}],
-                                                   "tools": [{"type": "function", "function": {"name": "f"}}]})
-    assert_openai_error(resp, 400)
 
 
 def test_server_still_serves_after_bad_input(http, server):

@@ -17,11 +17,12 @@ JSON = st.recursive(SCALARS, lambda inner: st.one_of(st.lists(inner, max_size=4)
 SHARED_FIELDS = ["n", "temperature", "top_p", "top_k", "min_p", "frequency_penalty", "presence_penalty",
                  "repetition_penalty", "seed", "stop", "stream", "stream_options", "max_tokens", "min_tokens",
                  "ignore_eos", "stop_token_ids", "skip_special_tokens", "logit_bias", "user", "model", "priority",
-                 "include_stop_str_in_output", "not_an_openai_field"]
+                 "include_stop_str_in_output", "not_an_openai_field", "response_format", "structured_outputs",
+                 "guided_json", "guided_regex", "guided_choice", "guided_grammar"]
 FIELDS = {
     "/v1/completions": SHARED_FIELDS + ["prompt", "logprobs", "echo", "best_of", "suffix"],
     "/v1/chat/completions": SHARED_FIELDS + ["messages", "logprobs", "top_logprobs", "max_completion_tokens",
-                                             "response_format", "tools", "tool_choice", "add_generation_prompt"],
+                                             "tools", "tool_choice", "add_generation_prompt"],
 }
 MESSAGE = st.fixed_dictionaries({"role": st.sampled_from(["user", "system", "assistant", "tool", "robot"]),
                                  "content": st.one_of(st.text(max_size=30), JSON)})

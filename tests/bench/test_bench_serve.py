@@ -56,3 +56,25 @@ def test_bench_serve_counts_failures_instead_of_crashing(server):
 def test_bench_serve_rejects_a_bad_length_with_exit_2(server):
     run = bench("--url", server.url, "--model", server.model, "--input-len", "10-5")
     assert run.returncode == 2 and "LOW <= HIGH" in run.stderr
+
+
+def test_bench_serve_constrains_every_request_and_can_make_each_schema_first_seen(tiny_model):
+    schema = {"type": "object", "properties": {"xs": {"type": "array", "minItems": 50,
+                                                      "items": {"enum": ["ab", "cd"]}}}, "required": ["xs"]}
+    with serve_in_thread(tiny_engine(tiny_model, engine_process=False)) as server:  # its core is in reach
+        structured = server.engine.core.structured
+        for unique, new_compiles in ((False, 1), (True, 6)):
+            before = structured._compiler.num_compiled if structured._compiler else 0
+            run = bench("--url", server.url, "--model", server.model, "--num-prompts", "6", "--input-len", "8",
+                        "--output-len", "10", "--max-concurrency", "3", "--structured-outputs",
+                        json.dumps({"json": schema}), *(["--unique-schemas"] if unique else []))
+            result = json.loads(run.stdout)
+            assert (result["completed"], result["failed"]) == (6, 0), result["errors"]
+            assert result["structured_outputs"] == ["json"] and result["unique_schemas"] is unique
+            assert structured._compiler.num_compiled - before == new_compiles
+
+
+def test_bench_serve_refuses_unique_schemas_without_a_schema(server):
+    run = bench("--url", server.url, "--model", server.model, "--structured-outputs", '{"regex": "a+"}',
+                "--unique-schemas")
+    assert run.returncode == 2 and "--unique-schemas" in run.stderr
