@@ -196,6 +196,8 @@ def _size_model(stack: Stack, model: StackModel, nodes: list[Node], profile: Eng
     memory, _ = _gpu_memory(stack, product, nodes)
     for name, pool in replica_pools(model):
         engine = resolved_engine(model, pool)
+        precision = dict(dtype=engine["dtype"], kv_cache_dtype=engine.get("kv_cache_dtype", "auto"),
+                         quantization=engine.get("quantization"))
         replicas, auto = scaling(model, pool)
         entry = DeploymentSizing(
             name, model.name, product, None, configured_replicas=auto.max_replicas if auto else replicas
@@ -205,7 +207,7 @@ def _size_model(stack: Stack, model: StackModel, nodes: list[Node], profile: Eng
             entry.note = f"no shape for {model.name}: set `shape:` ({known}) or mount the checkpoint"
         else:
             engine_accepts(found[0], tensor_parallel_size=model.tensor_parallel_size,
-                           max_model_len=engine["max_model_len"], dtype=engine["dtype"])
+                           max_model_len=engine["max_model_len"], **precision)
         if found is not None and memory is None:
             entry.note = "GPU memory unknown: no nvidia.com/gpu.memory label and no known gpu_product"
         elif found is not None:
@@ -215,8 +217,8 @@ def _size_model(stack: Stack, model: StackModel, nodes: list[Node], profile: Eng
                 tensor_parallel_size=model.tensor_parallel_size,
                 gpu_memory_utilization=engine["gpu_memory_utilization"],
                 block_size=engine["block_size"],
-                dtype=engine["dtype"],
                 max_model_len=engine["max_model_len"],
+                **precision,
                 max_num_seqs=engine["max_num_seqs"],
                 max_num_batched_tokens=engine["max_num_batched_tokens"],
             )

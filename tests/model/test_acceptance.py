@@ -13,6 +13,7 @@ import pytest
 import yaml
 
 from railyard.cli import main
+from railyard.model.spec import ModelSpec
 from railyard.shapes import shape_config, shape_names
 
 from .test_spec import MALFORMED, _config
@@ -79,3 +80,36 @@ def test_every_named_shape_is_accepted_and_sized_by_plan(tmp_path, capsys, name)
     assert main(["plan", "--nodes", str(NODES), "-c", str(path), "--json"]) == 0
     (sizing,) = json.loads(capsys.readouterr().out)["sizing"]
     assert sizing["kv_cache"]["num_blocks"] > 0 and sizing["note"] == f"shape from named shape {name}"
+
+
+def _plan_sizing(tmp_path: Path, capsys, model: dict) -> dict:
+    stack = {"image": "ghcr.io/example/railyard:0.1.0", "gpu_product": "NVIDIA-H200",
+             "models": [{"name": "m", **model}]}
+    path = tmp_path / "stack.yaml"
+    path.write_text(yaml.safe_dump(stack))
+    assert main(["plan", "--nodes", str(NODES), "-c", str(path), "--json"]) == 0
+    (sizing,) = json.loads(capsys.readouterr().out)["sizing"]
+    return sizing["kv_cache"]
+
+
+@pytest.mark.parametrize(("option", "value"), [("kv_cache_dtype", "int8"), ("quantization", "int4")])
+def test_a_precision_the_engine_refuses_is_refused_by_the_stack_with_the_same_message(tmp_path, capsys, option,
+                                                                                       value):
+    engine = _error(["generate", "--model", "qwen3-0.6b", "--prompt", "hi", f"--{option.replace('_', '-')}", value],
+                    capsys)
+    path = tmp_path / "stack.yaml"
+    path.write_text(yaml.safe_dump({"image": "ghcr.io/example/railyard:0.1.0", "gpu_product": "NVIDIA-H200",
+                                    "models": [{"name": "m", "model": "/models/qwen3-0.6b", "shape": "qwen3-0.6b",
+                                                "engine": {option: value}}]}))
+    plan = _error(["plan", "--nodes", str(NODES), "-c", str(path)], capsys)
+    assert f"models.0.engine.{option}" in plan and plan.endswith(engine)
+
+
+def test_plan_sizes_fp8_weights_and_an_fp8_kv_cache_as_the_engine_stores_them(tmp_path, capsys):
+    model = {"model": "/models/qwen2-7b", "shape": "qwen2-7b"}
+    bf16 = _plan_sizing(tmp_path, capsys, model)
+    fp8 = _plan_sizing(tmp_path, capsys, {**model, "engine": {"quantization": "fp8", "kv_cache_dtype": "fp8"}})
+    spec = ModelSpec.from_hf_config(shape_config("qwen2-7b"))
+    assert fp8["weights_bytes"] == spec.with_precision(quantization="fp8").weight_bytes() < 0.6 * bf16["weights_bytes"]
+    assert fp8["bytes_per_block"] * 2 == bf16["bytes_per_block"]
+    assert fp8["num_blocks"] > 2 * bf16["num_blocks"]  # half the bytes per block, and more memory left for them
