@@ -26,11 +26,21 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def command(args: argparse.Namespace):
+    """The function that runs a parsed command line. `serve --config` belongs to layer 2 (Ray Serve), whose
+    options `serve` lists; dispatching it here keeps the api from importing the layer above it."""
+    if args.command == "serve" and getattr(args, "config", None):
+        from railyard.serve.cli import run_serve_config
+
+        return run_serve_config
+    return args.func
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
-        return int(args.func(args) or 0)
+        return int(command(args)(args) or 0)
     except (RailyardError, ValueError, FileNotFoundError) as exc:
         # One line, exit 2: bad input is the user's to fix, not a traceback.
         print(f"railyard {args.command}: error: {exc}", file=sys.stderr)

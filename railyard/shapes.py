@@ -45,15 +45,3 @@ def shape_config(name: str) -> dict:
         raise ConfigError(f"unknown model shape {name!r}; known shapes: {', '.join(shape_names())}")
     return copy.deepcopy(SHAPES[name])
 
-
-def parameter_count(cfg: dict) -> int:
-    """Weights of a Llama-family config (embedding and LM head counted once each unless tied)."""
-    h, inter, v, n = cfg["hidden_size"], cfg["intermediate_size"], cfg["vocab_size"], cfg["num_hidden_layers"]
-    heads, kv = cfg["num_attention_heads"], cfg.get("num_key_value_heads") or cfg["num_attention_heads"]
-    d = cfg.get("head_dim") or h // heads
-    bias = cfg["model_type"] == "qwen2" or bool(cfg.get("attention_bias"))
-    attn = h * (heads + 2 * kv) * d + heads * d * h + (bias and (heads + 2 * kv) * d)
-    norms = 2 * h + (2 * d if cfg["model_type"] == "qwen3" else 0)
-    layer = attn + 3 * h * inter + norms
-    embed = v * h * (1 if cfg.get("tie_word_embeddings") else 2)
-    return n * layer + embed + h

@@ -14,6 +14,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from railyard.errors import ConfigError
+from railyard.model.precision import check_kv_cache_dtype, check_quantization
 
 SERVE_IMPORT_PATH = "railyard.serve.app:build_app"
 
@@ -51,6 +52,14 @@ def _cores(quantity: str) -> float | None:
         return None
 
 
+def _engine_check(check, value):
+    """The engine's own check of a precision option (model/precision.py), as a pydantic error."""
+    try:
+        return check(value)
+    except ConfigError as exc:
+        raise ValueError(str(exc)) from None
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -64,7 +73,20 @@ class EngineOptions(_Strict):
     max_model_len: int | None = Field(None, ge=1)
     gpu_memory_utilization: float | None = Field(None, gt=0, le=1)
     dtype: Literal["bfloat16", "float16", "float32"] | None = None
+    # "fp8": FP8 linear weights (an FP8 checkpoint is FP8 without it); "fp8" KV cache: twice the blocks of bf16.
+    quantization: str | None = None
+    kv_cache_dtype: str | None = None
     enable_prefix_caching: bool | None = None
+
+    @field_validator("quantization")
+    @classmethod
+    def _quantization(cls, value: str | None) -> str | None:
+        return _engine_check(check_quantization, value)
+
+    @field_validator("kv_cache_dtype")
+    @classmethod
+    def _kv_cache_dtype(cls, value: str | None) -> str | None:
+        return None if value is None else _engine_check(check_kv_cache_dtype, value)
 
     def set_options(self) -> dict[str, Any]:
         return self.model_dump(exclude_none=True)

@@ -74,11 +74,6 @@ def start_engine_client(config, *, engine_process: bool = True, **client_args):
 
 
 def run_serve(args: argparse.Namespace) -> int:
-    if args.config:  # layer 2: the stack's replicas on Ray Serve, same OpenAI app in front
-        from railyard.serve.cli import run_stack
-
-        args.cpu, args.deploy_timeout = None, 600.0
-        return run_stack(args)
     import uvicorn
 
     from railyard.api.app import build_app

@@ -19,8 +19,8 @@ import torch.nn.functional as F
 
 from railyard.engine.config import EngineConfig
 from railyard.engine.model_runner import ModelRunner, StepPlan
-from railyard.engine.models.loader import read_spec, resolve_model_dir
-from railyard.engine.models.spec import ModelSpec
+from railyard.engine.models.loader import resolve_model_dir
+from railyard.model.spec import ModelSpec, read_model_spec
 
 
 @dataclass
@@ -55,7 +55,7 @@ def model_spec(model: str) -> tuple[ModelSpec, Path | None]:
     if is_shape(model) and not Path(model).exists():
         return ModelSpec.from_hf_config(shape_config(model)), None
     model_dir = resolve_model_dir(model)
-    return read_spec(model_dir), model_dir
+    return read_model_spec(model_dir), model_dir
 
 
 def build_runner(model: str, prompts: list[list[int]], **engine_args) -> ModelRunner:

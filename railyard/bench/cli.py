@@ -53,6 +53,9 @@ def run_throughput_cmd(args: argparse.Namespace) -> int:
     result = run_throughput(engine, args.num_prompts, input_len, output_len, args.workload_seed,
                             args.warmup_prompts, args.token_id_range)
     report = result.to_dict()
+    memory = getattr(getattr(engine.executor, "runner", None), "memory", None)
+    if memory is not None:  # the engine's start-up report: how its memory divided into weights and KV blocks
+        report["memory"] = memory.as_dict()
     report.update(roofline_report(engine, args, input_len, output_len, result.elapsed_s))
     print(json.dumps(report, indent=1))
     return 0
@@ -68,11 +71,11 @@ def roofline_report(engine, args: argparse.Namespace, input_len, output_len, ela
     reqs = workload_requests(engine, args.num_prompts, input_len, output_len, args.workload_seed, args.token_id_range)
     peak, bw = args.peak_tflops or H200_PEAK_TFLOPS, args.hbm_tbs or H200_HBM_TBS
     fp8_peak = args.fp8_peak_tflops or 2 * peak
-    shape = roofline_shape(engine)
-    roof = offline_roofline(shape, [len(r.prompt_token_ids) for r in reqs], [r.output_len for r in reqs], peak, bw,
-                            fp8_peak)
+    roof = offline_roofline(roofline_spec(engine), [len(r.prompt_token_ids) for r in reqs],
+                            [r.output_len for r in reqs], peak, bw, fp8_peak)
     pct = 100.0 * roof.total_s / elapsed_s
-    rates = f"{peak:g} TFLOP/s" + (f" ({fp8_peak:g} for the FP8 linear layers)" if shape.fp8_linear else "")
+    fp8 = roof.fp8_peak_tflops is not None
+    rates = f"{peak:g} TFLOP/s" + (f" ({fp8_peak:g} for the FP8 linear layers)" if fp8 else "")
     print(f"roofline: floor {roof.total_s:.2f} s (prefill {roof.prefill_s:.2f} s + decode {roof.decode_s:.2f} s at "
           f"{rates}, {bw:g} TB/s); measured {elapsed_s:.2f} s = {elapsed_s / roof.total_s:.2f}x the floor "
           f"({pct:.1f}% of roofline)", file=sys.stderr)
@@ -80,14 +83,11 @@ def roofline_report(engine, args: argparse.Namespace, input_len, output_len, ela
             "percent_of_roofline": round(pct, 1)}
 
 
-def roofline_shape(engine):
-    """The roofline's view of the engine's model: bytes per weight of the model dtype, of the linear layers
-    (1 with FP8 weights) and of a KV-cache element (1 with an FP8 cache)."""
-    from railyard.bench.roofline import ModelShape
-
-    c = engine.config
+def roofline_spec(engine):
+    """The model as the engine runs it, which the roofline counts: model dtype, FP8 linear weights, KV-cache dtype.
+    The runner's own description; for tensor-parallel workers in other processes, the same one from the config."""
     runner = getattr(engine.executor, "runner", None)
-    dtype_bytes = runner.dtype.itemsize if runner is not None else 2
-    fp8_weights = (c.quantization or engine.spec.quantization) == "fp8"
-    kv_bytes = {"fp8": 1, "bfloat16": 2}.get(c.kv_cache_dtype, dtype_bytes)
-    return ModelShape.of(engine.spec, dtype_bytes, 1 if fp8_weights else None, kv_bytes)
+    if runner is not None:
+        return runner.spec
+    c = engine.config
+    return engine.spec.with_precision(c.dtype, c.kv_cache_dtype, c.quantization)  # TP ranks run on GPUs

@@ -51,10 +51,16 @@ def _validate(args: argparse.Namespace) -> int:
 
 def _doctor(args: argparse.Namespace) -> int:
     from railyard.cluster.doctor import format_report, run_checks
-    from railyard.cluster.probe import LiveProbe, RecordedProbe
+    from railyard.cluster.doctor.probe import LiveProbe, RecordedProbe
+    from railyard.cluster.doctor.report import ShowProgress
 
     probe = RecordedProbe(Path(args.recorded)) if args.recorded else LiveProbe(kubeconfig=args.kubeconfig)
-    results = run_checks(probe, node=not args.cluster_only, cluster=not args.node_only)
+    progress = ShowProgress(probe, sys.stderr) if sys.stderr.isatty() and not args.recorded else None
+    try:
+        results = run_checks(progress or probe, node=not args.cluster_only, cluster=not args.node_only)
+    finally:
+        if progress:
+            progress.done()
     if args.json:
         print(json.dumps([r.as_dict() for r in results], indent=2))
     else:

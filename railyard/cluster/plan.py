@@ -22,12 +22,15 @@ from railyard.cluster.sizing import (
     MIB,
     EngineProfile,
     KVSizing,
+    engine_accepts,
     load_profile,
     replicas_for_rate,
     resolve_shape,
     size_kv_cache,
 )
 from railyard.cluster.workload import PodSpec, pods_from_objects, replicas_from_objects
+from railyard.errors import ConfigError, RailyardError
+from railyard.stack import ModelSpec as StackModel
 from railyard.stack import Stack, load_stack, replica_pools, resolved_engine, scaling
 
 PRODUCT = "nvidia.com/gpu.product"
@@ -172,39 +175,62 @@ def _gpu_memory(stack: Stack, product: str | None, nodes: list[Node]) -> tuple[i
 def size_deployments(
     stack: Stack, nodes: list[Node], profile: EngineProfile | None, target_rps: float | None
 ) -> list[DeploymentSizing]:
-    """KV-cache sizing (and replicas for the target rate) of every deployment in the stack."""
+    """KV-cache sizing (and replicas for the target rate) of every deployment in the stack.
+
+    A model its engine would refuse (its config.json, tensor_parallel_size, max_model_len, dtype) is a
+    ConfigError carrying the engine's own message."""
     out = []
     for model in stack.models:
-        product = model.gpu_product or stack.gpu_product
-        found = resolve_shape(model.name, model.model, model.shape)
-        memory, _ = _gpu_memory(stack, product, nodes)
-        for name, pool in replica_pools(model):
-            engine = resolved_engine(model, pool)
-            replicas, auto = scaling(model, pool)
-            entry = DeploymentSizing(
-                name, model.name, product, None, configured_replicas=auto.max_replicas if auto else replicas
+        try:
+            out += _size_model(stack, model, nodes, profile, target_rps)
+        except RailyardError as exc:
+            raise ConfigError(f"model {model.name!r}: {exc}") from None
+    return out
+
+
+def _size_model(stack: Stack, model: StackModel, nodes: list[Node], profile: EngineProfile | None,
+                target_rps: float | None) -> list[DeploymentSizing]:
+    out = []
+    product = model.gpu_product or stack.gpu_product
+    found = resolve_shape(model.name, model.model, model.shape)
+    memory, _ = _gpu_memory(stack, product, nodes)
+    for name, pool in replica_pools(model):
+        engine = resolved_engine(model, pool)
+        precision = dict(dtype=engine["dtype"], kv_cache_dtype=engine.get("kv_cache_dtype", "auto"),
+                         quantization=engine.get("quantization"))
+        replicas, auto = scaling(model, pool)
+        entry = DeploymentSizing(
+            name, model.name, product, None, configured_replicas=auto.max_replicas if auto else replicas
+        )
+        if found is None:
+            known = ", ".join(sorted(SHAPES))
+            entry.note = f"no shape for {model.name}: set `shape:` ({known}) or mount the checkpoint"
+        else:
+            engine_accepts(found[0], tensor_parallel_size=model.tensor_parallel_size,
+                           max_model_len=engine["max_model_len"], **precision)
+        if found is not None and memory is None:
+            entry.note = "GPU memory unknown: no nvidia.com/gpu.memory label and no known gpu_product"
+        elif found is not None:
+            entry.kv = size_kv_cache(
+                found[0],
+                gpu_memory_bytes=memory,
+                tensor_parallel_size=model.tensor_parallel_size,
+                gpu_memory_utilization=engine["gpu_memory_utilization"],
+                block_size=engine["block_size"],
+                max_model_len=engine["max_model_len"],
+                **precision,
+                max_num_seqs=engine["max_num_seqs"],
+                max_num_batched_tokens=engine["max_num_batched_tokens"],
             )
-            if found is None:
-                known = ", ".join(sorted(SHAPES))
-                entry.note = f"no shape for {model.name}: set `shape:` ({known}) or mount the checkpoint"
-            elif memory is None:
-                entry.note = "GPU memory unknown: no nvidia.com/gpu.memory label and no known gpu_product"
-            else:
-                entry.kv = size_kv_cache(
-                    found[0],
-                    gpu_memory_bytes=memory,
-                    tensor_parallel_size=model.tensor_parallel_size,
-                    gpu_memory_utilization=engine["gpu_memory_utilization"],
-                    block_size=engine["block_size"],
-                    dtype=engine["dtype"],
-                    max_model_len=engine["max_model_len"],
-                )
-                entry.note = f"shape from {found[1]}"
-                if entry.kv.num_blocks == 0:
-                    entry.note += "; the weights leave no room for KV cache: raise tensor_parallel_size"
-            if profile is not None and target_rps is not None:
-                entry.needed_replicas = replicas_for_rate(target_rps, profile)
-            out.append(entry)
+            entry.note = f"shape from {found[1]}"
+            if entry.kv.num_blocks == 0:
+                entry.note += "; the weights leave no room for KV cache: raise tensor_parallel_size"
+            elif entry.kv.tokens < engine["max_model_len"]:
+                entry.note += (f"; the engine would refuse to start: the KV cache holds {entry.kv.tokens} tokens, "
+                               f"fewer than max_model_len {engine['max_model_len']}")
+        if profile is not None and target_rps is not None:
+            entry.needed_replicas = replicas_for_rate(target_rps, profile)
+        out.append(entry)
     return out
 
 

@@ -1,10 +1,11 @@
 """Sizing a replica: how much KV cache fits next to the weights, and how many replicas a request rate needs.
 
-KV cache: every token of every layer stores a key and a value per KV head, so one block of `block_size`
-tokens takes 2 * layers * kv_heads * head_dim * block_size * dtype_bytes. A replica's blocks are what the
-GPUs' memory * gpu_memory_utilization leaves after the weights and a fixed per-GPU overhead (CUDA context,
-activations, graphs). With tensor parallelism each GPU holds 1/tp of the weights and of every block, so the
-arithmetic on totals is the same.
+KV cache: the engine's own start-up formula (railyard.model.memory), per GPU, with the model description's
+predictions where the engine measures: weights at the precision the replica runs, the activation peak of its
+largest step, the CUDA context, and the decode graphs' and sampler's reserve; what utilization of the GPU's
+memory leaves after them becomes blocks of `block_size` tokens (2 * layers * kv_heads * head_dim * block
+* KV element bytes). With tensor parallelism each GPU holds its shard of the weights and of every block.
+The model is accepted or refused by the engine's own rules, with the engine's message.
 
 Replicas: from a measured engine profile (the bench JSON), one replica serves `requests_per_s`; the target
 rate needs ceil(target / (requests_per_s * utilization)) replicas, keeping each below `utilization` of its
@@ -20,41 +21,12 @@ from pathlib import Path
 from typing import Any
 
 from railyard.errors import ConfigError
+from railyard.model.memory import CUDA_CONTEXT_BYTES, MemoryBudget, activation_bytes, profile_tokens, reserve_bytes
+from railyard.model.spec import ModelSpec, check_max_model_len, check_tensor_parallel, read_model_spec
 from railyard.shapes import shape_config, shape_names
 
-DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
 GIB = 1024**3
 MIB = 1024**2
-DEFAULT_OVERHEAD_BYTES = 2 * GIB  # per GPU: CUDA context, activations for one step, CUDA graphs
-
-
-@dataclass(frozen=True)
-class ModelShape:
-    """The dimensions that decide a decoder-only transformer's weight and KV-cache size."""
-
-    layers: int
-    hidden: int
-    heads: int
-    kv_heads: int
-    head_dim: int
-    intermediate: int
-    vocab: int
-    tied_embeddings: bool
-    qkv_bias: bool = False
-    qk_norm: bool = False
-
-    def params(self) -> int:
-        """Parameter count: embeddings, (untied) lm_head, attention, gated MLP, norms."""
-        q = self.hidden * self.heads * self.head_dim
-        kv = 2 * self.hidden * self.kv_heads * self.head_dim
-        o = self.heads * self.head_dim * self.hidden
-        bias = (self.heads + 2 * self.kv_heads) * self.head_dim if self.qkv_bias else 0
-        mlp = 3 * self.hidden * self.intermediate
-        norms = 2 * self.hidden + (2 * self.head_dim if self.qk_norm else 0)
-        per_layer = q + kv + o + bias + mlp + norms
-        embed = self.vocab * self.hidden * (1 if self.tied_embeddings else 2)
-        return self.layers * per_layer + embed + self.hidden
-
 
 # Per-GPU memory in MiB as GFD's nvidia.com/gpu.memory reports it, for inventories without that label.
 GPU_MEMORY_MIB = {
@@ -67,37 +39,16 @@ GPU_MEMORY_MIB = {
     "NVIDIA-A10": 23028,
 }
 
-
-def shape_from_config(config: dict[str, Any]) -> ModelShape:
-    """A shape from a Hugging Face config.json mapping."""
-    try:
-        heads = int(config["num_attention_heads"])
-        hidden = int(config["hidden_size"])
-        return ModelShape(
-            layers=int(config["num_hidden_layers"]),
-            hidden=hidden,
-            heads=heads,
-            kv_heads=int(config.get("num_key_value_heads", heads)),
-            head_dim=int(config.get("head_dim") or hidden // heads),
-            intermediate=int(config["intermediate_size"]),
-            vocab=int(config["vocab_size"]),
-            tied_embeddings=bool(config.get("tie_word_embeddings", False)),
-            qkv_bias=bool(config.get("attention_bias", config.get("model_type") == "qwen2")),
-            qk_norm=config.get("model_type") == "qwen3",
-        )
-    except KeyError as exc:
-        raise ConfigError(f"config.json lacks {exc.args[0]!r}, needed to size the KV cache") from None
-
-
 # The named shapes are railyard.shapes' config.json mappings (one table for the whole project).
-SHAPES: dict[str, ModelShape] = {name: shape_from_config(shape_config(name)) for name in shape_names()}
+SHAPES: dict[str, ModelSpec] = {name: ModelSpec.from_hf_config(shape_config(name)) for name in shape_names()}
 
 
-def resolve_shape(name: str, checkpoint: str, shape: str | None = None) -> tuple[ModelShape, str] | None:
-    """The model's shape and where it came from: the checkpoint's config.json if present, else a named shape."""
+def resolve_shape(name: str, checkpoint: str, shape: str | None = None) -> tuple[ModelSpec, str] | None:
+    """The model's description and where it came from: the checkpoint's config.json if present, else a named
+    shape. A config.json the engine would refuse raises the engine's error."""
     config = Path(checkpoint) / "config.json"
     if config.is_file():
-        return shape_from_config(json.loads(config.read_text())), str(config)
+        return read_model_spec(checkpoint), str(config)
     for key in (shape, name):
         if key and key.lower() in SHAPES:
             return SHAPES[key.lower()], f"named shape {key.lower()}"
@@ -106,14 +57,18 @@ def resolve_shape(name: str, checkpoint: str, shape: str | None = None) -> tuple
     return None
 
 
-def kv_bytes_per_block(shape: ModelShape, block_size: int, dtype_bytes: int) -> int:
-    """Bytes of one KV-cache block across all layers: 2 (K and V) * layers * kv_heads * head_dim * block * dtype."""
-    return 2 * shape.layers * shape.kv_heads * shape.head_dim * block_size * dtype_bytes
+def engine_accepts(spec: ModelSpec, *, tensor_parallel_size: int, max_model_len: int, dtype: str,
+                   kv_cache_dtype: str = "auto", quantization: str | None = None) -> ModelSpec:
+    """The model as a replica's engine would run it (dtype, KV-cache dtype, weight quantization: None keeps the
+    checkpoint's own), or the engine's own refusal (the same checks it runs)."""
+    check_tensor_parallel(spec, tensor_parallel_size)
+    check_max_model_len(max_model_len, spec.max_position_embeddings)
+    return spec.with_precision(dtype, kv_cache_dtype, quantization)
 
 
 @dataclass(frozen=True)
 class KVSizing:
-    """KV-cache capacity of one replica (all its GPUs together)."""
+    """KV-cache capacity of one replica (all its GPUs together), and one GPU's predicted start-up report."""
 
     gpus: int
     gpu_memory_bytes: int
@@ -125,13 +80,14 @@ class KVSizing:
     num_blocks: int
     tokens: int
     max_seqs_at_max_len: int
+    per_gpu: MemoryBudget
 
     def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        return {**asdict(self), "per_gpu": self.per_gpu.as_dict()}
 
 
 def size_kv_cache(
-    shape: ModelShape,
+    spec: ModelSpec,
     *,
     gpu_memory_bytes: int,
     tensor_parallel_size: int,
@@ -139,28 +95,40 @@ def size_kv_cache(
     block_size: int,
     dtype: str,
     max_model_len: int,
-    overhead_bytes_per_gpu: int = DEFAULT_OVERHEAD_BYTES,
+    kv_cache_dtype: str = "auto",
+    quantization: str | None = None,
+    max_num_seqs: int = 256,
+    max_num_batched_tokens: int = 8192,
+    enforce_eager: bool = False,
+    overhead_bytes_per_gpu: int | None = None,
 ) -> KVSizing:
-    """How many KV blocks (and tokens, and full-length sequences) one replica holds."""
-    dtype_bytes = DTYPE_BYTES[dtype]
-    budget = int(gpu_memory_bytes * tensor_parallel_size * gpu_memory_utilization)
-    weights = shape.params() * dtype_bytes
-    overhead = overhead_bytes_per_gpu * tensor_parallel_size
-    kv = max(0, budget - weights - overhead)
-    per_block = kv_bytes_per_block(shape, block_size, dtype_bytes)
-    blocks = kv // per_block
-    blocks_per_seq = math.ceil(max_model_len / block_size)
+    """How many KV blocks (and tokens, and full-length sequences) one replica holds.
+
+    overhead_bytes_per_gpu replaces the predicted activations, CUDA context and reserve with one figure."""
+    tp = tensor_parallel_size
+    spec = engine_accepts(spec, tensor_parallel_size=tp, max_model_len=max_model_len, dtype=dtype,
+                          kv_cache_dtype=kv_cache_dtype, quantization=quantization)
+    if overhead_bytes_per_gpu is None:
+        tokens = profile_tokens(max_num_batched_tokens, max_model_len, max_num_seqs)
+        activations = activation_bytes(spec, tokens, max_num_seqs, tp)
+        other, reserve = CUDA_CONTEXT_BYTES, reserve_bytes(max_num_seqs, spec.vocab_size, enforce_eager)
+    else:
+        activations, other, reserve = overhead_bytes_per_gpu, 0, 0
+    gpu = MemoryBudget(gpu_memory_bytes, gpu_memory_utilization, spec.weight_bytes(tp), activations, other, reserve,
+                       spec.kv_bytes_per_block(block_size, tp))
+    blocks = gpu.num_blocks  # every rank holds its shard of each block
     return KVSizing(
-        gpus=tensor_parallel_size,
+        gpus=tp,
         gpu_memory_bytes=gpu_memory_bytes,
         gpu_memory_utilization=gpu_memory_utilization,
-        weights_bytes=weights,
-        overhead_bytes=overhead,
-        kv_cache_bytes=kv,
-        bytes_per_block=per_block,
+        weights_bytes=gpu.weights_bytes * tp,
+        overhead_bytes=(activations + other + reserve) * tp,
+        kv_cache_bytes=gpu.kv_cache_bytes * tp,
+        bytes_per_block=gpu.block_bytes * tp,
         num_blocks=blocks,
         tokens=blocks * block_size,
-        max_seqs_at_max_len=blocks // blocks_per_seq,
+        max_seqs_at_max_len=blocks // math.ceil(max_model_len / block_size),
+        per_gpu=gpu,
     )
 
 

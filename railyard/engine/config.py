@@ -7,17 +7,15 @@ from typing import Literal
 
 from railyard.engine.structured.params import StructuredOutputsParams
 from railyard.errors import ConfigError, InvalidRequestError
+from railyard.model.precision import DTYPES, check_kv_cache_dtype, check_quantization
+from railyard.model.spec import check_max_model_len
 
 SchedulingPolicy = Literal["fcfs", "priority"]
 PreemptionMode = Literal["recompute", "swap"]
 
 DEFAULT_MAX_NUM_BATCHED_TOKENS = 8192
-_DTYPES = ("auto", "float32", "bfloat16", "float16")
 _DEVICES = ("auto", "cpu", "cuda")
 _BACKENDS = ("auto", "torch", "triton")
-_QUANTIZATIONS = (None, "fp8")
-# "auto": the model dtype. "bfloat16": a half-precision cache under a float32 model (accuracy comparisons).
-_KV_CACHE_DTYPES = ("auto", "bfloat16", "fp8")
 
 
 @dataclass
@@ -86,22 +84,17 @@ class EngineConfig:
         if self.preemption_mode not in ("recompute", "swap"):
             raise ConfigError(f"preemption_mode must be 'recompute' or 'swap', got {self.preemption_mode!r}")
         _positive("tensor_parallel_size", self.tensor_parallel_size)
-        _choice("dtype", self.dtype, _DTYPES)
+        _choice("dtype", self.dtype, DTYPES)
         _choice("device", self.device, _DEVICES)
         _choice("attention_backend", self.attention_backend, _BACKENDS)
-        if self.quantization not in _QUANTIZATIONS:
-            raise ConfigError(f"quantization must be fp8 (or unset), got {self.quantization!r}")
-        _choice("kv_cache_dtype", self.kv_cache_dtype, _KV_CACHE_DTYPES)
+        check_quantization(self.quantization)  # the precisions of model/precision.py, which sizes them
+        check_kv_cache_dtype(self.kv_cache_dtype)
 
     def resolve(self, model_max_len: int) -> None:
         """Fill the options whose defaults depend on the model (called once the config.json is read)."""
         if self.max_model_len is None:
             self.max_model_len = model_max_len
-        elif self.max_model_len > model_max_len:
-            raise ConfigError(
-                f"max_model_len {self.max_model_len} exceeds the model's max_position_embeddings "
-                f"{model_max_len}; lower --max-model-len"
-            )
+        check_max_model_len(self.max_model_len, model_max_len)
         if self.max_num_batched_tokens is None:
             # 8,192: on the H200 the 7B shape's served throughput is highest and its TTFT and TPOT p99 lowest
             # there among 2,048 / 8,192 (16,384 is 3% faster offline only); BENCHMARKS.md, online serving.

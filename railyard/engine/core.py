@@ -20,8 +20,7 @@ from railyard.engine.block_manager import BlockManager
 from railyard.engine.config import EngineConfig, SamplingParams
 from railyard.engine.model_info import ModelInfo
 from railyard.engine.model_runner import ModelRunner
-from railyard.engine.models.loader import read_spec, resolve_model_dir
-from railyard.engine.models.spec import ModelSpec
+from railyard.engine.models.loader import resolve_model_dir
 from railyard.engine.outputs import EngineStats, SeqDelta
 from railyard.engine.sampler import DoneSample, PendingSample
 from railyard.engine.scheduler import Scheduler
@@ -30,6 +29,7 @@ from railyard.engine.structured.manager import Accepted, StructuredOutputManager
 from railyard.engine.tokenizer import load_tokenizer
 from railyard.engine.validation import check_prompt_token_ids, check_sampling_params
 from railyard.errors import ConfigError, InvalidRequestError
+from railyard.model.spec import ModelSpec, read_model_spec
 
 log = logging.getLogger("railyard.engine")
 
@@ -68,7 +68,7 @@ class EngineCore:
         self.config = config
         if spec is None:
             model_dir = resolve_model_dir(config.model)
-            spec = read_spec(model_dir)
+            spec = read_model_spec(model_dir)
             tokenizer_path: str | None = str(config.tokenizer or model_dir)
         else:  # a named shape with random weights (GPU benchmarks); token ids only
             model_dir = None

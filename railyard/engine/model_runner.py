@@ -17,17 +17,19 @@ from railyard.engine.cuda_graphs import DecodeGraphs, padded_block_tables
 from railyard.engine.config import EngineConfig
 from railyard.engine.layers.fp8 import FP8, cache_bits, gemm_path
 from railyard.engine.models.loader import build_empty, load_model, random_weights
-from railyard.engine.models.spec import ModelSpec
 from railyard.engine.parallel import SINGLE, ParallelState
 from railyard.engine.sampler import (DoneSample, PendingSample, SamplerOutput, SamplingRow, host_tensor, sample_async,
                                     to_device)
 from railyard.engine.scheduler import SchedulerOutput
 from railyard.engine.sequence import PLACEHOLDER
 from railyard.errors import ConfigError
+from railyard.model.memory import GIB, MemoryBudget, profile_tokens, reserve_bytes
+from railyard.model.spec import ModelSpec
 
 log = logging.getLogger("railyard.engine")
 
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+# model/precision.py's dtype names (weights, activations, KV-cache elements) -> torch dtypes
+TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "fp8": FP8}
 CPU_KV_CACHE_GIB = 1.0  # KV pool budget when running on the CPU (no device memory to profile)
 
 
@@ -37,27 +39,6 @@ def resolve_device(name: str) -> torch.device:
     if name == "cuda" and not torch.cuda.is_available():
         raise ConfigError("device 'cuda' requested but torch sees no CUDA GPU; use --device cpu")
     return torch.device(name)
-
-
-def resolve_dtype(name: str, spec: ModelSpec, device: torch.device) -> torch.dtype:
-    if name == "auto":
-        name = spec.torch_dtype if spec.torch_dtype in _DTYPES else "bfloat16"
-        if device.type == "cpu" and name != "float32":
-            name = "float32"  # half precision matmuls on CPU are slow and imprecise
-    return _DTYPES[name]
-
-
-def resolve_kv_dtype(name: str, model_dtype: torch.dtype) -> torch.dtype:
-    """The KV cache's element type: the model's ("auto"), bfloat16 or float8_e4m3fn ("fp8")."""
-    return {"auto": model_dtype, "bfloat16": torch.bfloat16, "fp8": FP8}[name]
-
-
-def resolve_quantization(config: EngineConfig, spec: ModelSpec) -> str | None:
-    """The weights' quantization: the flag's, or the checkpoint's own (an FP8 checkpoint needs no flag)."""
-    if spec.quantization and not config.quantization:
-        log.info("the checkpoint is %s-quantized (config.json quantization_config): loading it as such",
-                 spec.quantization)
-    return config.quantization or spec.quantization
 
 
 def _fp8_attention_backend(name: str, device: torch.device) -> str:
@@ -105,28 +86,34 @@ class ModelRunner:
     def __init__(self, config: EngineConfig, spec: ModelSpec, model_dir: Path | None,
                  ps: ParallelState = SINGLE, device: torch.device | None = None) -> None:
         self.config = config
-        self.spec = spec
         self.ps = ps
         self.device = device or resolve_device(config.device)
-        self.dtype = resolve_dtype(config.dtype, spec, self.device)
-        self.kv_dtype = resolve_kv_dtype(config.kv_cache_dtype, self.dtype)
-        self.quantization = resolve_quantization(config, spec)
+        if spec.quantization and not config.quantization:  # an FP8 checkpoint needs no flag
+            log.info("the checkpoint is %s-quantized (config.json quantization_config): loading it as such",
+                     spec.quantization)
+        # The model as this run stores it: dtype, KV-cache dtype and weight quantization (the flag's, else the
+        # checkpoint's own); weight bytes and the KV block's bytes, and with them the block count, follow from it
+        # as the planner computes them.
+        self.spec = spec = spec.with_precision(config.dtype, config.kv_cache_dtype, config.quantization,
+                                               device_type=self.device.type)
+        self.dtype = TORCH_DTYPES[spec.dtype]
+        self.kv_dtype = self.dtype if spec.kv_cache_dtype == "auto" else TORCH_DTYPES[spec.kv_cache_dtype]
+        self.quantization = spec.quantization
         backend = config.attention_backend
         if self.kv_dtype == FP8:
             backend = _fp8_attention_backend(backend, self.device)
         self.backend_cls = get_backend(backend, self.device.type)
-        q = self.quantization
         if model_dir is None:  # a named shape with random weights (benchmarks): nothing to read from disk
-            self.model = random_weights(build_empty(spec, self.dtype, self.device, self.backend_cls, ps, q),
-                                        config.seed)
+            self.model = random_weights(build_empty(spec, self.dtype, self.device, self.backend_cls, ps), config.seed)
         else:
-            self.model = load_model(model_dir, spec, self.dtype, self.device, self.backend_cls, ps, q)
-        if q == "fp8":
+            self.model = load_model(model_dir, spec, self.dtype, self.device, self.backend_cls, ps)
+        if self.quantization == "fp8":
             log.info("FP8 weights (per-channel scales, per-token activations); GEMMs: %s",
                      gemm_path(self.device, self.dtype))
         attn = self.model.model.layers[0].self_attn
         self.num_kv_heads, self.head_dim = attn.num_kv_heads, attn.head_dim
         self.block_size = config.block_size
+        self.memory: MemoryBudget | None = None  # the start-up report (None when num_gpu_blocks was given)
         self.num_gpu_blocks = config.num_gpu_blocks or self._profile_num_blocks()
         self.num_cpu_blocks = self._num_cpu_blocks()
         shape = (2, self.num_gpu_blocks, self.block_size, self.num_kv_heads, self.head_dim)
@@ -151,42 +138,41 @@ class ModelRunner:
     # -- sizing ----------------------------------------------------------------------------------
     @property
     def block_bytes(self) -> int:
-        """Bytes of one KV block over all layers, at the cache's element size (1 for FP8)."""
-        elem = self.kv_dtype.itemsize
-        return 2 * self.spec.num_layers * self.block_size * self.num_kv_heads * self.head_dim * elem
+        """One KV block on this rank at the cache's element size (1 byte for FP8), from the model description
+        (the planner sizes with the same number)."""
+        return self.spec.kv_bytes_per_block(self.block_size, self.ps.world_size)
 
     def _profile_num_blocks(self) -> int:
+        """KV blocks from the memory left beside the weights and the largest step (model/memory.py's formula)."""
+        c = self.config
+        weights = sum(p.numel() * p.element_size() for p in self.model.parameters())  # tied ones once
         if self.device.type != "cuda":
-            # No device memory to profile: a fixed budget, no more than every seat at full length needs.
-            seats = -(-self.config.max_num_seqs * self.config.max_model_len // self.block_size)
-            return max(1, min(seats, int(CPU_KV_CACHE_GIB * 2**30 // self.block_bytes)))
-        # Measure weights + peak activations of the largest step, give the rest to KV blocks.
+            # No device memory to profile: a fixed KV budget, no more than every seat at full length needs.
+            self.memory = MemoryBudget(weights + int(CPU_KV_CACHE_GIB * GIB), 1.0, weights, 0, 0, 0, self.block_bytes)
+            seats = -(-c.max_num_seqs * c.max_model_len // self.block_size)
+            return max(1, min(seats, self.memory.num_blocks))
+        # Measure the peak of the largest step (weights, rotary tables and activations), give the rest to KV blocks.
         torch.cuda.empty_cache()
-        weights = torch.cuda.memory_allocated(self.device)
         torch.cuda.reset_peak_memory_stats(self.device)
-        n = min(self.config.max_num_batched_tokens, self.config.max_model_len * self.config.max_num_seqs)
+        n = profile_tokens(c.max_num_batched_tokens, c.max_model_len, c.max_num_seqs)
         scratch_bytes = self._dummy_forward(n)
         torch.cuda.synchronize(self.device)
         peak = torch.cuda.max_memory_allocated(self.device) - scratch_bytes
         free, total = torch.cuda.mem_get_info(self.device)
         # Memory used by others on this GPU (other processes, the CUDA context) counts against our share.
         used_elsewhere = total - free - torch.cuda.memory_reserved(self.device)
-        # Decode CUDA graphs and the sampler's float32 logits live outside the profiled step.
-        reserve = 0 if self.config.enforce_eager else self.config.max_num_seqs * self.spec.vocab_size * 12 + 2**30
-        budget = total * self.config.gpu_memory_utilization - peak - max(0, used_elsewhere) - reserve
-        blocks = int(budget // self.block_bytes)
-        if blocks < 1:
+        self.memory = MemoryBudget(total, c.gpu_memory_utilization, weights, peak - weights, max(0, used_elsewhere),
+                                   reserve_bytes(c.max_num_seqs, self.spec.vocab_size, c.enforce_eager),
+                                   self.block_bytes)
+        if self.memory.num_blocks < 1:
             raise ConfigError(
-                f"no GPU memory left for the KV cache (weights + activations peak at {peak / 2**30:.1f} GiB of "
-                f"{total / 2**30:.1f} GiB); raise gpu_memory_utilization or lower max_num_batched_tokens"
+                f"no GPU memory left for the KV cache (weights + activations peak at {peak / GIB:.1f} GiB of "
+                f"{total / GIB:.1f} GiB); raise gpu_memory_utilization or lower max_num_batched_tokens"
             )
         torch.cuda.empty_cache()
-        log.info("memory profile: weights %.2f GiB, peak of a %d-token step %.2f GiB, others %.2f GiB, "
-                 "GPU %.1f GiB x %.2f -> KV cache %.2f GiB (%d blocks, %s)", weights / 2**30, n,
-                 (peak - weights) / 2**30, max(0, used_elsewhere) / 2**30, total / 2**30,
-                 self.config.gpu_memory_utilization, blocks * self.block_bytes / 2**30, blocks,
-                 str(self.kv_dtype).removeprefix("torch."))
-        return blocks
+        log.info("memory profile (a %d-token step, KV cache in %s): %s", n, str(self.kv_dtype).removeprefix("torch."),
+                 self.memory.describe())
+        return self.memory.num_blocks
 
     def _dummy_forward(self, num_tokens: int) -> int:
         """One prefill of num_tokens through a scratch cache (for memory profiling); returns the scratch bytes."""

@@ -30,32 +30,18 @@ import torch.multiprocessing as torch_mp
 from railyard.engine.config import EngineConfig
 from railyard.engine.exits import describe_exit
 from railyard.engine.model_runner import ModelRunner, StepPlan, resolve_device
-from railyard.engine.models.spec import ModelSpec
 from railyard.engine.parallel import ParallelState
 from railyard.engine.sampler import DoneSample, SamplerOutput, sample
 from railyard.engine.scheduler import SchedulerOutput
 from railyard.engine.tp_worker import Rendezvous, agree_on_kv_blocks, join_group, set_nccl_env, worker_main
 from railyard.errors import ConfigError, EngineDeadError, RailyardError
+from railyard.model.spec import ModelSpec, check_tensor_parallel
 
 log = logging.getLogger("railyard.engine")
 
 COLLECTIVE_TIMEOUT_S = float(os.environ.get("RAILYARD_TP_TIMEOUT_S", "600"))
 _GRACE_S = 2.0  # how long a failed collective waits for the dead peer's sentinel, to name the culprit
 _STOP_S = 5.0  # how long shutdown waits for each stage before forcing it
-
-
-def check_tensor_parallel(spec: ModelSpec, tp: int) -> None:
-    """Refuse sizes the model cannot be split into, before any process starts."""
-    problems = []
-    if spec.num_heads % tp:
-        problems.append(f"{spec.num_heads} attention heads")
-    if spec.num_kv_heads % tp and tp % spec.num_kv_heads:
-        problems.append(f"{spec.num_kv_heads} KV heads (neither divides the other)")
-    if spec.intermediate_size % tp:
-        problems.append(f"intermediate size {spec.intermediate_size}")
-    if problems:
-        raise ConfigError(f"tensor_parallel_size {tp} does not divide the model's {', '.join(problems)}; "
-                          "choose a tensor_parallel_size that divides them")
 
 
 class _Rank0Thread:

@@ -21,7 +21,7 @@ import torch
 import torch.distributed as dist
 
 from railyard.engine.config import EngineConfig
-from railyard.engine.models.spec import ModelSpec
+from railyard.model.spec import ModelSpec
 
 # NVLink multicast (NVLS) is forbidden on the multi-GPU machines here; NCCL reads this at init.
 NCCL_ENV = {"NCCL_NVLS_ENABLE": "0"}

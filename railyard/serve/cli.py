@@ -35,6 +35,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     up.set_defaults(func=run_stack)
 
 
+def run_serve_config(args: argparse.Namespace) -> int:
+    """`railyard serve --config STACK`: the stack's replicas on Ray Serve behind the same OpenAI app, with
+    `cluster up`'s defaults for the flags `serve` does not have."""
+    args.cpu, args.deploy_timeout = None, 600.0
+    return run_stack(args)
+
+
 def _interrupt(*_) -> None:
     raise KeyboardInterrupt
 

@@ -12,8 +12,9 @@ from typing import Any
 
 from ray import serve
 
-from railyard.engine.models.loader import read_spec, resolve_model_dir
+from railyard.engine.models.loader import resolve_model_dir
 from railyard.engine.tokenizer import load_tokenizer
+from railyard.model.spec import read_model_spec
 from railyard.serve.client import Pool, RayEngineClient
 from railyard.serve.metrics import ReplicaWatcher
 
@@ -25,7 +26,7 @@ def make_clients(routes: list[dict[str, Any]], handles: dict[str, Any]) -> dict[
     clients = {}
     for route in routes:
         model_dir = resolve_model_dir(route["model"])
-        spec = read_spec(model_dir)
+        spec = read_model_spec(model_dir)
         tokenizer_dir = next((p["tokenizer"] for p in route["pools"] if p.get("tokenizer")), None) or model_dir
         pools = [Pool(p["name"], p["max_prompt_tokens"], handles[p["deployment"]],
                       p.get("max_model_len") or spec.max_position_embeddings) for p in route["pools"]]

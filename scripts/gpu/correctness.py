@@ -28,7 +28,7 @@ from railyard.bench.workload import LengthRange, synthetic_requests  # noqa: E40
 from railyard.engine.config import EngineConfig, SamplingParams  # noqa: E402
 from railyard.engine.engine import Engine  # noqa: E402
 from railyard.engine.llm import LLM  # noqa: E402
-from railyard.engine.models.spec import ModelSpec  # noqa: E402
+from railyard.model.spec import ModelSpec  # noqa: E402
 from railyard.shapes import shape_config  # noqa: E402
 
 OUT = os.environ.get("OUT", "/tmp")

@@ -2,11 +2,13 @@
 with prefill vs pure decode), GPU time of one captured decode step at full batch, and the top CUDA
 kernels of a prefill window and a decode window (torch.profiler).
 
-Usage: python3 scripts/gpu/profile_steps.py qwen2-7b [max_num_batched_tokens]  -> $OUT/profile_<model>.txt
+Usage: python3 scripts/gpu/profile_steps.py qwen2-7b [max_num_batched_tokens]
+    -> $OUT/profile_<model>.txt (with the kernel tables) and $OUT/profile_<model>.json (the numbers)
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import sys
@@ -68,7 +70,7 @@ def timed(obj, attr):
 
 
 for obj, attr in ((eng.scheduler, "schedule"), (eng.scheduler, "mark_computed"), (runner, "plan"),
-                  (runner, "sampling_rows"), (eng, "_complete")):
+                  (runner, "sampling_rows"), (eng.core, "_complete")):
     timed(obj, attr)
 windows = {"prefill/mixed steps 2-4": (2, 5), "decode steps 150-154": (150, 155)}
 stats = {True: [0, 0.0], False: [0, 0.0]}  # kind of the step launched -> steps, wall
@@ -123,3 +125,15 @@ for label, table in prof_tables.items():
     say(f"\n## top CUDA kernels, {label}\n{table}")
 with open(os.path.join(OUT, f"profile_{name}.txt"), "w") as f:
     f.write("\n".join(lines) + "\n")
+summary = {
+    "model": name, "max_num_batched_tokens": eng.config.max_num_batched_tokens, "total_s": round(total, 3),
+    "steps": step, "async_scheduling": eng.async_scheduling,
+    "steps_by_kind": {("pure_decode" if kind else "with_prefill"): {"steps": n, "wall_s": round(wall, 3),
+                                                                    "ms_per_step": round(wall / n * 1e3, 2)}
+                      for kind, (n, wall) in stats.items() if n},
+    "host_s_by_part": {k: round(v, 3) for k, v in host.items()},
+    "decode_graph_replay": {"gpu_ms": round(graph_ms[0], 3), "sequences": graph_ms[1], "padded_to": graph_ms[2]}
+    if graph_ms else None,
+}
+with open(os.path.join(OUT, f"profile_{name}.json"), "w") as f:
+    json.dump(summary, f, indent=1)

@@ -19,6 +19,14 @@ def test_bench_throughput_prints_json_with_token_rates(tiny_model, capsys):
     assert result["elapsed_s"] > 0
 
 
+def test_bench_throughput_json_carries_the_engines_start_up_memory_report(tiny_model, capsys):
+    assert main(["bench", "throughput", "--model", tiny_model, "--num-prompts", "2", "--output-len", "2",
+                 "--max-num-seqs", "2", "--warmup-prompts", "0"]) == 0
+    memory = json.loads(capsys.readouterr().out)["memory"]
+    assert memory["weights_bytes"] > 0 and memory["block_bytes"] > 0
+    assert memory["num_blocks"] == memory["kv_cache_bytes"] // memory["block_bytes"]
+
+
 def test_bench_throughput_rejects_a_bad_length_range(tiny_model, capsys):
     rc = main(["bench", "throughput", "--model", tiny_model, "--input-len", "50-10"])
     assert rc == 2
@@ -56,16 +64,16 @@ def test_bench_throughput_roofline_counts_fp8_weights_and_kv_cache(tiny_model, c
     assert bf16["fp8_peak_tflops"] is None and fp8["fp8_peak_tflops"] == 1500
 
 
-def test_roofline_shape_takes_its_bytes_from_the_engine(tiny_model):
-    from railyard.bench.cli import roofline_shape
+def test_roofline_spec_takes_its_bytes_from_the_engine(tiny_model):
+    from railyard.bench.cli import roofline_spec
     from railyard.engine.config import EngineConfig
     from railyard.engine.engine import Engine
 
-    plain = roofline_shape(Engine(EngineConfig(model=tiny_model, device="cpu")))
-    fp8 = roofline_shape(Engine(EngineConfig(model=tiny_model, device="cpu", quantization="fp8",
-                                             kv_cache_dtype="fp8")))
-    assert (plain.dtype_bytes, plain.linear_weight_bytes, plain.kv_dtype_bytes) == (4, None, 4)  # float32 on CPU
-    assert (fp8.dtype_bytes, fp8.linear_weight_bytes, fp8.kv_dtype_bytes) == (4, 1, 1)
+    plain = roofline_spec(Engine(EngineConfig(model=tiny_model, device="cpu")))
+    fp8 = roofline_spec(Engine(EngineConfig(model=tiny_model, device="cpu", quantization="fp8",
+                                            kv_cache_dtype="fp8")))
+    assert (plain.dtype_bytes, plain.linear_weight_bytes, plain.kv_element_bytes) == (4, 4, 4)  # float32 on CPU
+    assert (fp8.dtype_bytes, fp8.linear_weight_bytes, fp8.kv_element_bytes) == (4, 1, 1)
 
 
 def test_token_id_range_gives_the_very_requests_bench_serve_sends(tiny_model):

@@ -1,10 +1,10 @@
-"""Named model shapes are HF config dicts the engine's ModelSpec accepts."""
+"""Named model shapes are HF config dicts the model description (ModelSpec) accepts."""
 
 from __future__ import annotations
 
 import pytest
 
-from railyard.engine.models.spec import ModelSpec
+from railyard.model.spec import ModelSpec
 from railyard.errors import ConfigError
 from railyard.shapes import shape_config, shape_names
 

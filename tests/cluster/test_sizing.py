@@ -11,7 +11,6 @@ from railyard.cluster.sizing import (
     GIB,
     SHAPES,
     EngineProfile,
-    kv_bytes_per_block,
     load_profile,
     replicas_for_rate,
     resolve_shape,
@@ -19,6 +18,7 @@ from railyard.cluster.sizing import (
 )
 from railyard.cluster.workload import Replica
 from railyard.errors import ConfigError
+from railyard.shapes import shape_config
 
 
 @pytest.mark.parametrize(
@@ -27,7 +27,7 @@ from railyard.errors import ConfigError
     [("llama3-8b", 8_030_261_248), ("qwen2-7b", 7_615_616_512), ("qwen3-0.6b", 596_049_920)],
 )
 def test_named_shapes_reproduce_the_published_parameter_counts(name, published):
-    assert SHAPES[name].params() == published
+    assert SHAPES[name].num_params() == published
 
 
 @pytest.mark.parametrize(
@@ -35,9 +35,9 @@ def test_named_shapes_reproduce_the_published_parameter_counts(name, published):
     [("qwen2-7b", 28, 4, 128), ("llama3-8b", 32, 8, 128), ("qwen3-0.6b", 28, 8, 128)],
 )
 def test_bytes_per_block_is_two_times_layers_kv_heads_head_dim_block_dtype(name, layers, kv_heads, head_dim):
-    block_size, dtype_bytes = 16, 2
+    block_size, dtype_bytes = 16, 2  # the named shapes are bfloat16
     expected = 2 * layers * kv_heads * head_dim * block_size * dtype_bytes
-    assert kv_bytes_per_block(SHAPES[name], block_size, dtype_bytes) == expected
+    assert SHAPES[name].kv_bytes_per_block(block_size) == expected
 
 
 def test_kv_cache_is_what_memory_times_utilization_leaves_after_weights_and_overhead():
@@ -83,18 +83,7 @@ def test_a_model_too_big_for_the_gpu_gets_no_kv_cache():
 
 
 def test_a_checkpoint_config_json_wins_over_named_shapes(tmp_path):
-    config = {
-        "model_type": "qwen3",
-        "num_hidden_layers": 28,
-        "hidden_size": 1024,
-        "num_attention_heads": 16,
-        "num_key_value_heads": 8,
-        "head_dim": 128,
-        "intermediate_size": 3072,
-        "vocab_size": 151936,
-        "tie_word_embeddings": True,
-    }
-    (tmp_path / "config.json").write_text(json.dumps(config))
+    (tmp_path / "config.json").write_text(json.dumps(shape_config("qwen3-0.6b")))
     shape, source = resolve_shape("llama3-8b", str(tmp_path))
     assert shape == SHAPES["qwen3-0.6b"]
     assert source.endswith("config.json")

@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from railyard.engine.kernels import fused_ops
-from railyard.errors import ModelLoadError
+from railyard.model.spec import check_rope_scaling, rope_type
 
 
 def _llama3_inv_freq(inv_freq: torch.Tensor, scaling: dict) -> torch.Tensor:
@@ -29,15 +29,15 @@ def _llama3_inv_freq(inv_freq: torch.Tensor, scaling: dict) -> torch.Tensor:
 
 
 def inverse_frequencies(head_dim: int, theta: float, scaling: dict | None) -> torch.Tensor:
+    """Per-pair rotation frequencies; the scaling types are those the model description accepts."""
+    check_rope_scaling(scaling)
     inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
-    kind = (scaling or {}).get("rope_type", (scaling or {}).get("type", "default"))
-    if kind == "default":
-        return inv_freq
+    kind = rope_type(scaling)
     if kind == "llama3":
         return _llama3_inv_freq(inv_freq, scaling)
     if kind == "linear":
         return inv_freq / scaling["factor"]
-    raise ModelLoadError(f"rope scaling type {kind!r} is not supported (supported: default, linear, llama3)")
+    return inv_freq
 
 
 class RotaryEmbedding(nn.Module):

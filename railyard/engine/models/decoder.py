@@ -18,18 +18,18 @@ from railyard.engine.layers.fp8 import FP8
 from railyard.engine.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
 from railyard.engine.layers.norm import RMSNorm
 from railyard.engine.layers.rotary import RotaryEmbedding
-from railyard.engine.models.spec import ModelSpec
 from railyard.engine.parallel import SINGLE, ParallelState
 from railyard.errors import ModelLoadError
+from railyard.model.spec import ModelSpec
 
 # Per-layer KV-cache scales as FP8 checkpoints name them (vLLM's Fp8Config and compressed-tensors spellings).
 _KV_SCALE = re.compile(r"layers\.(\d+)\.self_attn\.(?:(k|v)_scale|(k|v)_proj\.output_scale|kv_scale)$")
 
 
 class Attention(nn.Module):
-    def __init__(self, spec: ModelSpec, rotary: RotaryEmbedding, backend_cls, ps: ParallelState,
-                 quant: str | None = None) -> None:
+    def __init__(self, spec: ModelSpec, rotary: RotaryEmbedding, backend_cls, ps: ParallelState) -> None:
         super().__init__()
+        quant = spec.quantization
         self.qkv_proj = QKVParallelLinear(spec.hidden_size, spec.head_dim, spec.num_heads, spec.num_kv_heads,
                                           spec.attention_bias, ps, quant=quant)
         self.o_proj = RowParallelLinear(spec.num_heads * spec.head_dim, spec.hidden_size, False, ps, quant=quant)
@@ -56,9 +56,9 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
-    def __init__(self, spec: ModelSpec, ps: ParallelState, quant: str | None = None) -> None:
+    def __init__(self, spec: ModelSpec, ps: ParallelState) -> None:
         super().__init__()
-        inter = spec.intermediate_size
+        inter, quant = spec.intermediate_size, spec.quantization
         self.gate_up_proj = MergedColumnParallelLinear(spec.hidden_size, [inter, inter], False, ps, quant=quant)
         self.down_proj = RowParallelLinear(inter, spec.hidden_size, False, ps, quant=quant)
 
@@ -67,11 +67,10 @@ class MLP(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, spec: ModelSpec, rotary: RotaryEmbedding, backend_cls, ps: ParallelState,
-                 quant: str | None = None) -> None:
+    def __init__(self, spec: ModelSpec, rotary: RotaryEmbedding, backend_cls, ps: ParallelState) -> None:
         super().__init__()
-        self.self_attn = Attention(spec, rotary, backend_cls, ps, quant)
-        self.mlp = MLP(spec, ps, quant)
+        self.self_attn = Attention(spec, rotary, backend_cls, ps)
+        self.mlp = MLP(spec, ps)
         self.input_layernorm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
 
@@ -87,13 +86,12 @@ class DecoderLayer(nn.Module):
 
 
 class DecoderModel(nn.Module):
-    def __init__(self, spec: ModelSpec, backend_cls, ps: ParallelState, quant: str | None = None) -> None:
+    def __init__(self, spec: ModelSpec, backend_cls, ps: ParallelState) -> None:
         super().__init__()
         self.embed_tokens = VocabParallelEmbedding(spec.vocab_size, spec.hidden_size, ps)
         # One rotary table shared by all layers (not a parameter).
         rotary = RotaryEmbedding(spec.head_dim, spec.max_position_embeddings, spec.rope_theta, spec.rope_scaling)
-        self.layers = nn.ModuleList(DecoderLayer(spec, rotary, backend_cls, ps, quant)
-                                    for _ in range(spec.num_layers))
+        self.layers = nn.ModuleList(DecoderLayer(spec, rotary, backend_cls, ps) for _ in range(spec.num_layers))
         self.norm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
         self.rotary = rotary
 
@@ -108,7 +106,7 @@ class DecoderModel(nn.Module):
 class CausalLM(nn.Module):
     """Decoder plus LM head; `load_weights` takes HF tensor names shard by shard.
 
-    quant="fp8": the decoder's linear layers hold FP8 weights; the embedding and LM head stay in the
+    spec.quantization "fp8": the decoder's linear layers hold FP8 weights; the embedding and LM head stay in the
     model dtype (the LM head's logits feed sampling directly, and it is one GEMM of many).
     """
 
@@ -118,10 +116,10 @@ class CausalLM(nn.Module):
         ("gate_proj", "gate_up_proj", 0), ("up_proj", "gate_up_proj", 1),
     )
 
-    def __init__(self, spec: ModelSpec, backend_cls, ps: ParallelState = SINGLE, quant: str | None = None) -> None:
+    def __init__(self, spec: ModelSpec, backend_cls, ps: ParallelState = SINGLE) -> None:
         super().__init__()
         self.spec = spec
-        self.model = DecoderModel(spec, backend_cls, ps, quant)
+        self.model = DecoderModel(spec, backend_cls, ps)
         self.lm_head = ParallelLMHead(spec.vocab_size, spec.hidden_size, ps)
         if spec.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight

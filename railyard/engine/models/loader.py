@@ -14,9 +14,9 @@ from safetensors import safe_open
 
 from railyard.engine.layers.fp8 import FP8, quantize_rows
 from railyard.engine.models.decoder import CausalLM
-from railyard.engine.models.spec import ModelSpec
 from railyard.engine.parallel import SINGLE, ParallelState
 from railyard.errors import ModelLoadError
+from railyard.model.spec import ModelSpec
 
 
 def resolve_model_dir(model: str) -> Path:
@@ -34,16 +34,6 @@ def resolve_model_dir(model: str) -> Path:
     if not (path / "config.json").is_file():
         raise ModelLoadError(f"{path} has no config.json: not an HF-format checkpoint directory")
     return path
-
-
-def read_spec(model_dir: Path) -> ModelSpec:
-    try:
-        cfg = json.loads((model_dir / "config.json").read_text())
-    except json.JSONDecodeError as exc:
-        raise ModelLoadError(f"{model_dir / 'config.json'} is not valid JSON: {exc}") from None
-    if not isinstance(cfg, dict):
-        raise ModelLoadError(f"{model_dir / 'config.json'} must hold a JSON object")
-    return ModelSpec.from_hf_config(cfg)
 
 
 def weight_files(model_dir: Path) -> list[Path]:
@@ -76,22 +66,22 @@ def iter_weights(files: list[Path]) -> Iterator[tuple[str, torch.Tensor]]:
 
 
 def build_empty(spec: ModelSpec, dtype: torch.dtype, device: torch.device, backend_cls,
-                ps: ParallelState = SINGLE, quant: str | None = None) -> CausalLM:
+                ps: ParallelState = SINGLE) -> CausalLM:
     """The model's modules on `device` in `dtype`, weights uninitialised (rotary tables stay float32;
-    with quant="fp8" the decoder's linear weights are float8 with float32 scales)."""
+    with spec.quantization "fp8" the decoder's linear weights are float8 with float32 scales)."""
     previous = torch.get_default_dtype()
     torch.set_default_dtype(dtype)
     try:
         with torch.device(device):
-            return CausalLM(spec, backend_cls, ps, quant).eval()
+            return CausalLM(spec, backend_cls, ps).eval()
     finally:
         torch.set_default_dtype(previous)
 
 
 def load_model(model_dir: Path, spec: ModelSpec, dtype: torch.dtype, device: torch.device, backend_cls,
-               ps: ParallelState = SINGLE, quant: str | None = None) -> CausalLM:
+               ps: ParallelState = SINGLE) -> CausalLM:
     """Build the model on `device` in `dtype` and fill it from the checkpoint."""
-    model = build_empty(spec, dtype, device, backend_cls, ps, quant)
+    model = build_empty(spec, dtype, device, backend_cls, ps)
     loaded = model.load_weights(iter_weights(weight_files(model_dir)))
     expected = {n for n, _ in model.named_parameters()}
     missing = sorted(expected - loaded)

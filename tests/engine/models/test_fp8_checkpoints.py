@@ -18,9 +18,9 @@ from railyard.engine.attention.torch_backend import TorchAttentionBackend
 from railyard.engine.config import SamplingParams
 from railyard.engine.layers.fp8 import FP8
 from railyard.engine.llm import LLM
-from railyard.engine.models.loader import load_model, read_spec
-from railyard.engine.models.quant_config import checkpoint_quantization
+from railyard.engine.models.loader import load_model
 from railyard.errors import ModelLoadError
+from railyard.model.spec import read_model_spec
 from tests.engine.models.fp8_checkpoints import write_fp8_checkpoint
 
 PROMPTS = [[(7 * i + 3 * n) % 256 for i in range(n)] for n in (3, 17, 40)]
@@ -28,9 +28,8 @@ GREEDY = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
 
 
 def _load(path):
-    spec = read_spec(path)
-    return spec, load_model(path, spec, torch.float32, torch.device("cpu"), TorchAttentionBackend,
-                            quant=spec.quantization)
+    spec = read_model_spec(path)  # quantization "fp8" from its config.json: the decoder builds FP8 layers
+    return spec, load_model(path, spec, torch.float32, torch.device("cpu"), TorchAttentionBackend)
 
 
 def _tokens(llm: LLM) -> list[list[int]]:
@@ -91,22 +90,6 @@ def test_vllm_fp8_per_tensor_checkpoint_stays_close_to_the_float_model(tiny_mode
     got = prefill(build_runner(str(per_tensor_checkpoint), prompts, device="cpu", kv_cache_dtype="fp8"), prompts)
     result = compare(ref, got)
     assert min(result.layer_cosine) >= 0.97 and result.logit_kl_mean <= 0.045, result.to_dict()
-
-
-@pytest.mark.parametrize("qc, message", [
-    ({"quant_method": "fp8", "activation_scheme": "dynamic", "weight_block_size": [128, 128]},
-     "block-wise FP8 scales"),
-    ({"quant_method": "gptq", "bits": 4}, "quantization method 'gptq' is not supported"),
-    ({"quant_method": "compressed-tensors", "format": "pack-quantized", "config_groups": {"group_0": {
-        "weights": {"num_bits": 4, "type": "int", "strategy": "group"}}}}, "format 'pack-quantized'"),
-    ({"quant_method": "compressed-tensors", "format": "float-quantized", "config_groups": {"group_0": {
-        "weights": {"num_bits": 8, "type": "float", "strategy": "block"}}}}, "strategy='block'"),
-    ({"quant_method": "compressed-tensors", "format": "int-quantized", "config_groups": {"group_0": {
-        "weights": {"num_bits": 8, "type": "int", "strategy": "channel"}}}}, "format 'int-quantized'"),
-])
-def test_unsupported_quantization_configs_are_refused_with_the_reason(qc, message):
-    with pytest.raises(ModelLoadError, match=message):
-        checkpoint_quantization({"quantization_config": qc})
 
 
 def test_an_unsupported_checkpoint_fails_to_load_with_a_clear_error(tiny_models, tmp_path):

@@ -7,7 +7,8 @@ Two FP8 formats that vLLM loads, both as float8_e4m3fn weights with float32 `wei
   `strategy` channel (scale [out, 1]) or tensor, activations FP8 per token (dynamic) or per tensor (static).
 Static activation scales (`input_scale`) are not used: activations are always quantized per token on the
 fly, which is at least as accurate. Block-wise scales (`weight_block_size`, strategy block) and every
-non-FP8 scheme are refused with a clear error. Torch-free, like ModelSpec.
+non-FP8 scheme are refused with a clear error. Torch-free: ModelSpec.from_hf_config calls it, so the
+planner refuses what the engine refuses.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import logging
 
 from railyard.errors import ModelLoadError
 
-log = logging.getLogger("railyard.engine")
+log = logging.getLogger("railyard.model")
 
 _FORMATS = ("float-quantized", "naive-quantized")
 
@@ -29,6 +30,8 @@ def checkpoint_quantization(cfg: dict) -> str | None:
     if not isinstance(qc, dict):
         raise ModelLoadError("config.json: quantization_config must be an object")
     method = qc.get("quant_method")
+    if not isinstance(method, str):
+        raise ModelLoadError(f"config.json: quantization_config must name its quant_method, got {qc!r}")
     if method == "fp8":
         _check_fp8_method(qc)
     elif method == "compressed-tensors":

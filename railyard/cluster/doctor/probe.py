@@ -64,8 +64,15 @@ class LiveProbe:
     def __init__(self, kubeconfig: str | None = None, timeout_s: float = 30.0) -> None:
         self.kubeconfig = kubeconfig
         self.timeout_s = timeout_s
+        self._outputs: dict[str, Output] = {}
 
     def output(self, name: str) -> Output:
+        """Each command runs once: several checks read `kubectl get nodes`, which can take its whole timeout."""
+        if name not in self._outputs:
+            self._outputs[name] = self._run(name)
+        return self._outputs[name]
+
+    def _run(self, name: str) -> Output:
         argv = list(COMMANDS[name][0])
         if argv[0] == "kubectl" and self.kubeconfig:
             argv[1:1] = ["--kubeconfig", self.kubeconfig]

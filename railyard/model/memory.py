@@ -1,0 +1,81 @@
+"""How one GPU's memory divides between weights, one step's activations, reserves and KV-cache blocks.
+
+One formula for both sides: the engine's start-up profile fills it with what it measured, the planner
+(`railyard plan`) with what the model description predicts, so the two agree by construction wherever
+the prediction is right (tests/model/test_memory.py holds the predictions against the engine's reports).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from railyard.model.spec import ModelSpec
+
+GIB = 2**30
+# Device memory outside torch's allocator: the CUDA context and cuBLAS handles (0.67 GiB measured by the
+# engine's profile on an H200, torch 2.11 + CUDA 13, BENCHMARKS.md).
+CUDA_CONTEXT_BYTES = int(0.67 * GIB)
+# Float32 logits of a full batch at sampling (4 bytes) plus the decode CUDA graphs' pools, per sequence and
+# vocabulary entry, and a fixed part for the graphs' own memory.
+_RESERVE_BYTES_PER_LOGIT = 12
+
+
+def profile_tokens(max_num_batched_tokens: int, max_model_len: int, max_num_seqs: int) -> int:
+    """The largest step the engine can schedule: the one its profile runs."""
+    return min(max_num_batched_tokens, max_model_len * max_num_seqs)
+
+
+def reserve_bytes(max_num_seqs: int, vocab_size: int, enforce_eager: bool) -> int:
+    """Memory that the decode CUDA graphs and the sampler's float32 logits take outside the profiled step."""
+    return 0 if enforce_eager else max_num_seqs * vocab_size * _RESERVE_BYTES_PER_LOGIT + GIB
+
+
+def activation_bytes(spec: ModelSpec, num_tokens: int, max_num_seqs: int, tp: int = 1) -> int:
+    """A prediction of the engine's profiled activation peak for a step of `num_tokens`, on one rank.
+
+    The peak is the largest set of tensors alive at once: in the MLP the gate/up output and its SiLU
+    product beside the residual stream; in attention the fused QKV, the rotated q/k and the output;
+    at the end the logits of the sampled rows (model dtype and float32). Plus the rotary tables.
+    """
+    b, t, h = spec.dtype_bytes, num_tokens, spec.hidden_size
+    inter = spec.intermediate_size // tp
+    q = spec.num_heads // tp * spec.head_dim
+    kv = spec.kv_heads_per_rank(tp) * spec.head_dim
+    mlp = t * (2 * h + 3 * inter) * b
+    attention = t * (2 * h + (q + 2 * kv) + 2 * (q + kv) + q) * b
+    logits = t * h * b + min(t, max_num_seqs) * spec.vocab_size * (b + 4)
+    rotary = 2 * spec.max_position_embeddings * spec.head_dim * 4
+    return max(mlp, attention, logits) + rotary
+
+
+@dataclass(frozen=True)
+class MemoryBudget:
+    """One GPU's memory: the engine's start-up report (measured), or the planner's prediction of it."""
+
+    total_bytes: int
+    utilization: float
+    weights_bytes: int
+    activation_bytes: int  # peak of the largest step beyond the weights (activations, rotary tables)
+    other_bytes: int  # outside this process's torch allocator: CUDA context, other processes
+    reserve_bytes: int  # decode CUDA graphs, sampler logits
+    block_bytes: int  # one KV-cache block on this GPU
+
+    @property
+    def kv_cache_bytes(self) -> int:
+        """What the utilization share of the memory leaves for KV blocks."""
+        used = self.weights_bytes + self.activation_bytes + self.other_bytes + self.reserve_bytes
+        return max(0, int(self.total_bytes * self.utilization) - used)
+
+    @property
+    def num_blocks(self) -> int:
+        return self.kv_cache_bytes // self.block_bytes
+
+    def as_dict(self) -> dict[str, int | float]:
+        return {**asdict(self), "kv_cache_bytes": self.kv_cache_bytes, "num_blocks": self.num_blocks}
+
+    def describe(self) -> str:
+        """The start-up report's line: every share in GiB and the blocks they leave."""
+        return (f"weights {self.weights_bytes / GIB:.2f} GiB, activations {self.activation_bytes / GIB:.2f} GiB, "
+                f"others {self.other_bytes / GIB:.2f} GiB, reserve {self.reserve_bytes / GIB:.2f} GiB, "
+                f"memory {self.total_bytes / GIB:.1f} GiB x {self.utilization:.2f} -> KV cache "
+                f"{self.num_blocks * self.block_bytes / GIB:.2f} GiB ({self.num_blocks} blocks)")

@@ -1,0 +1,291 @@
+"""The one description of a model: architecture, dimensions, precision, parsed once from HF config.json.
+
+Torch-free plain data. The engine builds its decoder from it, the roofline counts FLOPs and bytes from it
+and the planner sizes weights and KV cache from it. What railyard can run is decided here too (and in
+`check_tensor_parallel` / `check_max_model_len`), so `railyard plan` refuses exactly the configs
+`railyard serve` refuses, with the same message.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from railyard.errors import ConfigError, ModelLoadError
+from railyard.model.precision import (DTYPE_BYTES, KV_CACHE_DTYPE_BYTES, QUANTIZATION_BYTES, QUANTIZATION_SCALE_BYTES,
+                                      check_kv_cache_dtype, check_quantization, resolve_dtype)
+from railyard.model.quant_config import checkpoint_quantization
+
+# architecture name -> (qkv bias, per-head q/k RMSNorm)
+ARCHITECTURES = {
+    "LlamaForCausalLM": (False, False),
+    "MistralForCausalLM": (False, False),
+    "Qwen2ForCausalLM": (True, False),
+    "Qwen3ForCausalLM": (False, True),
+}
+# rope scaling type -> the keys it needs (besides rope_type)
+ROPE_TYPES: dict[str, tuple[str, ...]] = {"default": (), "linear": ("factor",), "llama3": ("factor",)}
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """Everything the decoder needs to build itself, and what a weight and a KV element occupy; plain data."""
+
+    architecture: str
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    rope_theta: float
+    rope_scaling: dict | None
+    max_position_embeddings: int
+    tie_word_embeddings: bool
+    attention_bias: bool
+    qk_norm: bool
+    torch_dtype: str  # as the checkpoint says
+    eos_token_ids: tuple[int, ...]
+    # Precision of a run (with_precision); from config.json: the checkpoint's own.
+    dtype: str = "bfloat16"  # activations and unquantized weights
+    kv_cache_dtype: str = "auto"  # "auto": the model dtype
+    # Quantized linear-layer weights (None: unquantized); "fp8": float8 weights with float32 per-channel scales,
+    # from an FP8 checkpoint's quantization_config (model/quant_config.py) or quantized as the engine loads.
+    quantization: str | None = None
+
+    @classmethod
+    def from_hf_config(cls, cfg: dict[str, Any]) -> "ModelSpec":
+        """Parse and check an HF config.json mapping; ModelLoadError says what railyard cannot run and why."""
+        archs = cfg.get("architectures") or []
+        arch = next((a for a in archs if a in ARCHITECTURES), None)
+        if arch is None:
+            raise ModelLoadError(
+                f"unsupported architecture {archs or cfg.get('model_type')!r}; supported: {', '.join(ARCHITECTURES)}"
+            )
+        if cfg.get("use_sliding_window"):
+            raise ModelLoadError("sliding-window attention (use_sliding_window: true) is not supported")
+        bias, qk_norm = ARCHITECTURES[arch]
+        if cfg.get("mlp_bias"):
+            raise ModelLoadError("mlp_bias: true is not supported")
+        try:
+            heads = _positive(cfg, "num_attention_heads")
+            hidden = _positive(cfg, "hidden_size")
+            rope = cfg.get("rope_parameters") or {}
+            scaling = cfg.get("rope_scaling") or (rope if rope.get("rope_type", "default") != "default" else None)
+            eos = cfg.get("eos_token_id")
+            torch_dtype = str(cfg.get("torch_dtype") or cfg.get("dtype") or "float32")
+            spec = cls(
+                architecture=arch,
+                vocab_size=_positive(cfg, "vocab_size"),
+                hidden_size=hidden,
+                intermediate_size=_positive(cfg, "intermediate_size"),
+                num_layers=_positive(cfg, "num_hidden_layers"),
+                num_heads=heads,
+                num_kv_heads=_positive(cfg, "num_key_value_heads", heads),
+                head_dim=_positive(cfg, "head_dim", hidden // heads),
+                rms_norm_eps=_number(cfg, "rms_norm_eps", 1e-6),
+                rope_theta=_number(cfg, "rope_theta", rope.get("rope_theta", 10000.0)),
+                rope_scaling=scaling,
+                max_position_embeddings=_positive(cfg, "max_position_embeddings", 4096),
+                tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+                # Qwen2 always has q/k/v bias; the others say so in config.json.
+                attention_bias=bias or bool(cfg.get("attention_bias", False)),
+                qk_norm=qk_norm,
+                torch_dtype=torch_dtype,
+                eos_token_ids=_token_ids(eos),
+                dtype=resolve_dtype("auto", torch_dtype, "cuda"),
+                quantization=checkpoint_quantization(cfg),
+            )
+        except KeyError as exc:
+            raise ModelLoadError(f"config.json lacks required field {exc}") from None
+        if spec.num_heads % spec.num_kv_heads:
+            raise ModelLoadError(f"config.json: num_attention_heads {spec.num_heads} is not a multiple of "
+                                 f"num_key_value_heads {spec.num_kv_heads}")
+        if spec.head_dim % 2:
+            raise ModelLoadError(f"config.json: head_dim {spec.head_dim} is odd; rotary embeddings need an even one")
+        check_rope_scaling(scaling)
+        return spec
+
+    def with_precision(self, dtype: str = "auto", kv_cache_dtype: str = "auto", quantization: str | None = None,
+                       device_type: str = "cuda") -> "ModelSpec":
+        """This model as a run stores it: dtype "auto" is the checkpoint's (float32 on the CPU); quantization
+        None keeps the checkpoint's own. ConfigError for a precision railyard does not run."""
+        return dataclasses.replace(
+            self, dtype=resolve_dtype(dtype, self.torch_dtype, device_type),
+            kv_cache_dtype=check_kv_cache_dtype(kv_cache_dtype),
+            quantization=self.quantization if quantization is None else check_quantization(quantization))
+
+    # -- sizes ---------------------------------------------------------------------------------------
+    @property
+    def dtype_bytes(self) -> int:
+        return DTYPE_BYTES[self.dtype]
+
+    @property
+    def kv_element_bytes(self) -> int:
+        """Bytes of one stored K or V element."""
+        return KV_CACHE_DTYPE_BYTES.get(self.kv_cache_dtype, self.dtype_bytes)
+
+    @property
+    def linear_weight_bytes(self) -> int:
+        """Bytes of one weight of the decoder layers' projections (quantized ones: the method's size)."""
+        return QUANTIZATION_BYTES[self.quantization] if self.quantization else self.dtype_bytes
+
+    @property
+    def matmul_precision(self) -> str:
+        """What the projections multiply in: the quantization method, or the model dtype (sets the FLOP rate)."""
+        return self.quantization or self.dtype
+
+    def kv_heads_per_rank(self, tp: int = 1) -> int:
+        """KV heads a tensor-parallel rank holds (replicated when there are fewer heads than ranks)."""
+        return max(1, self.num_kv_heads // tp)
+
+    def kv_bytes_per_token(self, tp: int = 1) -> int:
+        """K and V of one token in every layer, on one tensor-parallel rank."""
+        return 2 * self.num_layers * self.kv_heads_per_rank(tp) * self.head_dim * self.kv_element_bytes
+
+    def kv_bytes_per_block(self, block_size: int, tp: int = 1) -> int:
+        """One KV-cache block across all layers on one rank: 2 (K and V) * layers * kv_heads * head_dim * block."""
+        return self.kv_bytes_per_token(tp) * block_size
+
+    # -- parameters, per tensor-parallel rank as the engine shards them --------------------------------
+    def layer_linear_params(self, tp: int = 1) -> int:
+        """One decoder layer's projection weights on one rank: fused QKV, o, gate/up, down."""
+        h, d = self.hidden_size, self.head_dim
+        qkv = (self.num_heads // tp + 2 * self.kv_heads_per_rank(tp)) * d * h
+        return qkv + (self.num_heads // tp) * d * h + 3 * h * (self.intermediate_size // tp)
+
+    def layer_linear_outputs(self, tp: int = 1) -> int:
+        """Output channels of one decoder layer's projections on one rank (each carries a scale when quantized):
+        fused QKV and gate/up are split over ranks, o and down are not (row-parallel: split by input)."""
+        qkv = (self.num_heads // tp + 2 * self.kv_heads_per_rank(tp)) * self.head_dim
+        return qkv + self.hidden_size + 2 * (self.intermediate_size // tp) + self.hidden_size
+
+    def layer_other_params(self, tp: int = 1) -> int:
+        """One decoder layer's biases and norms on one rank (kept in the model dtype)."""
+        d = self.head_dim
+        bias = (self.num_heads // tp + 2 * self.kv_heads_per_rank(tp)) * d if self.attention_bias else 0
+        return bias + 2 * self.hidden_size + (2 * d if self.qk_norm else 0)
+
+    def vocab_params(self, tp: int = 1) -> int:
+        """Embedding and (untied) LM head on one rank: each holds a vocabulary slice."""
+        rows = -(-self.vocab_size // tp)
+        return rows * self.hidden_size * (1 if self.tie_word_embeddings else 2)
+
+    def num_params(self, tp: int = 1) -> int:
+        """Parameters one rank holds (tp=1: the model's parameter count)."""
+        layer = self.layer_linear_params(tp) + self.layer_other_params(tp)
+        return self.num_layers * layer + self.vocab_params(tp) + self.hidden_size
+
+    def weight_bytes(self, tp: int = 1) -> int:
+        """Bytes of the weights one rank holds: projections at their stored precision (with their per-channel
+        scales when quantized), the rest in the dtype."""
+        linear = self.num_layers * self.layer_linear_params(tp)
+        rest = self.num_params(tp) - linear
+        scales = self.num_layers * self.layer_linear_outputs(tp) * QUANTIZATION_SCALE_BYTES.get(self.quantization, 0)
+        return linear * self.linear_weight_bytes + scales + rest * self.dtype_bytes
+
+    # -- per-token work (the roofline) -------------------------------------------------------------------
+    @property
+    def matmul_params(self) -> int:
+        """Weights multiplied per token: all layers' projections and the LM head (not the embedding gather)."""
+        return self.num_layers * self.layer_linear_params() + self.vocab_size * self.hidden_size
+
+    @property
+    def matmul_weight_bytes(self) -> int:
+        """Bytes a decode step reads for its matmuls: the projections at their precision, the LM head in the dtype
+        (a quantized projection's scales, 4 bytes per output row, are left out: 0.1-0.3% of the named shapes')."""
+        projections = self.num_layers * self.layer_linear_params()
+        return projections * self.linear_weight_bytes + self.vocab_size * self.hidden_size * self.dtype_bytes
+
+    def attention_flops(self, query_positions: float, keys: float) -> float:
+        """QK^T and PV for `query_positions` queries that each see `keys` keys on average."""
+        return 4.0 * query_positions * keys * self.head_dim * self.num_heads * self.num_layers
+
+
+def read_model_spec(model_dir: str | Path) -> ModelSpec:
+    """The description of a checkpoint directory's config.json (ModelLoadError if unreadable or unsupported)."""
+    path = Path(model_dir) / "config.json"
+    try:
+        cfg = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise ModelLoadError(f"{model_dir} has no config.json: not an HF-format checkpoint directory") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ModelLoadError(f"{path} is not valid JSON: {exc}") from None
+    if not isinstance(cfg, dict):
+        raise ModelLoadError(f"{path} must hold a JSON object")
+    return ModelSpec.from_hf_config(cfg)
+
+
+def check_rope_scaling(scaling: dict | None) -> None:
+    """Refuse rope scaling the rotary embedding does not implement, before any weights load."""
+    if scaling is None:
+        return
+    if not isinstance(scaling, dict):
+        raise ModelLoadError(f"config.json: rope_scaling must be an object, got {scaling!r}")
+    kind = rope_type(scaling)
+    if kind not in ROPE_TYPES:
+        raise ModelLoadError(f"rope scaling type {kind!r} is not supported (supported: {', '.join(ROPE_TYPES)})")
+    for key in ROPE_TYPES[kind]:
+        value = scaling.get(key)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+            raise ModelLoadError(f"config.json: rope_scaling {kind} needs a positive {key}, got {value!r}")
+
+
+def rope_type(scaling: dict | None) -> str:
+    """The rope scaling type of a rope_scaling mapping (HF spells it rope_type or, older, type)."""
+    scaling = scaling or {}
+    return scaling.get("rope_type", scaling.get("type", "default"))
+
+
+def check_tensor_parallel(spec: ModelSpec, tp: int) -> None:
+    """Refuse tensor-parallel sizes the model cannot be split into, before any process starts."""
+    problems = []
+    if spec.num_heads % tp:
+        problems.append(f"{spec.num_heads} attention heads")
+    if spec.num_kv_heads % tp and tp % spec.num_kv_heads:
+        problems.append(f"{spec.num_kv_heads} KV heads (neither divides the other)")
+    if spec.intermediate_size % tp:
+        problems.append(f"intermediate size {spec.intermediate_size}")
+    if problems:
+        raise ConfigError(f"tensor_parallel_size {tp} does not divide the model's {', '.join(problems)}; "
+                          "choose a tensor_parallel_size that divides them")
+
+
+def check_max_model_len(max_model_len: int, max_position_embeddings: int) -> None:
+    """A context longer than the model's positions cannot be served."""
+    if max_model_len > max_position_embeddings:
+        raise ConfigError(
+            f"max_model_len {max_model_len} exceeds the model's max_position_embeddings "
+            f"{max_position_embeddings}; lower --max-model-len"
+        )
+
+
+def _positive(cfg: dict[str, Any], key: str, default: int | None = None) -> int:
+    value = cfg.get(key)
+    if value is None:  # absent or null: the field's default, if it has one
+        if default is None:
+            raise KeyError(key)
+        value = default
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ModelLoadError(f"config.json field {key!r} must be a positive integer, got {value!r}")
+    return value
+
+
+def _number(cfg: dict[str, Any], key: str, default: float) -> float:
+    value = cfg.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+        raise ModelLoadError(f"config.json field {key!r} must be a positive number, got {value!r}")
+    return float(value)
+
+
+def _token_ids(eos: Any) -> tuple[int, ...]:
+    ids = eos if isinstance(eos, list) else ([eos] if eos is not None else [])
+    if not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in ids):
+        raise ModelLoadError(f"config.json field 'eos_token_id' must be a token id or a list of them, got {eos!r}")
+    return tuple(ids)
+

@@ -1,0 +1,21 @@
+# Sourced by every reproduction script: the repository root as working directory, $OUT, $COMMIT, `log`, and
+# `stop_server` for the one background server a script may hold in $SERVER (stopped on exit, whatever happens).
+set -uo pipefail
+export PYTHONUNBUFFERED=1
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+OUT=${OUT:-/tmp/railyard-out}
+mkdir -p "$OUT"
+COMMIT=${COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
+SERVER=
+
+log() { echo "== $* $(date +%T)" | tee -a "$OUT/log.txt" >&2; }
+
+stop_server() {  # Ctrl-C first (railyard serve and cluster up clean up on it), then the hard way
+  [ -z "$SERVER" ] && return
+  kill -INT "$SERVER" 2>/dev/null
+  for _ in $(seq 1 60); do kill -0 "$SERVER" 2>/dev/null || break; sleep 1; done
+  kill -KILL "$SERVER" 2>/dev/null
+  wait "$SERVER" 2>/dev/null
+  SERVER=
+}
+trap stop_server EXIT
