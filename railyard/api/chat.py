@@ -21,28 +21,17 @@ def render_chat(gen: Generation, req: ChatCompletionRequest) -> Prompt:
         raise InvalidRequestError("this model has no chat template; use /v1/completions")
     messages = [m.template_dict() for m in req.messages]
     try:
-        text = gen.tokenizer.apply_chat_template(messages, tokenize=False,
-                                                 add_generation_prompt=req.add_generation_prompt)
+        text = gen.tokenizer.apply_chat_template(messages, tokenize=False, **req.template_kwargs())
     except Exception as exc:  # the template itself rejects the conversation (jinja raise_exception etc.)
         raise InvalidRequestError(f"the chat template cannot render these messages: {exc}") from None
-    # The template already carries any special tokens it wants; adding more would change the prompt.
-    return Prompt(text, gen.tokenize(text, add_special_tokens=False))
+    # The template already carries the special tokens it wants; add_special_tokens (vLLM's, default off) adds more.
+    return Prompt(text, gen.tokenize(text, req.add_special_tokens, req.truncate_prompt_tokens))
 
 
-def _check_supported(req: ChatCompletionRequest) -> None:
-    if req.tools:
-        raise InvalidRequestError("tools are not supported by this server.")
-    if req.tool_choice not in (None, "none", "auto"):
-        raise InvalidRequestError("tool_choice is not supported by this server.")
-    if req.response_format is not None and req.response_format.type != "text":
-        raise InvalidRequestError(f"response_format {req.response_format.type!r} is not supported; use 'text'.")
-    if req.top_logprobs is not None and not req.logprobs:
-        raise InvalidRequestError("top_logprobs requires logprobs to be true.")
-
-
-def _logprobs(gen: Generation, token_ids: list[int], logprobs: list[dict[int, float]], k: int) -> list[dict]:
+def _logprobs(gen: Generation, token_ids: list[int], logprobs: list[dict[int, float]], k: int,
+              as_ids: bool | None = False) -> list[dict]:
     def entry(t: int, v: float) -> dict:
-        text = gen.token_text(t)
+        text = gen.token_label(t, as_ids)
         return {"token": text, "logprob": v, "bytes": list(text.encode("utf-8"))}
 
     return [{**entry(t, lp[t]),
@@ -52,13 +41,12 @@ def _logprobs(gen: Generation, token_ids: list[int], logprobs: list[dict[int, fl
 
 async def create_chat_completion(gen: Generation, req: ChatCompletionRequest, raw: Request) -> Response:
     arrival = time.monotonic()
-    _check_supported(req)
     prompt = render_chat(gen, req)
     max_tokens = req.max_completion_tokens or req.max_tokens
     gen.check_length(prompt, max_tokens)
     k = (req.top_logprobs or 0) if req.logprobs else None
     params = gen.sampling_params(req, max_tokens, k)
-    request_id = f"chatcmpl-{uuid.uuid4().hex}"
+    request_id = f"chatcmpl-{req.request_id or uuid.uuid4().hex}"
     streams = await gen.submit(request_id, [prompt], params, req.priority, arrival)
     created = now_s()
     if req.stream:
@@ -68,7 +56,8 @@ async def create_chat_completion(gen: Generation, req: ChatCompletionRequest, ra
         return Response(status_code=499)  # the client left; nobody reads this
     out = outputs[0]
     choices = [{"index": c.index, "message": {"role": "assistant", "content": c.text},
-                "logprobs": {"content": _logprobs(gen, c.token_ids, c.logprobs, k)} if k is not None else None,
+                "logprobs": {"content": _logprobs(gen, c.token_ids, c.logprobs, k, req.return_tokens_as_token_ids)}
+                if k is not None else None,
                 "finish_reason": c.finish_reason, "stop_reason": c.stop_reason}
                for c in out.outputs]
     return JSONResponse({"id": request_id, "object": "chat.completion", "created": created, "model": gen.model_name,
@@ -90,7 +79,8 @@ async def _stream(gen: Generation, req: ChatCompletionRequest, request_id: str, 
                     yield sse({**head, "choices": [{"index": d.index, "delta": {"role": "assistant", "content": ""},
                                                     "logprobs": None, "finish_reason": None}], **usage_field})
                 delta = {"content": d.text} if d.text else {}
-                logprobs = {"content": _logprobs(gen, d.token_ids, d.logprobs, k)} if k is not None else None
+                logprobs = ({"content": _logprobs(gen, d.token_ids, d.logprobs, k, req.return_tokens_as_token_ids)}
+                            if k is not None else None)
                 choice = {"index": d.index, "delta": delta, "logprobs": logprobs, "finish_reason": d.finish_reason,
                           "stop_reason": d.stop_reason}
                 yield sse({**head, "choices": [choice], **usage_field})

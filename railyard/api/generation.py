@@ -89,8 +89,20 @@ class Generation:
         return self.tokenizer.decode([token_id])
 
     # -- at the door -----------------------------------------------------------------------------
-    def tokenize(self, text: str, add_special_tokens: bool = True) -> list[int]:
-        return self.tokenizer.encode(text, add_special_tokens=add_special_tokens)
+    def tokenize(self, text: str, add_special_tokens: bool = True, truncate: int | None = None) -> list[int]:
+        """Token ids of a text prompt; truncate: keep only the last that many (vLLM's truncate_prompt_tokens)."""
+        if self.tokenizer is None:
+            raise InvalidRequestError("this model has no tokenizer (its checkpoint has no tokenizer files): send the "
+                                      "prompt as token ids to /v1/completions")
+        if truncate is None:
+            return self.tokenizer.encode(text, add_special_tokens=add_special_tokens)
+        # As vLLM: the tokenizer truncates (on the left, see load_tokenizer), keeping its special tokens.
+        return self.tokenizer(text, add_special_tokens=add_special_tokens, truncation=True,
+                              max_length=truncate)["input_ids"]
+
+    def token_label(self, token_id: int, as_id: bool | None = False) -> str:
+        """A token as logprobs show it: its text, or vLLM's 'token_id:N' (asked for, or without a tokenizer)."""
+        return f"token_id:{token_id}" if as_id or self.tokenizer is None else self.token_text(token_id)
 
     def check_length(self, prompt: Prompt, max_tokens: int | None) -> None:
         n, limit = len(prompt.token_ids), self.max_model_len
@@ -105,8 +117,8 @@ class Generation:
 
     def sampling_params(self, req: SamplingRequest, max_tokens: int | None, logprobs: int | None) -> SamplingParams:
         """SamplingParams from the request (OpenAI defaults where unset); bad values raise InvalidRequestError."""
-        if req.logit_bias:
-            raise InvalidRequestError("logit_bias is not supported.")
+        if req.stop and self.tokenizer is None:
+            raise InvalidRequestError("stop strings need a tokenizer, and this model has none: use stop_token_ids")
         return SamplingParams(
             n=req.n, temperature=1.0 if req.temperature is None else req.temperature,
             top_p=1.0 if req.top_p is None else req.top_p, top_k=req.top_k or 0,
