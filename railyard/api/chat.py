@@ -67,7 +67,7 @@ async def create_chat_completion(gen: Generation, req: ChatCompletionRequest, ra
 async def _stream(gen: Generation, req: ChatCompletionRequest, request_id: str, created: int, stream):
     tracker = DeltaTracker(req.n)
     k = (req.top_logprobs or 0) if req.logprobs else None
-    include_usage = req.stream_options is not None and req.stream_options.include_usage
+    include_usage = req.stream_options is not None and req.stream_options.usage_at_end
     head = {"id": request_id, "object": "chat.completion.chunk", "created": created, "model": gen.model_name}
     usage_field = {"usage": None} if include_usage else {}
     last = None

@@ -83,7 +83,7 @@ async def _stream(gen: Generation, req: CompletionRequest, request_id: str, crea
     tracker = DeltaTracker(req.n)
     offsets: dict[int, int] = {}
     latest: dict[int, RequestOutput] = {}
-    include_usage = req.stream_options is not None and req.stream_options.include_usage
+    include_usage = req.stream_options is not None and req.stream_options.usage_at_end
     head = {"id": request_id, "object": "text_completion", "created": created, "model": gen.model_name}
     try:
         async for i, out in merge_streams(streams):

@@ -119,6 +119,9 @@ class Engine:
         params = params or SamplingParams()
         if request_id in self.requests:
             raise InvalidRequestError(f"request id {request_id!r} is already in use")
+        if priority and self.config.scheduling_policy != "priority":  # vLLM's rule: never silently ignored
+            raise InvalidRequestError(f"priority {priority} needs priority scheduling (--scheduling-policy priority); "
+                                      "this engine schedules first come, first served")
         text, ids = self._tokenize(prompt, prompt_token_ids)
         # The sampler indexes logits with stop ids: one bad id would fail the whole batch.
         self._check_in_vocab(params.stop_token_ids, "stop token id")
