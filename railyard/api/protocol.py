@@ -8,6 +8,8 @@ honour the value given; tests/api/test_vllm_fields.py holds the table.
 
 from __future__ import annotations
 
+import functools
+import inspect
 import re
 from typing import Annotated, Any, Literal
 
@@ -254,11 +256,13 @@ class ChatMessage(BaseModel):
         return {**self.model_dump(exclude={"content"}, exclude_none=True), "content": content or ""}
 
 
-# apply_chat_template's own parameters: a request's chat_template_kwargs may not replace them.
-_TEMPLATE_RESERVED = frozenset({
-    "conversation", "messages", "tools", "documents", "chat_template", "add_generation_prompt", "continue_final_message",
-    "tokenize", "padding", "truncation", "max_length", "return_tensors", "return_dict", "return_assistant_tokens_mask",
-    "tokenizer_kwargs"})
+@functools.cache
+def _template_parameters() -> frozenset[str]:
+    """apply_chat_template's own parameters (this transformers' version): chat_template_kwargs may not set them."""
+    from transformers import PreTrainedTokenizerBase
+
+    names = inspect.signature(PreTrainedTokenizerBase.apply_chat_template).parameters
+    return frozenset(names) - {"self", "kwargs"} | {"messages"}
 
 
 class ChatCompletionRequest(SamplingRequest):
@@ -309,7 +313,7 @@ class ChatCompletionRequest(SamplingRequest):
         if self.continue_final_message and self.add_generation_prompt:
             raise refuse("continue_final_message", "Cannot set both `continue_final_message` and "
                                                    "`add_generation_prompt` to True.")
-        reserved = sorted(_TEMPLATE_RESERVED & set(self.chat_template_kwargs or {}))
+        reserved = sorted(_template_parameters() & set(self.chat_template_kwargs)) if self.chat_template_kwargs else []
         if reserved:
             raise refuse("chat_template_kwargs", "chat_template_kwargs may not set {names}: the request's own fields "
                                                  "carry them.", names=", ".join(reserved))

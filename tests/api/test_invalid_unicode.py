@@ -3,10 +3,12 @@ it is, never a 5xx; the next request on the same connection is served."""
 
 from __future__ import annotations
 
+import json
+
 import httpx
 import pytest
 
-CHAT_USER = b'{"role":"user","content":"hi"}'
+from railyard.api.errors import error_response
 
 
 @pytest.fixture(scope="module")
@@ -59,3 +61,10 @@ def test_surrogate_pair_written_as_escapes_is_valid_text(http):
     # "\ud83d\ude00" is one character (U+1F600) in JSON: no lone surrogate, so it is served.
     resp = post_raw(http, "/v1/completions", b'{"model":"tiny","prompt":"\\ud83d\\ude00","max_tokens":2}')
     assert resp.status_code == 200, resp.text
+
+
+def test_an_error_body_renders_even_with_text_utf8_cannot_carry():
+    # Whatever a future message quotes, the error itself must not become a 500.
+    resp = error_response(400, "bad \ud800 value")
+    assert json.loads(resp.body)["error"]["message"] == "bad \ud800 value"
+    resp.body.decode("ascii")

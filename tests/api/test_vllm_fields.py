@@ -346,6 +346,6 @@ def test_min_tokens_holds_back_stop_tokens(http):
 
 @pytest.mark.parametrize("endpoint", PATHS)
 def test_continuous_usage_stats_implies_the_final_usage_chunk(http, endpoint):
-    resp = post(http, endpoint, stream=True, stream_options={"continuous_usage_stats": True})
+    resp = post(http, endpoint, stream=True, stream_options={"continuous_usage_stats": True}, ignore_eos=True)
     events = [json.loads(line[6:]) for line in resp.text.splitlines() if line.startswith("data: {")]
     assert events[-1]["choices"] == [] and events[-1]["usage"]["completion_tokens"] == 2
