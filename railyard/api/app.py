@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from contextlib import asynccontextmanager
-from pathlib import Path
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
@@ -17,16 +16,9 @@ from railyard.api.generation import Generation
 from railyard.api.metrics import ServerMetrics
 from railyard.api.middleware import BearerAuth, BodySizeLimit
 from railyard.api.protocol import ChatCompletionRequest, CompletionRequest
-from railyard.engine.async_engine import AsyncEngine
-from railyard.engine.models.loader import resolve_model_dir
-from railyard.engine.tokenizer import load_tokenizer
+from railyard.engine.client import EngineClient
 
 DEFAULT_MAX_REQUEST_BYTES = 8 * 1024 * 1024
-
-
-def default_model_name(engine: AsyncEngine) -> str:
-    config = engine.engine.config
-    return config.served_model_name or Path(config.model).name
 
 
 def install_openai_routes(app: FastAPI, generation_for: Callable[[str | None], Generation]) -> None:
@@ -45,15 +37,14 @@ def install_openai_routes(app: FastAPI, generation_for: Callable[[str | None], G
         return await create_chat_completion(generation_for(body.model), body, raw)
 
 
-def build_app(engine: AsyncEngine, *, served_model_name: str | None = None, api_key: str | None = None,
+def build_app(engine: EngineClient, *, served_model_name: str | None = None, api_key: str | None = None,
               max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES) -> FastAPI:
-    """An app serving `engine`; its lifespan starts the engine loop and shuts the engine down."""
-    config = engine.engine.config
-    name = served_model_name or default_model_name(engine)
-    metrics = ServerMetrics(name, engine.stats)
+    """An app serving `engine` (any EngineClient); its lifespan starts the client and shuts the engine down."""
+    info = engine.model_info
+    name = served_model_name or info.served_model_name
+    metrics = ServerMetrics(name, engine.stats, healthy=lambda: engine.is_running)
     engine.listener = metrics
-    gen = Generation(engine, name, load_tokenizer(config.tokenizer or resolve_model_dir(config.model)))
-    created = int(Path(config.model).stat().st_mtime) if Path(config.model).exists() else 0
+    gen = Generation(engine, name)
 
     @asynccontextmanager
     async def lifespan(_: FastAPI):
@@ -73,8 +64,8 @@ def build_app(engine: AsyncEngine, *, served_model_name: str | None = None, api_
     install_openai_routes(app, generation_for)
 
     def model_card() -> dict:
-        return {"id": name, "object": "model", "created": created, "owned_by": "railyard", "root": config.model,
-                "max_model_len": config.max_model_len}
+        return {"id": name, "object": "model", "created": info.created, "owned_by": "railyard", "root": info.model,
+                "max_model_len": info.max_model_len}
 
     @app.get("/v1/models", responses={401: ERROR_RESPONSES[401]})
     async def models() -> dict:
@@ -94,6 +85,7 @@ def build_app(engine: AsyncEngine, *, served_model_name: str | None = None, api_
 
     @app.get("/metrics")
     async def prometheus() -> Response:
+        metrics.stats = engine.stats
         return Response(metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
     app.add_middleware(BodySizeLimit, max_bytes=max_request_bytes)

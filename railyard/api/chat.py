@@ -9,13 +9,13 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
 from railyard.api.errors import error_body
-from railyard.api.generation import DeltaTracker, Generation, Prompt, now_s, usage
+from railyard.api.generation import ChoiceState, Generation, Prompt, now_s, usage
 from railyard.api.protocol import ChatCompletionRequest
 from railyard.api.sse import EventStreamResponse, sse
 from railyard.errors import InvalidRequestError
 
 
-def render_chat(gen: Generation, req: ChatCompletionRequest) -> Prompt:
+async def render_chat(gen: Generation, req: ChatCompletionRequest) -> Prompt:
     """The prompt text and ids, exactly as transformers' apply_chat_template renders the messages."""
     if getattr(gen.tokenizer, "chat_template", None) is None:
         raise InvalidRequestError("this model has no chat template; use /v1/completions")
@@ -25,7 +25,7 @@ def render_chat(gen: Generation, req: ChatCompletionRequest) -> Prompt:
     except Exception as exc:  # the template itself rejects the conversation (jinja raise_exception etc.)
         raise InvalidRequestError(f"the chat template cannot render these messages: {exc}") from None
     # The template already carries the special tokens it wants; add_special_tokens (vLLM's, default off) adds more.
-    return Prompt(text, gen.tokenize(text, req.add_special_tokens, req.truncate_prompt_tokens))
+    return Prompt(text, await gen.tokenize(text, req.add_special_tokens, req.truncate_prompt_tokens))
 
 
 def _logprobs(gen: Generation, token_ids: list[int], logprobs: list[dict[int, float]], k: int,
@@ -41,7 +41,7 @@ def _logprobs(gen: Generation, token_ids: list[int], logprobs: list[dict[int, fl
 
 async def create_chat_completion(gen: Generation, req: ChatCompletionRequest, raw: Request) -> Response:
     arrival = time.monotonic()
-    prompt = render_chat(gen, req)
+    prompt = await render_chat(gen, req)
     max_tokens = req.max_completion_tokens or req.max_tokens
     gen.check_length(prompt, max_tokens)
     k = (req.top_logprobs or 0) if req.logprobs else None
@@ -65,7 +65,7 @@ async def create_chat_completion(gen: Generation, req: ChatCompletionRequest, ra
 
 
 async def _stream(gen: Generation, req: ChatCompletionRequest, request_id: str, created: int, stream):
-    tracker = DeltaTracker(req.n)
+    choices: dict[int, ChoiceState] = {}
     k = (req.top_logprobs or 0) if req.logprobs else None
     include_usage = req.stream_options is not None and req.stream_options.usage_at_end
     head = {"id": request_id, "object": "chat.completion.chunk", "created": created, "model": gen.model_name}
@@ -74,15 +74,17 @@ async def _stream(gen: Generation, req: ChatCompletionRequest, request_id: str, 
     try:
         async for out in stream:
             last = out
-            for d in tracker.deltas(0, out):  # one choice per chunk, as OpenAI streams them
-                if d.first:  # OpenAI opens each choice with the role
-                    yield sse({**head, "choices": [{"index": d.index, "delta": {"role": "assistant", "content": ""},
+            for c in out.outputs:  # delta outputs: one chunk per choice that advanced, as OpenAI streams them
+                state = choices.setdefault(c.index, ChoiceState())
+                if not state.started:  # OpenAI opens each choice with the role
+                    state.started = True
+                    yield sse({**head, "choices": [{"index": c.index, "delta": {"role": "assistant", "content": ""},
                                                     "logprobs": None, "finish_reason": None}], **usage_field})
-                delta = {"content": d.text} if d.text else {}
-                logprobs = ({"content": _logprobs(gen, d.token_ids, d.logprobs, k, req.return_tokens_as_token_ids)}
+                delta = {"content": c.text} if c.text else {}
+                logprobs = ({"content": _logprobs(gen, c.token_ids, c.logprobs, k, req.return_tokens_as_token_ids)}
                             if k is not None else None)
-                choice = {"index": d.index, "delta": delta, "logprobs": logprobs, "finish_reason": d.finish_reason,
-                          "stop_reason": d.stop_reason}
+                choice = {"index": c.index, "delta": delta, "logprobs": logprobs, "finish_reason": c.finish_reason,
+                          "stop_reason": c.stop_reason}
                 yield sse({**head, "choices": [choice], **usage_field})
         if include_usage and last is not None:
             yield sse({**head, "choices": [], "usage": usage([last])})

@@ -33,6 +33,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--timeout-keep-alive", type=int, default=DEFAULT_KEEP_ALIVE_S,
                    help="seconds an idle connection stays open; keep it above your clients' and proxies' pool idle "
                         f"timeouts (default: {DEFAULT_KEEP_ALIVE_S})")
+    p.add_argument("--engine-process", action=argparse.BooleanOptionalAction, default=True,
+                   help="run the engine core in its own process, so HTTP, SSE and tokenisation never share a GIL with "
+                        "the step loop (default); --no-engine-process runs it on a thread of the server, for debugging")
     p.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"],
                    help="log level of uvicorn and railyard")
     add_engine_args(p)
@@ -48,17 +51,29 @@ def curl_example(base_url: str, model: str, api_key: str | None) -> str:
     return f"curl -s {base_url}/v1/chat/completions -H 'Content-Type: application/json'{auth} -d '{body}'"
 
 
-def build_engine_for_serving(config):
-    """An Engine for a checkpoint dir, or for a named shape with random weights (GPU serving benchmarks),
-    which then speaks through the embedded model's byte-level tokenizer (ids < 259 fit every vocabulary)."""
-    from railyard.engine.engine import Engine
+def start_engine_client(config, *, engine_process: bool = True, **client_args):
+    """An engine client for a checkpoint dir, or for a named shape with random weights (GPU serving benchmarks),
+    which then speaks through the embedded model's byte-level tokenizer (ids < 259 fit every vocabulary).
+
+    With engine_process (the default) the engine core starts in its own process; this returns once it is
+    ready, or raises its start-up error (ConfigError, ModelLoadError) with the core's message.
+    """
+    from railyard.engine.models.loader import resolve_model_dir
     from railyard.shapes import is_shape
 
     if is_shape(config.model) and config.tokenizer is None:
         from railyard.engine.tiny_model import ensure_tiny_model
 
         config.tokenizer = str(ensure_tiny_model())
-    return Engine.from_config(config)
+    elif not is_shape(config.model):
+        resolve_model_dir(config.model)  # a missing directory fails here, before any process starts
+    if engine_process:
+        from railyard.engine.process_client import EngineProcessClient
+
+        return EngineProcessClient(config, **client_args)
+    from railyard.engine.inproc_client import InProcessEngineClient
+
+    return InProcessEngineClient.from_config(config, **client_args)
 
 
 def run_serve(args: argparse.Namespace) -> int:
@@ -69,17 +84,17 @@ def run_serve(args: argparse.Namespace) -> int:
         return run_stack(args)
     import uvicorn
 
-    from railyard.api.app import build_app, default_model_name
-    from railyard.engine.async_engine import AsyncEngine
+    from railyard.api.app import build_app
 
     if not 0 <= args.port <= 65535:
         raise ConfigError(f"--port must be in [0, 65535], got {args.port}")
     if args.max_waiting_requests < 1 or args.max_request_bytes < 1 or args.timeout_keep_alive < 1:
         raise ConfigError("--max-waiting-requests, --max-request-bytes and --timeout-keep-alive must be positive")
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    engine = AsyncEngine(build_engine_for_serving(engine_config_from_args(args)),
-                         max_waiting_requests=args.max_waiting_requests)
-    name = args.served_model_name or default_model_name(engine)
+    config = engine_config_from_args(args, served_model_name=args.served_model_name)
+    engine = start_engine_client(config, engine_process=args.engine_process,
+                                 max_waiting_requests=args.max_waiting_requests)
+    name = engine.model_info.served_model_name
     app = build_app(engine, served_model_name=name, api_key=args.api_key, max_request_bytes=args.max_request_bytes)
     server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
                                            timeout_keep_alive=args.timeout_keep_alive, timeout_graceful_shutdown=5))

@@ -9,28 +9,28 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
 from railyard.api.errors import error_body
-from railyard.api.generation import DeltaTracker, Generation, Prompt, merge_streams, now_s, usage
+from railyard.api.generation import ChoiceState, Generation, Prompt, merge_streams, now_s, usage
 from railyard.api.protocol import CompletionRequest
 from railyard.api.sse import EventStreamResponse, sse
 from railyard.engine.outputs import RequestOutput
 from railyard.errors import InvalidRequestError
 
 
-def _prompts(gen: Generation, req: CompletionRequest) -> list[Prompt]:
+async def _prompts(gen: Generation, req: CompletionRequest) -> list[Prompt]:
     p, keep = req.prompt, req.truncate_prompt_tokens
 
-    def text(x: str) -> Prompt:
-        return Prompt(x, gen.tokenize(x, req.add_special_tokens, keep))
+    async def text(x: str) -> Prompt:
+        return Prompt(x, await gen.tokenize(x, req.add_special_tokens, keep))
 
-    def ids(x: list[int]) -> Prompt:  # token ids: the engine checks them against its vocabulary
+    def ids(x: list[int]) -> Prompt:  # token ids: the engine client checks them against the vocabulary
         return Prompt(None, list(x[-keep:] if keep else x))
 
     if isinstance(p, str):
-        return [text(p)]
+        return [await text(p)]
     if not p:
         raise InvalidRequestError("The prompt is empty.")
     if all(isinstance(x, str) for x in p):
-        return [text(x) for x in p]
+        return [await text(x) for x in p]
     if all(isinstance(x, int) for x in p):
         return [ids(p)]
     return [ids(x) for x in p]
@@ -54,7 +54,7 @@ def _logprobs(gen: Generation, token_ids: list[int], logprobs: list[dict[int, fl
 
 async def create_completion(gen: Generation, req: CompletionRequest, raw: Request) -> Response:
     arrival = time.monotonic()
-    prompts = _prompts(gen, req)
+    prompts = await _prompts(gen, req)
     for p in prompts:
         gen.check_length(p, req.max_tokens)
     params = gen.sampling_params(req, req.max_tokens, req.logprobs)
@@ -80,22 +80,23 @@ async def create_completion(gen: Generation, req: CompletionRequest, raw: Reques
 
 
 async def _stream(gen: Generation, req: CompletionRequest, request_id: str, created: int, streams):
-    tracker = DeltaTracker(req.n)
-    offsets: dict[int, int] = {}
+    choices: dict[int, ChoiceState] = {}
     latest: dict[int, RequestOutput] = {}
     include_usage = req.stream_options is not None and req.stream_options.usage_at_end
     head = {"id": request_id, "object": "text_completion", "created": created, "model": gen.model_name}
     try:
         async for i, out in merge_streams(streams):
             latest[i] = out
-            for d in tracker.deltas(i, out):  # one choice per chunk, as OpenAI streams them
+            for c in out.outputs:  # delta outputs: one chunk per choice that advanced, as OpenAI streams them
+                index = i * req.n + c.index
+                state = choices.setdefault(index, ChoiceState())
                 logprobs = None
                 if req.logprobs is not None:
-                    logprobs = _logprobs(gen, d.token_ids, d.logprobs, req.logprobs, offsets.get(d.index, 0),
+                    logprobs = _logprobs(gen, c.token_ids, c.logprobs, req.logprobs, state.text_len,
                                          req.return_tokens_as_token_ids)
-                offsets[d.index] = offsets.get(d.index, 0) + len(d.text)
-                choice = {"index": d.index, "text": d.text, "logprobs": logprobs, "finish_reason": d.finish_reason,
-                          "stop_reason": d.stop_reason}
+                state.text_len += len(c.text)
+                choice = {"index": index, "text": c.text, "logprobs": logprobs, "finish_reason": c.finish_reason,
+                          "stop_reason": c.stop_reason}
                 yield sse({**head, "choices": [choice], **({"usage": None} if include_usage else {})})
         if include_usage:
             yield sse({**head, "choices": [], "usage": usage(list(latest.values()))})

@@ -1,22 +1,30 @@
-"""What both endpoints share: checks at the door, SamplingParams, submitting prompts to the
-AsyncEngine, waiting for results (aborting if the client leaves), and per-choice stream deltas."""
+"""What both endpoints share: checks at the door, tokenisation off the event loop, SamplingParams,
+submitting prompts to the engine client, and waiting for results (aborting if the client leaves).
+
+The API speaks to its engine only through the EngineClient interface (railyard.engine.client): the
+same code serves a local engine process, an in-process engine and a fleet of Ray Serve replicas.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import lru_cache
 
 from fastapi import Request
 
 from railyard.api.protocol import SamplingRequest
-from railyard.engine.async_engine import AsyncEngine, RequestStream
+from railyard.engine.client import EngineClient
 from railyard.engine.config import SamplingParams
-from railyard.engine.outputs import RequestOutput
+from railyard.engine.outputs import OutputKind, RequestOutput
 from railyard.errors import InvalidRequestError
+
+# Tokenising a text this long on the event loop would hold every other stream up: it goes to a thread.
+_TOKENIZE_INLINE_CHARS = 4096
 
 
 @dataclass
@@ -27,82 +35,56 @@ class Prompt:
     token_ids: list[int]
 
 
-@dataclass
-class Delta:
-    """What one choice gained since the last chunk sent for it."""
-
-    index: int
-    text: str
-    token_ids: list[int]
-    logprobs: list[dict[int, float]] | None
-    finish_reason: str | None
-    stop_reason: int | str | None
-    first: bool
-
-
-@dataclass
-class _Sent:
-    text: int = 0
-    tokens: int = 0
-    finished: bool = False
-    started: bool = False
-
-
-@dataclass
-class DeltaTracker:
-    """Turns cumulative RequestOutputs into per-choice deltas (choice index = prompt index * n + i)."""
-
-    n: int
-    sent: dict[int, _Sent] = field(default_factory=dict)
-
-    def deltas(self, prompt_index: int, out: RequestOutput) -> list[Delta]:
-        result = []
-        for c in out.outputs:
-            index = prompt_index * self.n + c.index
-            s = self.sent.setdefault(index, _Sent())
-            text = c.text[s.text:] if len(c.text) > s.text else ""
-            finish = c.finish_reason if not s.finished else None
-            new_ids = c.token_ids[s.tokens:]
-            if not new_ids and not text and finish is None:
-                continue
-            # New tokens go out even while their text is held back (partial UTF-8, a stop string forming):
-            # as in vLLM, a chunk per step keeps token timing visible to clients and benchmarks.
-            new_lps = c.logprobs[s.tokens:] if c.logprobs is not None else None
-            result.append(Delta(index, text, new_ids, new_lps, finish, c.stop_reason if finish else None,
-                                not s.started))
-            s.text, s.tokens, s.started = len(c.text), len(c.token_ids), True
-            s.finished = s.finished or finish is not None
-        return result
-
-
 class Generation:
-    """The server's one model: its name, tokenizer and engine, and how requests reach it."""
+    """The server's view of one model: its name, its tokenizer, its engine client and the engine's limits."""
 
-    def __init__(self, engine: AsyncEngine, served_model_name: str, tokenizer, max_model_len: int | None = None) -> None:
-        self.engine = engine  # an AsyncEngine, or anything with its add_request -> stream interface
+    def __init__(self, client: EngineClient, served_model_name: str, tokenizer=None) -> None:
+        self.client = client
         self.model_name = served_model_name
-        self.tokenizer = tokenizer  # the front's own copy: the engine thread detokenises with its own
-        self.max_model_len = max_model_len or engine.engine.config.max_model_len
+        self.tokenizer = tokenizer if tokenizer is not None else client.tokenizer  # the front's own copy
+        self.max_model_len = client.model_info.max_model_len
         self.token_text = lru_cache(maxsize=65536)(self._decode_one)
+        self._max_prompt_chars: int | None = None
 
     def _decode_one(self, token_id: int) -> str:
         return self.tokenizer.decode([token_id])
 
     # -- at the door -----------------------------------------------------------------------------
-    def tokenize(self, text: str, add_special_tokens: bool = True, truncate: int | None = None) -> list[int]:
-        """Token ids of a text prompt; truncate: keep only the last that many (vLLM's truncate_prompt_tokens)."""
+    async def tokenize(self, text: str, add_special_tokens: bool = True, truncate: int | None = None) -> list[int]:
+        """Token ids of a text; a text that cannot fit in max_model_len tokens is refused before it is tokenised.
+
+        truncate: keep only the last that many tokens (vLLM's truncate_prompt_tokens); then any length is taken.
+        """
         if self.tokenizer is None:
             raise InvalidRequestError("this model has no tokenizer (its checkpoint has no tokenizer files): send the "
                                       "prompt as token ids to /v1/completions")
+        if truncate is None and len(text) > self.max_prompt_chars:
+            raise InvalidRequestError(
+                f"This model's maximum context length is {self.max_model_len} tokens. However, your prompt has "
+                f"{len(text)} characters, more than {self.max_model_len} tokens of this tokenizer can hold. "
+                "Please reduce the length of the prompt.")
         if truncate is None:
-            return self.tokenizer.encode(text, add_special_tokens=add_special_tokens)
-        # As vLLM: the tokenizer truncates (on the left, see load_tokenizer), keeping its special tokens.
-        return self.tokenizer(text, add_special_tokens=add_special_tokens, truncation=True,
-                              max_length=truncate)["input_ids"]
+            encode = functools.partial(self.tokenizer.encode, text, add_special_tokens=add_special_tokens)
+        else:  # as vLLM: the tokenizer truncates (on the left, see load_tokenizer), keeping its special tokens
+            encode = functools.partial(self._truncated, text, add_special_tokens, truncate)
+        return encode() if len(text) <= _TOKENIZE_INLINE_CHARS else await asyncio.to_thread(encode)
+
+    def _truncated(self, text: str, add_special_tokens: bool, keep: int) -> list[int]:
+        return self.tokenizer(text, add_special_tokens=add_special_tokens, truncation=True, max_length=keep)["input_ids"]
 
     def token_label(self, token_id: int, as_id: bool | None = False) -> str:
         """A token as logprobs show it: its text, or vLLM's 'token_id:N' (asked for, or without a tokenizer)."""
         return f"token_id:{token_id}" if as_id or self.tokenizer is None else self.token_text(token_id)
+
+    @property
+    def max_prompt_chars(self) -> int:
+        """No token is longer than the tokenizer's longest token: max_model_len of those bound any prompt's length
+        (a character is at least one byte, so comparing characters is conservative)."""
+        if self._max_prompt_chars is None:
+            vocab = self.tokenizer.get_vocab()
+            longest = max((len(t.encode("utf-8", "surrogatepass")) for t in vocab), default=1)
+            self._max_prompt_chars = self.max_model_len * max(longest, 1)
+        return self._max_prompt_chars
 
     def check_length(self, prompt: Prompt, max_tokens: int | None) -> None:
         n, limit = len(prompt.token_ids), self.max_model_len
@@ -116,9 +98,14 @@ class Generation:
                 "or the completion.")
 
     def sampling_params(self, req: SamplingRequest, max_tokens: int | None, logprobs: int | None) -> SamplingParams:
-        """SamplingParams from the request (OpenAI defaults where unset); bad values raise InvalidRequestError."""
+        """SamplingParams from the request (OpenAI defaults where unset); bad values raise InvalidRequestError.
+
+        Streamed requests get delta outputs (only what is new, merged while a client reads slowly), the others
+        one final output.
+        """
         if req.stop and self.tokenizer is None:
             raise InvalidRequestError("stop strings need a tokenizer, and this model has none: use stop_token_ids")
+        kind: OutputKind = "delta" if req.stream else "final_only"
         return SamplingParams(
             n=req.n, temperature=1.0 if req.temperature is None else req.temperature,
             top_p=1.0 if req.top_p is None else req.top_p, top_k=req.top_k or 0,
@@ -128,16 +115,16 @@ class Generation:
             stop=[req.stop] if isinstance(req.stop, str) else list(req.stop or []),
             stop_token_ids=list(req.stop_token_ids or []), ignore_eos=req.ignore_eos, logprobs=logprobs,
             include_stop_str_in_output=req.include_stop_str_in_output,
-            skip_special_tokens=req.skip_special_tokens)
+            skip_special_tokens=req.skip_special_tokens, output_kind=kind)
 
     # -- into the engine and back ----------------------------------------------------------------
     async def submit(self, request_id: str, prompts: list[Prompt], params: SamplingParams, priority: int,
-                     arrival_time: float) -> list[RequestStream]:
-        """Queue every prompt (all or none: a refused one aborts those already queued)."""
-        streams: list[RequestStream] = []
+                     arrival_time: float) -> list:
+        """Queue every prompt (all or none: a refused one aborts those already queued); their streams."""
+        streams = []
         try:
             for i, p in enumerate(prompts):
-                streams.append(await self.engine.add_request(
+                streams.append(await self.client.add_request(
                     f"{request_id}-{i}", p.text, params, prompt_token_ids=p.token_ids, arrival_time=arrival_time,
                     priority=priority))
         except BaseException:
@@ -146,7 +133,7 @@ class Generation:
             raise
         return streams
 
-    async def collect(self, streams: list[RequestStream], request: Request) -> list[RequestOutput] | None:
+    async def collect(self, streams: list, request: Request) -> list[RequestOutput] | None:
         """Every request's final output, or None if the client disconnected first (all are then aborted)."""
 
         async def finals() -> list[RequestOutput]:
@@ -178,7 +165,7 @@ async def wait_for_disconnect(request: Request) -> None:
         pass
 
 
-async def merge_streams(streams: list[RequestStream]) -> AsyncIterator[tuple[int, RequestOutput]]:
+async def merge_streams(streams: list) -> AsyncIterator[tuple[int, RequestOutput]]:
     """(prompt index, output) from several streams as they come; closing it aborts every unfinished one."""
     if len(streams) == 1:
         async for out in streams[0]:
@@ -186,7 +173,7 @@ async def merge_streams(streams: list[RequestStream]) -> AsyncIterator[tuple[int
         return
     queue: asyncio.Queue = asyncio.Queue()
 
-    async def pump(i: int, stream: RequestStream) -> None:
+    async def pump(i: int, stream) -> None:
         try:
             async for out in stream:
                 queue.put_nowait((i, out, None))
@@ -209,12 +196,20 @@ async def merge_streams(streams: list[RequestStream]) -> AsyncIterator[tuple[int
             stream.abort()
 
 
+@dataclass
+class ChoiceState:
+    """A streamed choice: whether its first chunk went out, and its text so far (logprob offsets)."""
+
+    started: bool = False
+    text_len: int = 0
+
+
 def now_s() -> int:
     return int(time.time())
 
 
 def usage(outputs: list[RequestOutput]) -> dict:
     """OpenAI usage: each prompt counted once, every choice's tokens counted."""
-    prompt = sum(len(o.prompt_token_ids) for o in outputs)
-    completion = sum(len(c.token_ids) for o in outputs for c in o.outputs)
+    prompt = sum(o.metrics.num_prompt_tokens for o in outputs)
+    completion = sum(o.metrics.num_output_tokens for o in outputs)
     return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}

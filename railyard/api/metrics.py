@@ -1,12 +1,15 @@
 """Prometheus metrics under vLLM's names (`vllm:*`), so existing dashboards and autoscalers work.
 
 Engine-wide gauges and counters are read from the latest EngineStats at scrape time (the engine
-owns the counts; nothing is counted twice). Per-request latencies are observed from each step's
+owns the counts; nothing is counted twice). `railyard:engine_healthy` says whether the engine is alive;
+once it is not, the load gauges read 0, so autoscalers and dashboards see no phantom load. Per-request latencies are observed from each step's
 outputs, as vLLM does: TTFT at the first token, inter-token latency at every later step, the
 rest when a request finishes.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -31,11 +34,17 @@ class _EngineStatsCollector:
 
     def collect(self):
         s, labels = self.metrics.stats, self.metrics.label_values
+        healthy = self.metrics.healthy()
+        family = GaugeMetricFamily("railyard:engine_healthy", "1 while the engine is alive, 0 once it has died.",
+                                   labels=_LABELS)
+        family.add_metric(labels, 1.0 if healthy else 0.0)
+        yield family
+        live = 1 if healthy else 0  # a dead engine holds no requests and no KV cache
         for name, doc, value in (
-            ("vllm:num_requests_running", "Number of requests in model execution batches.", s.num_running),
-            ("vllm:num_requests_waiting", "Number of requests waiting to be processed.", s.num_waiting),
-            ("vllm:num_requests_swapped", "Number of requests swapped to CPU.", s.num_swapped),
-            ("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", s.kv_cache_usage),
+            ("vllm:num_requests_running", "Number of requests in model execution batches.", s.num_running * live),
+            ("vllm:num_requests_waiting", "Number of requests waiting to be processed.", s.num_waiting * live),
+            ("vllm:num_requests_swapped", "Number of requests swapped to CPU.", s.num_swapped * live),
+            ("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", s.kv_cache_usage * live),
         ):
             family = GaugeMetricFamily(name, doc, labels=_LABELS)
             family.add_metric(labels, value)
@@ -47,6 +56,11 @@ class _EngineStatsCollector:
             ("vllm:prefix_cache_queries", "Prefix cache queries, in terms of number of queried tokens.",
              s.prefix_cache_queries),
             ("vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens.", s.prefix_cache_hits),
+            ("railyard:engine_steps", "Forward passes the engine ran.", s.num_steps_total),
+            ("railyard:computed_tokens", "Tokens run through the model (prefill chunks and decodes).",
+             s.computed_tokens_total),
+            ("railyard:decode_rows", "Of the computed tokens, single-token decodes (the rest is prefill).",
+             s.decode_rows_total),
         ):
             family = CounterMetricFamily(name, doc, labels=_LABELS)
             family.add_metric(labels, value)
@@ -54,12 +68,14 @@ class _EngineStatsCollector:
 
 
 class ServerMetrics:
-    """One server's metrics registry; an AsyncEngine StepListener."""
+    """One server's metrics registry; an engine client's StepListener."""
 
-    def __init__(self, model_name: str, stats: EngineStats | None = None) -> None:
+    def __init__(self, model_name: str, stats: EngineStats | None = None,
+                 healthy: Callable[[], bool] | None = None) -> None:
         self.registry = CollectorRegistry()
         self.label_values = [model_name, "0"]
         self.stats = stats or EngineStats()
+        self.healthy = healthy or (lambda: True)
         self._last_token_time: dict[str, float] = {}
         self.registry.register(_EngineStatsCollector(self))
 
@@ -103,13 +119,13 @@ class ServerMetrics:
     def _finished(self, out: RequestOutput) -> None:
         m = out.metrics
         self._last_token_time.pop(out.request_id, None)
-        num_out = max(len(c.token_ids) for c in out.outputs)
+        num_out = m.num_output_tokens
         self.e2e.observe(m.finished_time - m.arrival_time)
         self.queue.observe(m.first_scheduled_time - m.arrival_time)
         if num_out > 1:
             self.tpot.observe((m.last_token_time - m.first_token_time) / (num_out - 1))
-        self.prompt_len.observe(len(out.prompt_token_ids))
-        self.output_len.observe(sum(len(c.token_ids) for c in out.outputs))
+        self.prompt_len.observe(m.num_prompt_tokens)
+        self.output_len.observe(m.num_output_tokens)
         for c in out.outputs:
             self.success.labels(*self.label_values, c.finish_reason or "stop").inc()
 

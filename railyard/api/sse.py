@@ -8,7 +8,6 @@ import anyio
 from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
-from railyard.engine.async_engine import RequestStream
 
 
 def sse(data: dict | str) -> str:
@@ -24,7 +23,7 @@ class EventStreamResponse(StreamingResponse):
     response, however it comes, aborts every unfinished engine request at once.
     """
 
-    def __init__(self, content, streams: list[RequestStream], **kwargs) -> None:
+    def __init__(self, content, streams: list, **kwargs) -> None:
         super().__init__(content, media_type="text/event-stream",
                          headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}, **kwargs)
         self.streams = streams

@@ -22,9 +22,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     tp.add_argument("--warmup-prompts", type=int, default=8,
                     help="untimed prompts of the same lengths (4 output tokens) run first, so JIT compilation "
                          "is not measured; 0: none")
+    tp.add_argument("--token-id-range", type=int, default=None,
+                    help="draw prompt token ids below this, as `railyard bench serve` does, so both run the very same "
+                         "requests (default: the model's vocabulary)")
     tp.add_argument("--peak-tflops", type=float, default=None,
                     help="matmul peak for the roofline, TFLOP/s (default: the device's as measured here: 790 bf16 "
                          "on an H200; on another device no roofline unless given with --hbm-tbs)")
+    tp.add_argument("--fp8-peak-tflops", type=float, default=None,
+                    help="FP8 matmul peak for the roofline of FP8 weights (default: 2x the bf16 peak)")
     tp.add_argument("--hbm-tbs", type=float, default=None,
                     help="memory bandwidth for the roofline, TB/s (default: the device's as measured here: 4.3 on "
                          "an H200; on another device no roofline unless given with --peak-tflops)")
@@ -46,8 +51,10 @@ def run_throughput_cmd(args: argparse.Namespace) -> int:
     engine = Engine.from_config(engine_config_from_args(args))
     if args.warmup_prompts < 0:
         raise ConfigError("--warmup-prompts must be >= 0")
+    if args.token_id_range is not None and not 1 <= args.token_id_range <= engine.spec.vocab_size:
+        raise ConfigError(f"--token-id-range must be in [1, {engine.spec.vocab_size}] (the vocabulary)")
     result = run_throughput(engine, args.num_prompts, input_len, output_len, args.workload_seed,
-                            args.warmup_prompts, progress=sys.stderr.isatty())
+                            args.warmup_prompts, args.token_id_range, progress=sys.stderr.isatty())
     report = result.to_dict()
     report.update(roofline_report(engine, args, input_len, output_len, result.elapsed_s))
     print(json.dumps(report, indent=1))
@@ -68,7 +75,7 @@ def device_name(engine) -> str:
 def roofline_report(engine, args: argparse.Namespace, input_len, output_len, elapsed_s: float) -> dict:
     """DESIGN.md's floor for this workload and model, and how close the measured run came (a line on stderr);
     on a device whose ceilings are not known, and none given, no floor at all."""
-    from railyard.bench.roofline import ModelShape, device_peaks, offline_roofline
+    from railyard.bench.roofline import device_peaks, offline_roofline
     from railyard.bench.throughput import workload_requests
 
     device = device_name(engine)
@@ -79,14 +86,28 @@ def roofline_report(engine, args: argparse.Namespace, input_len, output_len, ela
         print(f"roofline: {note}", file=sys.stderr)
         return {"roofline": None, "measured_over_roofline": None, "percent_of_roofline": None, "roofline_note": note}
     peak, bw = peaks
-    reqs = workload_requests(engine, args.num_prompts, input_len, output_len, args.workload_seed)
-    runner = getattr(engine.executor, "runner", None)
-    dtype_bytes = runner.dtype.itemsize if runner is not None else 2
-    roof = offline_roofline(ModelShape.of(engine.spec, dtype_bytes), [len(r.prompt_token_ids) for r in reqs],
-                            [r.output_len for r in reqs], peak, bw)
+    reqs = workload_requests(engine, args.num_prompts, input_len, output_len, args.workload_seed, args.token_id_range)
+    fp8_peak = args.fp8_peak_tflops or 2 * peak
+    shape = roofline_shape(engine)
+    roof = offline_roofline(shape, [len(r.prompt_token_ids) for r in reqs], [r.output_len for r in reqs], peak, bw,
+                            fp8_peak)
     pct = 100.0 * roof.total_s / elapsed_s
+    rates = f"{peak:g} TFLOP/s" + (f" ({fp8_peak:g} for the FP8 linear layers)" if shape.fp8_linear else "")
     print(f"roofline: floor {roof.total_s:.2f} s (prefill {roof.prefill_s:.2f} s + decode {roof.decode_s:.2f} s at "
-          f"{peak:g} TFLOP/s, {bw:g} TB/s); measured {elapsed_s:.2f} s = {elapsed_s / roof.total_s:.2f}x the floor "
+          f"{rates}, {bw:g} TB/s); measured {elapsed_s:.2f} s = {elapsed_s / roof.total_s:.2f}x the floor "
           f"({pct:.1f}% of roofline)", file=sys.stderr)
     return {"roofline": roof.to_dict(), "measured_over_roofline": round(elapsed_s / roof.total_s, 3),
             "percent_of_roofline": round(pct, 1)}
+
+
+def roofline_shape(engine):
+    """The roofline's view of the engine's model: bytes per weight of the model dtype, of the linear layers
+    (1 with FP8 weights) and of a KV-cache element (1 with an FP8 cache)."""
+    from railyard.bench.roofline import ModelShape
+
+    c = engine.config
+    runner = getattr(engine.executor, "runner", None)
+    dtype_bytes = runner.dtype.itemsize if runner is not None else 2
+    fp8_weights = (c.quantization or engine.spec.quantization) == "fp8"
+    kv_bytes = {"fp8": 1, "bfloat16": 2}.get(c.kv_cache_dtype, dtype_bytes)
+    return ModelShape.of(engine.spec, dtype_bytes, 1 if fp8_weights else None, kv_bytes)

@@ -5,6 +5,10 @@ bytes = every weight the step reads (the embedding table is gathered, not read; 
 plus the KV of every running sequence. Idealised schedule: every prompt prefilled (yielding its
 first token), then all sequences decode together, each leaving when its output is complete.
 Torch-free: it reads only the model's shape.
+
+Dtype-aware: with FP8 weights the decoder's linear layers read 1 byte per weight and multiply at the
+FP8 rate (the LM head stays in the model dtype at the bf16 rate, as does attention); an FP8 KV cache
+reads 1 byte per element.
 """
 
 from __future__ import annotations
@@ -12,6 +16,9 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 H200_PEAK_TFLOPS = 790.0  # bf16 dense matmul measured on this workplace's H200s
+# FP8 dense matmul: twice the bf16 rate (the datasheet's ratio, 1979 vs 989 TFLOP/s) until measured here;
+# scripts/gpu/fp8.sh measures torch._scaled_mm and passes its rate to `bench throughput --fp8-peak-tflops`.
+H200_FP8_PEAK_TFLOPS = 2 * H200_PEAK_TFLOPS
 H200_HBM_TBS = 4.3  # device-to-device copy, bytes read + written
 # Devices whose ceilings were measured here, by a part of their name: (TFLOP/s, TB/s).
 KNOWN_PEAKS = {"H200": (H200_PEAK_TFLOPS, H200_HBM_TBS)}
@@ -40,13 +47,26 @@ class ModelShape:
     num_kv_heads: int
     head_dim: int
     vocab_size: int
-    dtype_bytes: int = 2
+    dtype_bytes: int = 2  # the model dtype: embedding, LM head, activations
+    linear_weight_bytes: int | None = None  # the decoder's linear weights (1: FP8); None: dtype_bytes
+    kv_dtype_bytes: int | None = None  # one KV-cache element (1: FP8); None: dtype_bytes
 
     @classmethod
-    def of(cls, spec, dtype_bytes: int = 2) -> "ModelShape":
+    def of(cls, spec, dtype_bytes: int = 2, linear_weight_bytes: int | None = None,
+           kv_dtype_bytes: int | None = None) -> "ModelShape":
         """From a ModelSpec (or anything with its field names)."""
         return cls(spec.hidden_size, spec.intermediate_size, spec.num_layers, spec.num_heads, spec.num_kv_heads,
-                   spec.head_dim, spec.vocab_size, dtype_bytes)
+                   spec.head_dim, spec.vocab_size, dtype_bytes, linear_weight_bytes, kv_dtype_bytes)
+
+    @property
+    def fp8_linear(self) -> bool:
+        return self.linear_weight_bytes == 1
+
+    @property
+    def weight_bytes(self) -> int:
+        """Bytes of every weight a decode step reads: the decoder's linear layers and the LM head."""
+        layers = self.num_layers * self.layer_matmul_params * (self.linear_weight_bytes or self.dtype_bytes)
+        return layers + self.vocab_size * self.hidden_size * self.dtype_bytes
 
     @property
     def layer_matmul_params(self) -> int:
@@ -60,7 +80,7 @@ class ModelShape:
 
     @property
     def kv_bytes_per_token(self) -> int:
-        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * self.dtype_bytes
+        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * (self.kv_dtype_bytes or self.dtype_bytes)
 
     def attention_flops(self, query_positions: int, keys: int) -> float:
         """QK^T and PV for `query_positions` queries that each see `keys` keys on average."""
@@ -76,19 +96,24 @@ class Roofline:
     decode_memory_bound_steps: int
     peak_tflops: float
     hbm_tbs: float
+    fp8_peak_tflops: float | None = None  # the linear layers' rate, when their weights are FP8
 
     def to_dict(self) -> dict:
         return {k: round(v, 4) if isinstance(v, float) else v for k, v in asdict(self).items()}
 
 
 def offline_roofline(shape: ModelShape, prompt_lens: list[int], output_lens: list[int],
-                     peak_tflops: float = H200_PEAK_TFLOPS, hbm_tbs: float = H200_HBM_TBS) -> Roofline:
+                     peak_tflops: float = H200_PEAK_TFLOPS, hbm_tbs: float = H200_HBM_TBS,
+                     fp8_peak_tflops: float = H200_FP8_PEAK_TFLOPS) -> Roofline:
+    """fp8_peak_tflops: the rate of the decoder's linear layers when their weights are FP8 (shape.fp8_linear)."""
     peak, bw = peak_tflops * 1e12, hbm_tbs * 1e12
+    layer_peak = fp8_peak_tflops * 1e12 if shape.fp8_linear else peak
     lm_head = 2.0 * shape.vocab_size * shape.hidden_size
     layers = 2.0 * shape.num_layers * shape.layer_matmul_params
-    prefill_flops = sum(layers * n + shape.attention_flops(n, (n + 1) / 2) + lm_head for n in prompt_lens)
-    prefill_s = prefill_flops / peak
-    weight_bytes = shape.matmul_params * shape.dtype_bytes
+    # Seconds of compute per token at each rate: linear layers, LM head (one row), attention (per query-key pair).
+    layer_s, head_s = layers / layer_peak, lm_head / peak
+    prefill_s = sum(layer_s * n + (shape.attention_flops(n, (n + 1) / 2)) / peak + head_s for n in prompt_lens)
+    weight_bytes = shape.weight_bytes
     steps = max(output_lens, default=1) - 1  # the first output token comes from the prefill
     decode_s, memory_bound = 0.0, 0
     for j in range(1, steps + 1):
@@ -96,9 +121,10 @@ def offline_roofline(shape: ModelShape, prompt_lens: list[int], output_lens: lis
         if not ctx:
             break
         kv = sum(ctx)
-        flops = (layers + lm_head) * len(ctx) + shape.attention_flops(1, kv / len(ctx)) * len(ctx)
+        t_flop = (layer_s + head_s) * len(ctx) + shape.attention_flops(1, kv / len(ctx)) * len(ctx) / peak
         bytes_ = weight_bytes + kv * shape.kv_bytes_per_token
-        t_mem, t_flop = bytes_ / bw, flops / peak
+        t_mem = bytes_ / bw
         memory_bound += t_mem >= t_flop
         decode_s += max(t_mem, t_flop)
-    return Roofline(prefill_s, decode_s, prefill_s + decode_s, steps, memory_bound, peak_tflops, hbm_tbs)
+    return Roofline(prefill_s, decode_s, prefill_s + decode_s, steps, memory_bound, peak_tflops, hbm_tbs,
+                    fp8_peak_tflops if shape.fp8_linear else None)

@@ -136,6 +136,44 @@ async def send_request(client: httpx.AsyncClient, cfg: ServeBenchConfig, prompt:
     return result
 
 
+# The server's counters (railyard's /metrics) whose change over a run says what its engine steps carried.
+SERVER_COUNTERS = ("railyard:engine_steps_total", "railyard:computed_tokens_total", "railyard:decode_rows_total",
+                   "vllm:num_preemptions_total")
+
+
+async def scrape_server_counters(cfg: ServeBenchConfig) -> dict[str, float] | None:
+    """SERVER_COUNTERS from the server's /metrics (summed over label sets), or None where it has none."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    try:
+        async with httpx.AsyncClient(timeout=10) as client:
+            resp = await client.get(cfg.url.rstrip("/") + "/metrics")
+        resp.raise_for_status()
+        values: dict[str, float] = {}
+        for family in text_string_to_metric_families(resp.text):
+            for sample in family.samples:
+                if sample.name in SERVER_COUNTERS:
+                    values[sample.name] = values.get(sample.name, 0.0) + sample.value
+    except Exception:  # noqa: BLE001 -- a server without railyard's metrics: the report just lacks them
+        return None
+    return values if len(values) == len(SERVER_COUNTERS) else None
+
+
+def server_steps(before: dict[str, float] | None, after: dict[str, float] | None, duration_s: float) -> dict | None:
+    """What the server's engine steps carried during the run: steps, and per step decode rows and prefill tokens."""
+    if before is None or after is None:
+        return None
+    d = {name: after[name] - before[name] for name in SERVER_COUNTERS}
+    steps = d["railyard:engine_steps_total"]
+    if steps <= 0:
+        return None
+    decode = d["railyard:decode_rows_total"]
+    prefill = d["railyard:computed_tokens_total"] - decode
+    return {"steps": int(steps), "ms_per_step": round(1000 * duration_s / steps, 3),
+            "decode_rows_per_step": round(decode / steps, 2), "prefill_tokens_per_step": round(prefill / steps, 2),
+            "preemptions": int(d["vllm:num_preemptions_total"])}
+
+
 async def run_serve_bench(cfg: ServeBenchConfig) -> tuple[list[RequestResult], float]:
     """Send the whole workload; returns per-request results and the wall time."""
     requests = synthetic_requests(cfg.num_prompts, cfg.input_len, cfg.output_len, cfg.token_id_range, cfg.seed)
@@ -180,8 +218,10 @@ def percentile(ordered: list[float], p: float) -> float:
     return ordered[lo] + (ordered[hi] - ordered[lo]) * (k - lo)
 
 
-def summarize(cfg: ServeBenchConfig, results: list[RequestResult], duration_s: float) -> dict:
-    """The benchmark's JSON: throughput, latency distributions (ms) and failures."""
+def summarize(cfg: ServeBenchConfig, results: list[RequestResult], duration_s: float,
+              server: dict | None = None) -> dict:
+    """The benchmark's JSON: throughput, latency distributions (ms), failures, and (where the server reports
+    them) what its engine steps carried."""
     ok = [r for r in results if r.ok]
     failed = [r for r in results if not r.ok]
     in_tokens = sum(r.prompt_tokens for r in ok)
@@ -203,6 +243,7 @@ def summarize(cfg: ServeBenchConfig, results: list[RequestResult], duration_s: f
         "tpot_ms": _stats_ms([r.tpot for r in ok if r.tpot is not None]),
         "itl_ms": _stats_ms([x for r in ok for x in r.itls]),
         "e2el_ms": _stats_ms([r.latency for r in ok]),
+        "server_steps": server,
     }
 
 
@@ -217,6 +258,8 @@ def format_table(summary: dict) -> str:
     for key, label in (("ttft_ms", "TTFT"), ("tpot_ms", "TPOT"), ("itl_ms", "ITL"), ("e2el_ms", "E2E latency")):
         for stat, value in summary[key].items():
             rows.append((f"{label} {stat} (ms)", value))
+    for name, value in (summary.get("server_steps") or {}).items():
+        rows.append((f"server {name.replace('_', ' ')}", value))
     width = max(len(name) for name, _ in rows)
     line = "=" * (width + 16)
     return "\n".join([line, " serving benchmark ".center(width + 16, "="), *(f"{n:<{width}}  {v}" for n, v in rows),

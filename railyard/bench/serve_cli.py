@@ -32,7 +32,9 @@ def register_serve(kinds: argparse._SubParsersAction) -> None:
 
 
 def run_serve_bench_cmd(args: argparse.Namespace) -> int:
-    from railyard.bench.serve import ServeBenchConfig, format_table, results_to_dicts, run_serve_bench, summarize
+    from railyard.bench.serve import (
+        ServeBenchConfig, format_table, results_to_dicts, run_serve_bench, scrape_server_counters, server_steps,
+        summarize)
     from railyard.bench.workload import LengthRange
 
     if args.num_prompts < 1:
@@ -46,8 +48,10 @@ def run_serve_bench_cmd(args: argparse.Namespace) -> int:
                            request_rate=args.request_rate, max_concurrency=args.max_concurrency, seed=args.seed,
                            api_key=args.api_key, prefix_groups=args.prefix_groups,
                            shared_prefix_len=args.shared_prefix_len)
+    before = asyncio.run(scrape_server_counters(cfg))
     results, duration = asyncio.run(run_serve_bench(cfg))
-    summary = summarize(cfg, results, duration)
+    after = asyncio.run(scrape_server_counters(cfg))
+    summary = summarize(cfg, results, duration, server_steps(before, after, duration))
     if args.plot:
         from railyard.bench.plot import plot_latency_over_time
 

@@ -31,17 +31,18 @@ class ThroughputResult:
 
 
 def run_throughput(engine: Engine, num_prompts: int, input_len: LengthRange, output_len: LengthRange,
-                   seed: int = 0, warmup_prompts: int = 0, progress: bool = False) -> ThroughputResult:
+                   seed: int = 0, warmup_prompts: int = 0, token_id_range: int | None = None,
+                   progress: bool = False) -> ThroughputResult:
     """Submit every request at once (ignore_eos, greedy) and time until all have finished.
 
     warmup_prompts: first run that many other prompts (another seed: no prefix-cache hits on the measured
     ones) of the same lengths for 4 tokens, untimed, so kernel compilation is not measured.
     progress: a progress bar of finished requests on stderr (for a terminal)."""
     if warmup_prompts:
-        warm = workload_requests(engine, warmup_prompts, input_len, LengthRange(4, 4), seed + 1)
+        warm = workload_requests(engine, warmup_prompts, input_len, LengthRange(4, 4), seed + 1, token_id_range)
         _run(engine, warm, "warmup", progress)
     before = engine.stats()
-    reqs = workload_requests(engine, num_prompts, input_len, output_len, seed)
+    reqs = workload_requests(engine, num_prompts, input_len, output_len, seed, token_id_range)
     start = time.perf_counter()
     out_tokens = _run(engine, reqs, "bench", progress)
     elapsed = time.perf_counter() - start
@@ -76,10 +77,13 @@ def _run(engine: Engine, reqs: list[Request], prefix: str, progress: bool = Fals
 
 
 def workload_requests(engine: Engine, num_prompts: int, input_len: LengthRange, output_len: LengthRange,
-                      seed: int = 0) -> list[Request]:
+                      seed: int = 0, token_id_range: int | None = None) -> list[Request]:
     """The seeded workload; for a named shape, token ids in [100, vocab - 100) as hf_baseline.py draws them,
-    so both run the very same prompts."""
+    so both run the very same prompts. With token_id_range, ids below it, exactly as `railyard bench serve`
+    draws them (the same requests offline and served)."""
     from railyard.shapes import is_shape
 
+    if token_id_range is not None:
+        return synthetic_requests(num_prompts, input_len, output_len, token_id_range, seed)
     margin = 100 if is_shape(engine.config.model) else 0
     return synthetic_requests(num_prompts, input_len, output_len, engine.spec.vocab_size, seed, margin, margin)

@@ -30,6 +30,9 @@ _HELP = {
     "tensor_parallel_size": "GPUs (processes) per replica",
     "attention_backend": "auto, torch or triton (auto: triton on GPU, torch on CPU)",
     "enforce_eager": "never capture CUDA graphs",
+    "quantization": "fp8: FP8 weights (per-channel scales) and per-token FP8 activations; FP8 checkpoints are "
+                    "detected from config.json",
+    "kv_cache_dtype": "auto (the model dtype), bfloat16 or fp8 (e4m3, per-layer K/V scales: twice the blocks of bf16)",
     "async_scheduling": "plan the next step while the device runs the current one (--no-async-scheduling: "
                         "one step at a time)",
     "cuda_graph_max_batch_size": "largest decode batch captured as a CUDA graph",

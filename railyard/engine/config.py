@@ -13,6 +13,9 @@ PreemptionMode = Literal["recompute", "swap"]
 _DTYPES = ("auto", "float32", "bfloat16", "float16")
 _DEVICES = ("auto", "cpu", "cuda")
 _BACKENDS = ("auto", "torch", "triton")
+_QUANTIZATIONS = (None, "fp8")
+# "auto": the model dtype. "bfloat16": a half-precision cache under a float32 model (accuracy comparisons).
+_KV_CACHE_DTYPES = ("auto", "bfloat16", "fp8")
 
 
 @dataclass
@@ -37,6 +40,11 @@ class EngineConfig:
     preemption_mode: PreemptionMode = "recompute"
     tensor_parallel_size: int = 1
     attention_backend: str = "auto"
+    # "fp8": linear layers in float8_e4m3fn with per-output-channel scales (quantized at load unless the
+    # checkpoint already is FP8), activations quantized per token; the embedding and LM head stay as they are.
+    quantization: str | None = None
+    # "fp8": the KV cache in float8_e4m3fn with one K and one V scale per layer (half the bytes of bf16).
+    kv_cache_dtype: str = "auto"
     enforce_eager: bool = False
     # Plan step N+1 while step N runs on the device (single-process executors; see Engine.step).
     async_scheduling: bool = True
@@ -70,6 +78,9 @@ class EngineConfig:
         _choice("dtype", self.dtype, _DTYPES)
         _choice("device", self.device, _DEVICES)
         _choice("attention_backend", self.attention_backend, _BACKENDS)
+        if self.quantization not in _QUANTIZATIONS:
+            raise ConfigError(f"quantization must be fp8 (or unset), got {self.quantization!r}")
+        _choice("kv_cache_dtype", self.kv_cache_dtype, _KV_CACHE_DTYPES)
 
     def resolve(self, model_max_len: int) -> None:
         """Fill the options whose defaults depend on the model (called once the config.json is read)."""
@@ -116,9 +127,9 @@ class SamplingParams:
     prompt_logprobs: None = None
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
-    # "cumulative": an output after every step (streaming); "final_only": only when the request finishes
-    # (offline generation: saves building an output object per request per step).
-    output_kind: Literal["cumulative", "final_only"] = "cumulative"
+    # "cumulative": after every step, everything so far; "delta": after every step, only what is new
+    # (streaming: nothing is copied per step); "final_only": once, when the request finishes (offline).
+    output_kind: Literal["cumulative", "delta", "final_only"] = "cumulative"
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -153,8 +164,8 @@ class SamplingParams:
             (not isinstance(self.seed, int) or -2**63 <= self.seed <= 2**63 - 129,
              f"seed must fit in int64, got {self.seed}"),
             (not isinstance(self.top_k, int) or self.top_k < 2**31, f"top_k must be below 2**31, got {self.top_k}"),
-            (self.output_kind in ("cumulative", "final_only"),
-             f"output_kind must be 'cumulative' or 'final_only', got {self.output_kind!r}"),
+            (self.output_kind in ("cumulative", "delta", "final_only"),
+             f"output_kind must be 'cumulative', 'delta' or 'final_only', got {self.output_kind!r}"),
         ]
         for ok, message in checks:
             if not ok:

@@ -15,6 +15,7 @@ import torch
 from railyard.engine.attention import AttentionMetadata, get_backend
 from railyard.engine.cuda_graphs import DecodeGraphs, padded_block_tables
 from railyard.engine.config import EngineConfig
+from railyard.engine.layers.fp8 import FP8, cache_bits, gemm_path
 from railyard.engine.models.loader import build_empty, load_model, random_weights
 from railyard.engine.models.spec import ModelSpec
 from railyard.engine.parallel import SINGLE, ParallelState
@@ -46,6 +47,31 @@ def resolve_dtype(name: str, spec: ModelSpec, device: torch.device) -> torch.dty
     return _DTYPES[name]
 
 
+def resolve_kv_dtype(name: str, model_dtype: torch.dtype) -> torch.dtype:
+    """The KV cache's element type: the model's ("auto"), bfloat16 or float8_e4m3fn ("fp8")."""
+    return {"auto": model_dtype, "bfloat16": torch.bfloat16, "fp8": FP8}[name]
+
+
+def resolve_quantization(config: EngineConfig, spec: ModelSpec) -> str | None:
+    """The weights' quantization: the flag's, or the checkpoint's own (an FP8 checkpoint needs no flag)."""
+    if spec.quantization and not config.quantization:
+        log.info("the checkpoint is %s-quantized (config.json quantization_config): loading it as such",
+                 spec.quantization)
+    return config.quantization or spec.quantization
+
+
+def _fp8_attention_backend(name: str, device: torch.device) -> str:
+    """The attention backend for an FP8 KV cache: Triton converts e4m3 in registers only on sm_89+."""
+    if device.type != "cuda" or torch.cuda.get_device_capability(device) >= (8, 9):
+        return name
+    cap = "%d.%d" % torch.cuda.get_device_capability(device)
+    if name == "triton":
+        raise ConfigError(f"kv_cache_dtype fp8 with the triton attention backend needs a GPU of compute capability "
+                          f"8.9 or newer (Ada, Hopper); this one is {cap}: use --attention-backend torch")
+    log.warning("kv_cache_dtype fp8 on a GPU of compute capability %s: the torch attention backend runs it", cap)
+    return "torch"
+
+
 @dataclass
 class StepPlan:
     """A step's inputs as plain host lists: cheap to build, to pickle and to broadcast to TP workers."""
@@ -75,22 +101,31 @@ class ModelRunner:
         self.ps = ps
         self.device = device or resolve_device(config.device)
         self.dtype = resolve_dtype(config.dtype, spec, self.device)
+        self.kv_dtype = resolve_kv_dtype(config.kv_cache_dtype, self.dtype)
+        self.quantization = resolve_quantization(config, spec)
         backend = config.attention_backend
+        if self.kv_dtype == FP8:
+            backend = _fp8_attention_backend(backend, self.device)
         self.backend_cls = get_backend(backend, self.device.type)
+        q = self.quantization
         if model_dir is None:  # a named shape with random weights (benchmarks): nothing to read from disk
-            self.model = random_weights(build_empty(spec, self.dtype, self.device, self.backend_cls, ps), config.seed)
+            self.model = random_weights(build_empty(spec, self.dtype, self.device, self.backend_cls, ps, q),
+                                        config.seed)
         else:
-            self.model = load_model(model_dir, spec, self.dtype, self.device, self.backend_cls, ps)
+            self.model = load_model(model_dir, spec, self.dtype, self.device, self.backend_cls, ps, q)
+        if q == "fp8":
+            log.info("FP8 weights (per-channel scales, per-token activations); GEMMs: %s",
+                     gemm_path(self.device, self.dtype))
         attn = self.model.model.layers[0].self_attn
         self.num_kv_heads, self.head_dim = attn.num_kv_heads, attn.head_dim
         self.block_size = config.block_size
         self.num_gpu_blocks = config.num_gpu_blocks or self._profile_num_blocks()
         self.num_cpu_blocks = self._num_cpu_blocks()
         shape = (2, self.num_gpu_blocks, self.block_size, self.num_kv_heads, self.head_dim)
-        self.kv_caches = [torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in range(spec.num_layers)]
+        self.kv_caches = [torch.zeros(shape, dtype=self.kv_dtype, device=self.device) for _ in range(spec.num_layers)]
         cpu_shape = (2, self.num_cpu_blocks, self.block_size, self.num_kv_heads, self.head_dim)
         pin = self.device.type == "cuda"
-        self.cpu_caches = [torch.zeros(cpu_shape, dtype=self.dtype, pin_memory=pin)
+        self.cpu_caches = [torch.zeros(cpu_shape, dtype=self.kv_dtype, pin_memory=pin)
                            for _ in range(spec.num_layers)] if self.num_cpu_blocks else []
         self._rows: dict[int, SamplingRow] = {}  # per live sequence
         self._fed: torch.Tensor | None = None  # the last launched step's sampled ids, on the device
@@ -108,7 +143,8 @@ class ModelRunner:
     # -- sizing ----------------------------------------------------------------------------------
     @property
     def block_bytes(self) -> int:
-        elem = torch.tensor([], dtype=self.dtype).element_size()
+        """Bytes of one KV block over all layers, at the cache's element size (1 for FP8)."""
+        elem = self.kv_dtype.itemsize
         return 2 * self.spec.num_layers * self.block_size * self.num_kv_heads * self.head_dim * elem
 
     def _profile_num_blocks(self) -> int:
@@ -138,16 +174,17 @@ class ModelRunner:
             )
         torch.cuda.empty_cache()
         log.info("memory profile: weights %.2f GiB, peak of a %d-token step %.2f GiB, others %.2f GiB, "
-                 "GPU %.1f GiB x %.2f -> KV cache %.2f GiB (%d blocks)", weights / 2**30, n,
+                 "GPU %.1f GiB x %.2f -> KV cache %.2f GiB (%d blocks, %s)", weights / 2**30, n,
                  (peak - weights) / 2**30, max(0, used_elsewhere) / 2**30, total / 2**30,
-                 self.config.gpu_memory_utilization, blocks * self.block_bytes / 2**30, blocks)
+                 self.config.gpu_memory_utilization, blocks * self.block_bytes / 2**30, blocks,
+                 str(self.kv_dtype).removeprefix("torch."))
         return blocks
 
     def _dummy_forward(self, num_tokens: int) -> int:
         """One prefill of num_tokens through a scratch cache (for memory profiling); returns the scratch bytes."""
         dev, bs = self.device, self.block_size
         n_blocks = -(-num_tokens // bs)
-        scratch = [torch.zeros((2, n_blocks, bs, self.num_kv_heads, self.head_dim), dtype=self.dtype, device=dev)
+        scratch = [torch.zeros((2, n_blocks, bs, self.num_kv_heads, self.head_dim), dtype=self.kv_dtype, device=dev)
                    for _ in range(self.spec.num_layers)]
         ids = torch.zeros(num_tokens, dtype=torch.long, device=dev)
         pos = torch.arange(num_tokens, device=dev) % self.spec.max_position_embeddings
@@ -237,16 +274,17 @@ class ModelRunner:
         self._rows.pop(seq_id, None)
 
     def swap(self, plan: StepPlan) -> None:
+        """Copy preempted blocks out to the CPU pool and resumed ones back (FP8 caches as raw bytes)."""
         if plan.swap_out:
             src = torch.tensor([g for g, _ in plan.swap_out], device=self.device)
             dst = torch.tensor([c for _, c in plan.swap_out])
             for gpu, cpu in zip(self.kv_caches, self.cpu_caches):
-                cpu[:, dst] = gpu[:, src].to("cpu")
+                cache_bits(cpu)[:, dst] = cache_bits(gpu)[:, src].to("cpu")
         if plan.swap_in:
             src = torch.tensor([c for c, _ in plan.swap_in])
             dst = torch.tensor([g for _, g in plan.swap_in], device=self.device)
             for gpu, cpu in zip(self.kv_caches, self.cpu_caches):
-                gpu[:, dst] = cpu[:, src].to(self.device, non_blocking=True)
+                cache_bits(gpu)[:, dst] = cache_bits(cpu)[:, src].to(self.device, non_blocking=True)
 
     @torch.inference_mode()
     def compute_logits(self, plan: StepPlan, fed: torch.Tensor | None = None) -> torch.Tensor | None:

@@ -1,13 +1,37 @@
-"""Plain data the engine hands to its callers: per-request outputs and engine-wide stats."""
+"""Plain data the engine hands to its callers.
+
+Two levels, as in vLLM v1: the engine core emits `SeqDelta`s (token ids only: what one step added to
+one sequence), which cross the process boundary; the front's OutputProcessor turns them into
+`RequestOutput`s (text, stop strings, logprobs) for the API, the Ray replica and the offline LLM.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Literal
+
+import msgspec
+
+OutputKind = Literal["cumulative", "delta", "final_only"]
+
+
+class SeqDelta(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
+    """What one engine step added to one sequence (engine core -> front, never cumulative)."""
+
+    request_id: str
+    index: int  # which of the request's n sequences
+    token_ids: list[int]
+    logprobs: list[dict[int, float]] | None = None  # per new token: {token id: logprob}, sampled + top-k
+    finish_reason: str | None = None  # "stop" (EOS or a stop token id) or "length"
+    stop_reason: int | str | None = None
+    # On a sequence's first delta only (0 / None after): facts the front's metrics need.
+    first_scheduled_time: float | None = None
+    num_cached_prompt_tokens: int = 0
 
 
 @dataclass
 class CompletionOutput:
-    """One of a request's n generated sequences, cumulative so far."""
+    """One of a request's n generated sequences: cumulative so far, or what is new (delta outputs)."""
 
     index: int
     text: str
@@ -22,10 +46,20 @@ class CompletionOutput:
     def finished(self) -> bool:
         return self.finish_reason is not None
 
+    def extend(self, newer: CompletionOutput) -> None:
+        """Append a later delta of the same sequence to this one."""
+        self.text += newer.text
+        self.token_ids = self.token_ids + newer.token_ids
+        if newer.logprobs is not None:
+            self.logprobs = (self.logprobs or []) + newer.logprobs
+        self.cumulative_logprob = newer.cumulative_logprob
+        self.finish_reason = newer.finish_reason
+        self.stop_reason = newer.stop_reason
+
 
 @dataclass
 class RequestMetrics:
-    """Timestamps (time.monotonic) for latency metrics."""
+    """Timestamps (time.monotonic, the front's clock) and counts for latency metrics and usage."""
 
     arrival_time: float
     first_scheduled_time: float | None = None
@@ -33,19 +67,36 @@ class RequestMetrics:
     last_token_time: float | None = None
     finished_time: float | None = None
     num_cached_prompt_tokens: int = 0
+    num_prompt_tokens: int = 0
+    num_output_tokens: int = 0  # over all n sequences
 
 
 @dataclass
 class RequestOutput:
-    """The state of one request after an engine step."""
+    """A request's progress: cumulative, only what is new since the last output (delta), or final."""
 
     request_id: str
     prompt: str | None
-    prompt_token_ids: list[int]
+    # Delta outputs carry the prompt ids in the first output only (None after): nothing is copied per step.
+    prompt_token_ids: list[int] | None
     outputs: list[CompletionOutput]
     finished: bool
     metrics: RequestMetrics
     error: str | None = None  # set when the request ended on an error (it alone, never the batch)
+
+    def merge(self, newer: RequestOutput) -> None:
+        """Fold a later delta output of the same request into this one (a reader that fell behind)."""
+        by_index = {c.index: c for c in self.outputs}
+        for c in newer.outputs:
+            if c.index in by_index:
+                by_index[c.index].extend(c)
+            else:
+                self.outputs.append(c)
+                by_index[c.index] = c
+        self.outputs.sort(key=lambda c: c.index)
+        self.finished = newer.finished
+        self.metrics = newer.metrics
+        self.error = newer.error or self.error
 
 
 @dataclass
@@ -64,9 +115,12 @@ class EngineStats:
     prefix_cache_hits: int = 0  # of those, tokens found
     prompt_tokens_total: int = 0
     computed_tokens_total: int = 0  # tokens run through the model (prefill chunks + decodes)
+    num_steps_total: int = 0  # forward passes; with decode_rows_total, what an average step carries
+    decode_rows_total: int = 0  # of computed_tokens_total, single-token decodes (the rest is prefill)
     generation_tokens_total: int = 0
     num_preemptions_total: int = 0
     num_requests_finished_total: int = 0
+    num_requests_added_total: int = 0  # requests the engine core accepted (the front counts what is in transit)
     block_size: int = 16
     max_num_seqs: int = 0
     max_num_batched_tokens: int = 0

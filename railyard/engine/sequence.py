@@ -47,11 +47,7 @@ class Sequence:
     num_preemptions: int = 0
     finish_reason: str | None = None
     stop_reason: int | str | None = None
-    # Sampling results.
-    output_logprobs: list[dict[int, float]] = field(default_factory=list)
-    cumulative_logprob: float = 0.0
     first_scheduled_time: float | None = None
-    first_token_time: float | None = None
     # Asynchronous scheduling: trailing output tokens still on the device, and the row of the last one
     # in its step's sampled ids.
     num_placeholders: int = 0

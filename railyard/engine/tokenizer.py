@@ -36,6 +36,48 @@ def load_tokenizer(path: str | Path):
         raise ModelLoadError(f"cannot load the tokenizer from {path}: {exc}") from None
 
 
+def make_detokenizer(tokenizer, prompt_ids: list[int], skip_special_tokens: bool = True):
+    """The fastest incremental detokenizer the tokenizer allows: tokenizers' DecodeStream (Rust, one call
+    per token) for fast tokenizers, else re-decoding a short window per token."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is not None:
+        try:
+            from tokenizers.decoders import DecodeStream  # noqa: F401  (tokenizers >= 0.21)
+        except ImportError:
+            pass
+        else:
+            return StreamDetokenizer(tokenizer, backend, prompt_ids, skip_special_tokens)
+    return IncrementalDetokenizer(tokenizer, prompt_ids, skip_special_tokens)
+
+
+class StreamDetokenizer:
+    """Incremental detokenisation by tokenizers' DecodeStream, primed with the prompt's last tokens so the
+    first output token decodes as in the full text (a leading space, for example). As vLLM does, a stream
+    that hits tokenizers' "invalid prefix" edge case starts over from the next token."""
+
+    def __init__(self, tokenizer, backend, prompt_ids: list[int], skip_special_tokens: bool = True) -> None:
+        from tokenizers.decoders import DecodeStream
+
+        self._new_stream = lambda: DecodeStream(skip_special_tokens=skip_special_tokens)
+        self.backend = backend
+        self.stream = self._new_stream()
+        for token_id in prompt_ids[-6:]:
+            self._step(token_id)
+
+    def _step(self, token_id: int) -> str | None:
+        try:
+            return self.stream.step(self.backend, token_id)
+        except Exception as exc:  # tokenizers raises a plain Exception for this
+            if "invalid prefix" not in str(exc).lower():
+                raise
+            self.stream = self._new_stream()
+            return self.stream.step(self.backend, token_id)
+
+    def append(self, token_id: int) -> str:
+        """Add a token; returns the newly completed text (maybe empty)."""
+        return self._step(token_id) or ""
+
+
 class IncrementalDetokenizer:
     """Turns a growing list of token ids into text without re-decoding everything each step.
 

@@ -29,6 +29,7 @@ import torch.distributed as dist
 import torch.multiprocessing as torch_mp
 
 from railyard.engine.config import EngineConfig
+from railyard.engine.exits import describe_exit
 from railyard.engine.model_runner import ModelRunner, resolve_device
 from railyard.engine.models.spec import ModelSpec
 from railyard.engine.parallel import ParallelState
@@ -268,7 +269,7 @@ class TensorParallelExecutor:
                 hint = "" if self._ready else (" while starting (its stderr says why; a script that starts an engine "
                                                "needs an `if __name__ == '__main__':` guard, as workers are spawned)")
                 return (f"tensor-parallel worker rank {rank} (pid {proc.pid}) died "
-                        f"({_describe_exit(proc.exitcode)}){hint}")
+                        f"({describe_exit(proc.exitcode)}){hint}")
         return None
 
     def _die(self, reason: str, cause: BaseException | None = None) -> None:
@@ -320,11 +321,3 @@ def _leave_group() -> None:
     if not done.wait(_STOP_S):
         log.warning("the tensor-parallel process group did not shut down within %.0f s", _STOP_S)
 
-
-def _describe_exit(code: int) -> str:
-    if code < 0:
-        try:
-            return f"killed by {signal.Signals(-code).name}"
-        except ValueError:
-            return f"killed by signal {-code}"
-    return f"exit code {code}"

@@ -1,7 +1,7 @@
 """`build_app(args)`: the Ray Serve application (import path `railyard.serve.app:build_app`).
 
 One engine deployment per model and length pool (named `engine-<model>-<pool>`, as
-`railyard.stack` names them), each replica one AsyncEngine, routed by our request router and
+`railyard.stack` names them), each replica one engine (its core in its own process), routed by our request router and
 scaled by our pending-requests policy; in front, the OpenAI ingress (the same FastAPI app as
 `railyard serve`). A Ray Serve config file's `deployments` entries override these options by
 name, so `serve run config.yaml` and a KubeRay RayService run the same application.

@@ -17,7 +17,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from railyard.engine.config import SamplingParams
+from railyard.engine.model_info import ModelInfo
 from railyard.engine.outputs import EngineStats, RequestOutput
+from railyard.engine.validation import check_prompt_token_ids, check_sampling_params
 from railyard.errors import EngineDeadError, RailyardError
 from railyard.serve import metrics
 from railyard.serve.replica import EngineRequest, ReplicaReport, ReplicaStarted
@@ -138,6 +140,7 @@ class RayRequestStream:
                                 self.replica, self.request_id, type(exc).__name__)
                     metrics.RETRIES.labels(self.client.model_name).inc()
         finally:
+            self.client._live.pop(self.request_id, None)
             if not self.finished:
                 self.abort()
 
@@ -149,23 +152,44 @@ class RayRequestStream:
 
 
 class RayEngineClient:
-    """An engine client (add_request / generate / abort / stats) over one model's Ray Serve deployments."""
+    """An EngineClient (railyard.engine.client) over one model's Ray Serve deployments: the replicas'
+    lifecycle is Ray Serve's, so start and shutdown have nothing to do, and the client is never dead
+    as a whole (a replica that dies is retried around and replaced)."""
 
     def __init__(self, model_name: str, pools: list[Pool], tokenizer, *, max_model_len: int, vocab_size: int,
+                 model: str | None = None, tokenizer_path: str | None = None,
                  max_attempts: int = DEFAULT_MAX_ATTEMPTS) -> None:
         if not pools:
             raise ValueError(f"model {model_name!r} has no engine deployments")
         self.model_name = model_name
         self.pools = pools
         self.tokenizer = tokenizer
+        self.model_info = ModelInfo(model=model or model_name, served_model_name=model_name,
+                                    tokenizer=tokenizer_path, max_model_len=max_model_len, vocab_size=vocab_size)
         self.max_model_len = max_model_len
         self.vocab_size = vocab_size
         self.max_attempts = max_attempts
+        self.dead: EngineDeadError | None = None
         self._ids = itertools.count()
         self._live: dict[str, RayRequestStream] = {}
         self._replica_stats: dict[str, EngineStats] = {}
         self.stats = EngineStats()
-        self.listener = None  # an AsyncEngine StepListener (the front's metrics), told of every output
+        self.listener = None  # a StepListener (the front's metrics), told of every output
+
+    async def start(self) -> None:
+        pass  # Ray Serve starts the replicas
+
+    async def shutdown(self) -> None:
+        for stream in list(self._live.values()):
+            stream.abort()
+
+    @property
+    def is_running(self) -> bool:
+        return True
+
+    @property
+    def num_pending(self) -> int:
+        return self.stats.num_pending
 
     def observe_output(self, out: RequestOutput) -> None:
         if self.listener is not None:
@@ -179,22 +203,21 @@ class RayEngineClient:
     async def add_request(self, request_id: str, prompt: str | None, params: SamplingParams, *,
                           prompt_token_ids: list[int], arrival_time: float | None = None,
                           priority: int = 0) -> RayRequestStream:
-        """A stream for the request; it is sent when the stream is first read. (arrival_time is this
-        process's clock: the replica stamps its own, so latencies are measured on one clock.)"""
-        pool = choose_pool(self.pools, len(prompt_token_ids))
-        stream = RayRequestStream(self, pool, EngineRequest(request_id, prompt, list(prompt_token_ids), params,
-                                                            priority))
+        """A stream for the request, checked at the door; it is sent when the stream is first read. (arrival_time
+        is this process's clock: the replica stamps its own, so latencies are measured on one clock.)"""
+        ids = list(prompt_token_ids)
+        check_prompt_token_ids(ids, vocab_size=self.vocab_size, max_model_len=self.max_model_len)
+        check_sampling_params(params, vocab_size=self.vocab_size)
+        pool = choose_pool(self.pools, len(ids))
+        stream = RayRequestStream(self, pool, EngineRequest(request_id, prompt, ids, params, priority))
+        self._live[request_id] = stream
         return stream
 
     async def generate(self, request_id: str, prompt: str | None, params: SamplingParams, *,
                        prompt_token_ids: list[int], **kwargs) -> AsyncIterator[RequestOutput]:
         stream = await self.add_request(request_id, prompt, params, prompt_token_ids=prompt_token_ids, **kwargs)
-        self._live[request_id] = stream
-        try:
-            async for out in stream:
-                yield out
-        finally:
-            self._live.pop(request_id, None)
+        async for out in stream:
+            yield out
 
     def abort(self, request_id: str) -> None:
         stream = self._live.pop(request_id, None)

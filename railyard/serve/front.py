@@ -1,8 +1,8 @@
 """The OpenAI app over several Ray-served models: the front's own routes, errors and metrics, reused.
 
-`railyard.api` serves one local AsyncEngine per app; here each request is dispatched by its
-`model` to that model's `Generation`, whose engine is a RayEngineClient (the same add_request /
-stream / abort interface). An unknown model is 404, /v1/models lists every model, and /metrics
+`railyard.api` serves one local engine client per app; here each request is dispatched by its
+`model` to that model's `Generation`, whose engine client is a RayEngineClient (the same
+EngineClient interface). An unknown model is 404, /v1/models lists every model, and /metrics
 carries each model's vLLM-named metrics plus the Ray-level ones (routing, replicas, scale events).
 """
 
@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from contextlib import asynccontextmanager
-from types import SimpleNamespace
 
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse, Response
@@ -26,13 +25,6 @@ from railyard.api.middleware import BearerAuth, BodySizeLimit
 from railyard.serve.client import RayEngineClient
 
 DEFAULT_MAX_REQUEST_BYTES = 8 * 1024 * 1024
-
-
-def _generation(client: RayEngineClient) -> Generation:
-    # Generation reads the engine's limits from engine.engine.{config,spec}; give it the same facts.
-    client.engine = SimpleNamespace(config=SimpleNamespace(max_model_len=client.max_model_len),
-                                    spec=SimpleNamespace(vocab_size=client.vocab_size))
-    return Generation(client, client.model_name, client.tokenizer)
 
 
 class _Merged(Collector):
@@ -56,7 +48,7 @@ def openai_app(clients: dict[str, RayEngineClient], *, on_startup: Callable[[], 
                on_shutdown: Callable[[], None] | None = None, api_key: str | None = None,
                max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES) -> FastAPI:
     """The OpenAI-compatible app over {served model name: RayEngineClient}."""
-    gens = {name: _generation(client) for name, client in clients.items()}
+    gens = {name: Generation(client, name) for name, client in clients.items()}
     model_metrics = {}
     for name, client in clients.items():
         model_metrics[name] = ServerMetrics(name, client.stats)

@@ -31,7 +31,8 @@ def make_clients(routes: list[dict[str, Any]], handles: dict[str, Any]) -> dict[
                       p.get("max_model_len") or spec.max_position_embeddings) for p in route["pools"]]
         clients[route["name"]] = RayEngineClient(
             route["name"], pools, load_tokenizer(tokenizer_dir),
-            max_model_len=max(p.max_model_len for p in pools), vocab_size=spec.vocab_size)
+            max_model_len=max(p.max_model_len for p in pools), vocab_size=spec.vocab_size, model=route["model"],
+            tokenizer_path=str(tokenizer_dir))
     return clients
 
 

@@ -1,8 +1,11 @@
-"""`EngineReplica`: the body of one engine deployment replica (one AsyncEngine per replica).
+"""`EngineReplica`: the body of one engine deployment replica (one engine client per replica).
 
-It streams RequestOutputs back through Ray Serve, reports its EngineStats to the request router
-(`record_routing_stats`) and to the autoscaler (`record_autoscaling_stats`), and fails its health
-check once its engine loop has died, so the Serve controller replaces it.
+The replica's engine core runs in its own process (EngineProcessClient, with the tensor-parallel ranks
+it spawns), so the replica's event loop (Ray's streaming, detokenisation) never shares a GIL with the
+step loop. It streams delta RequestOutputs back through Ray Serve (merged while Ray's reader is behind),
+reports its EngineStats to the request router (`record_routing_stats`) and to the autoscaler
+(`record_autoscaling_stats`), and fails its health check once its engine has died, so the Serve
+controller replaces it.
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ from collections.abc import AsyncIterator
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from railyard.engine.async_engine import AsyncEngine
+from railyard.engine.client import EngineClient
 from railyard.engine.config import EngineConfig, SamplingParams
 from railyard.engine.outputs import EngineStats, RequestOutput
 from railyard.errors import EngineDeadError
@@ -61,61 +64,71 @@ class EngineRequest:
 class EngineReplica:
     """One engine replica of one model and length pool."""
 
-    async def __init__(self, engine: dict[str, Any], *, max_waiting_requests: int = 1024) -> None:
+    async def __init__(self, engine: dict[str, Any], *, max_waiting_requests: int = 1024,
+                       engine_process: bool = True) -> None:
         import ray
         from ray import serve
 
-        threads = os.environ.get("RAILYARD_TORCH_THREADS")
-        if threads:
-            import torch
-
-            torch.set_num_threads(int(threads))
         config = EngineConfig(**engine)
         if config.tensor_parallel_size > 1 and config.device != "cpu":
             # The ranks are processes spawned here: they need every GPU the placement group reserved.
             await asyncio.to_thread(expose_reserved_gpus, config.tensor_parallel_size)
-        self.async_engine = AsyncEngine.from_config(config, max_waiting_requests=max_waiting_requests)
+        if engine_process:
+            from railyard.engine.process_client import EngineProcessClient
+
+            self.client: EngineClient = await asyncio.to_thread(
+                EngineProcessClient, config, max_waiting_requests=max_waiting_requests)
+        else:
+            from railyard.engine.inproc_client import InProcessEngineClient
+
+            threads = os.environ.get("RAILYARD_TORCH_THREADS")  # the engine process reads it itself
+            if threads:
+                import torch
+
+                torch.set_num_threads(int(threads))
+            self.client = await asyncio.to_thread(InProcessEngineClient.from_config, config,
+                                                  max_waiting_requests=max_waiting_requests)
         context = serve.get_replica_context()
         self.replica_id = context.replica_id.unique_id
         self.deployment = context.deployment
         self.node_id = ray.get_runtime_context().get_node_id()
         self._prefix_version = 0
         self._last_hashes: frozenset[int] = frozenset()
-        await self.async_engine.start()  # on the replica's event loop, where every method runs
+        await self.client.start()  # on the replica's event loop, where every method runs
         log.info("engine replica %s of %s ready on node %s", self.replica_id, self.deployment, self.node_id)
 
     # -- requests ----------------------------------------------------------------------------------
     async def generate(self, request: dict[str, Any]) -> AsyncIterator[ReplicaStarted | ReplicaReport | RequestOutput]:
         """Stream a request's outputs; cancelling the stream (client gone) aborts it in the engine."""
         yield ReplicaStarted(self.replica_id, self.node_id)
-        stream = await self.async_engine.add_request(
+        stream = await self.client.add_request(
             request["request_id"], request.get("prompt"), request["params"],
             prompt_token_ids=request["prompt_token_ids"], priority=request.get("priority", 0))
         async for out in stream:
             if out.finished:
-                yield ReplicaReport(self.replica_id, self.async_engine.stats)
+                yield ReplicaReport(self.replica_id, self.client.stats)
             yield out
 
     async def abort(self, request_id: str) -> None:
-        self.async_engine.abort(request_id)
+        self.client.abort(request_id)
 
     async def stats(self) -> EngineStats:
-        return self.async_engine.stats
+        return self.client.stats
 
     async def info(self) -> dict[str, Any]:
-        """Facts the ingress needs: where the tokenizer is and how long a sequence may be."""
-        config = self.async_engine.engine.config
-        return {"model": config.model, "tokenizer": config.tokenizer or config.model,
-                "max_model_len": config.max_model_len, "block_size": config.block_size,
-                "replica": self.replica_id, "node_id": self.node_id, "pid": os.getpid(),
-                "worker_pids": list(getattr(self.async_engine.engine.executor, "worker_pids", []))}
+        """Facts the ingress needs (where the tokenizer is, how long a sequence may be) and the processes."""
+        info = self.client.model_info
+        return {"model": info.model, "tokenizer": info.tokenizer, "max_model_len": info.max_model_len,
+                "block_size": info.block_size, "replica": self.replica_id, "node_id": self.node_id,
+                "pid": os.getpid(), "engine_pid": info.pids[0] if info.pids else None,
+                "worker_pids": list(info.pids[1:])}
 
     # -- what Ray Serve polls ----------------------------------------------------------------------
     async def record_routing_stats(self) -> dict[str, Any]:
         """EngineStats plus the prefix blocks this engine's cache holds (the router's view of us)."""
-        report = _load_report(self.async_engine)
-        if self.async_engine.dead is None:
-            hashes = await self.async_engine.run_between_steps(self.async_engine.engine.cached_block_hashes)
+        report = _load_report(self.client)
+        if self.client.dead is None:
+            hashes = await self.client.cached_block_hashes()
             if hashes != self._last_hashes:
                 self._last_hashes = frozenset(hashes)
                 self._prefix_version += 1
@@ -125,18 +138,18 @@ class EngineReplica:
 
     async def record_autoscaling_stats(self) -> dict[str, float]:
         # A dead engine is replaced by its health check, not by scaling out: it counts as idle here.
-        dead = self.async_engine.dead is not None
-        return {"pending": 0.0 if dead else float(pending_requests(self.async_engine)),
-                "kv_cache_usage": float(self.async_engine.stats.kv_cache_usage)}
+        dead = self.client.dead is not None
+        return {"pending": 0.0 if dead else float(pending_requests(self.client)),
+                "kv_cache_usage": float(self.client.stats.kv_cache_usage)}
 
     async def check_health(self) -> None:
         """Raise once the engine loop has died, so Serve marks the replica unhealthy and replaces it."""
-        if not self.async_engine.is_running:
-            raise self.async_engine.dead or EngineDeadError("the engine loop has stopped")
+        if not self.client.is_running:
+            raise self.client.dead or EngineDeadError("the engine has stopped")
 
     async def __del__(self) -> None:
         try:
-            await self.async_engine.shutdown()
+            await self.client.shutdown()
         except Exception as exc:  # noqa: BLE001 -- shutting down a dead engine must not mask the replica's exit
             log.warning("engine shutdown: %s", exc)
 
@@ -145,15 +158,14 @@ class EngineReplica:
 DEAD_ENGINE_PENDING = 1_000_000
 
 
-def pending_requests(engine: AsyncEngine) -> int:
-    """Unfinished requests: running + swapped + waiting (including those being added right now)."""
+def pending_requests(engine: EngineClient) -> int:
+    """Unfinished requests: running + swapped + waiting (including those on their way to the engine)."""
     if engine.dead is not None:
         return DEAD_ENGINE_PENDING
-    stats = engine.stats
-    return stats.num_running + stats.num_swapped + engine.num_waiting
+    return engine.num_pending
 
 
-def _load_report(engine: AsyncEngine) -> dict[str, Any]:
+def _load_report(engine: EngineClient) -> dict[str, Any]:
     stats = engine.stats
     report = {k: v for k, v in asdict(stats).items() if k != "extra"}
     report["pending"] = pending_requests(engine)

@@ -7,8 +7,10 @@ import logging
 import sys
 
 sys.path.insert(0, __file__.rsplit("/scripts/", 1)[0])
-logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s", stream=sys.stderr)
 
-from railyard.cli import main  # noqa: E402
+if __name__ == "__main__":  # the engine process is spawned: it re-imports this file and must not run it
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s", stream=sys.stderr)
 
-sys.exit(main(sys.argv[1:]))
+    from railyard.cli import main
+
+    sys.exit(main(sys.argv[1:]))

@@ -1,4 +1,7 @@
-"""A real uvicorn server on localhost, in a background thread, serving the tiny model (shared per session)."""
+"""A real uvicorn server on localhost, in a background thread, serving the tiny model (shared per session).
+
+The engine runs as it does under `railyard serve`: its core in its own process (EngineProcessClient).
+"""
 
 from __future__ import annotations
 
@@ -14,8 +17,10 @@ import pytest
 import uvicorn
 
 from railyard.api.app import build_app
-from railyard.engine.async_engine import AsyncEngine
+from railyard.engine.client import CoreClient
 from railyard.engine.config import EngineConfig
+from railyard.engine.inproc_client import InProcessEngineClient
+from railyard.engine.process_client import EngineProcessClient
 from railyard.engine.tokenizer import load_tokenizer
 
 MODEL_NAME = "tiny"
@@ -25,7 +30,7 @@ MAX_MODEL_LEN = 256
 @dataclass
 class RunningServer:
     url: str
-    engine: AsyncEngine
+    engine: CoreClient
     model: str = MODEL_NAME
     app: Any = None  # the FastAPI app, for tests that break one of its parts on purpose
 
@@ -38,13 +43,13 @@ class RunningServer:
         deadline = time.monotonic() + timeout
         while True:
             stats = self.engine.stats
-            if stats.num_pending == 0 and not self.engine._streams or time.monotonic() > deadline:
+            if self.engine.num_pending == 0 and not len(self.engine.processor) or time.monotonic() > deadline:
                 return stats
             time.sleep(0.05)
 
 
 @contextmanager
-def serve_in_thread(engine: AsyncEngine, timeout_keep_alive: float = 60, **app_kwargs) -> Iterator[RunningServer]:
+def serve_in_thread(engine: CoreClient, timeout_keep_alive: float = 60, **app_kwargs) -> Iterator[RunningServer]:
     """uvicorn on 127.0.0.1 (any free port) until the block ends."""
     app = build_app(engine, served_model_name=MODEL_NAME, **app_kwargs)
     # Client and server share this process (and its GIL): a long keep-alive keeps a loaded test client from
@@ -66,10 +71,14 @@ def serve_in_thread(engine: AsyncEngine, timeout_keep_alive: float = 60, **app_k
         thread.join(timeout=30)
 
 
-def tiny_engine(model_dir: str, **overrides) -> AsyncEngine:
+def tiny_engine(model_dir: str, *, engine_process: bool = True, **overrides) -> CoreClient:
+    """An engine client for the tiny model: its core in its own process (as served), or on a thread."""
     config = dict(model=model_dir, max_model_len=MAX_MODEL_LEN, num_gpu_blocks=1024, max_num_seqs=64)
     max_waiting = overrides.pop("max_waiting_requests", 4096)
-    return AsyncEngine.from_config(EngineConfig(**{**config, **overrides}), max_waiting_requests=max_waiting)
+    config = EngineConfig(**{**config, **overrides})
+    if engine_process:
+        return EngineProcessClient(config, max_waiting_requests=max_waiting)
+    return InProcessEngineClient.from_config(config, max_waiting_requests=max_waiting)
 
 
 @pytest.fixture(scope="session")

@@ -8,6 +8,8 @@ import random
 
 import httpx
 
+from tests.api.test_metrics import scrape
+
 NUM_REQUESTS = 2000
 CONCURRENCY = 64
 CANCEL_FRACTION = 0.3
@@ -60,5 +62,8 @@ def test_cancelled_streams_free_their_blocks_and_the_rest_complete(server):
     assert aborted > 0.5 * (NUM_REQUESTS - len(kept))  # cancellation reached the engine, not just the socket
     # Only the prefix cache may still hold blocks, and those are all reclaimable (free or evictable).
     assert stats.num_free_blocks == stats.num_total_blocks and stats.kv_cache_usage == 0.0
-    server.in_loop(server.engine.run_between_steps(server.engine.engine.check_invariants))
-    assert server.engine.engine.num_requests == 0
+    server.in_loop(server.engine.check_invariants())
+    gauges = scrape(server.url)  # what dashboards and autoscalers see: nothing running, no KV held
+    assert gauges["vllm:num_requests_running"] == gauges["vllm:num_requests_waiting"] == 0
+    assert gauges["vllm:kv_cache_usage_perc"] == 0.0
+    assert len(server.engine.processor) == 0

@@ -1,4 +1,6 @@
-"""`railyard serve` as users start it: its own process, loopback by default, a curl example that works."""
+"""`railyard serve` as users start it: its own process (and its engine core's), loopback by default, a curl
+example that works, a clean stop on Ctrl-C or SIGTERM that leaves no engine process behind, and start-up
+failures that end in one clear line and exit code 2."""
 
 from __future__ import annotations
 
@@ -17,11 +19,11 @@ import httpx
 import pytest
 
 
-@pytest.fixture(scope="module")
-def serve_process(tiny_model):
+def start_serve(model: str, *extra: str) -> tuple[subprocess.Popen, str]:
+    """`railyard serve` on any free port; returns the process once it printed its curl example, and the banner."""
     proc = subprocess.Popen(
-        [sys.executable, "-m", "railyard.cli", "serve", "--model", tiny_model, "--port", "0", "--max-model-len", "128",
-         "--num-gpu-blocks", "256", "--served-model-name", "demo"],
+        [sys.executable, "-m", "railyard.cli", "serve", "--model", model, "--port", "0", "--max-model-len", "128",
+         "--num-gpu-blocks", "256", "--served-model-name", "demo", *extra],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env={**os.environ, "RAILYARD_API_KEY": ""})
     lines = []
     deadline = time.monotonic() + 120
@@ -32,8 +34,38 @@ def serve_process(tiny_model):
         lines.append(line)
         if line.strip().startswith("curl "):
             break
+    return proc, "".join(lines)
+
+
+def engine_processes(pid: int) -> list[int]:
+    """The live engine processes pid spawned (Linux /proc; multiprocessing's resource tracker is not one)."""
+    kids = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                stat = open(f"/proc/{entry}/stat").read()
+                cmdline = open(f"/proc/{entry}/cmdline").read()
+            except OSError:
+                continue
+            fields = stat.rsplit(")", 1)[1].split()
+            if int(fields[1]) == pid and fields[0] != "Z" and "spawn_main" in cmdline:
+                kids.append(int(entry))
+    return kids
+
+
+def is_alive(pid: int) -> bool:
     try:
-        yield proc, "".join(lines)
+        state = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+@pytest.fixture(scope="module")
+def serve_process(tiny_model):
+    proc, banner = start_serve(tiny_model)
+    try:
+        yield proc, banner
     finally:
         if proc.poll() is None:
             proc.send_signal(signal.SIGINT)
@@ -78,14 +110,58 @@ def test_an_idle_connection_outlives_uvicorns_5_s_keep_alive(serve_process):
         assert _health_on(sock).startswith(b"HTTP/1.1 200")
 
 
-def test_serve_stops_cleanly_on_ctrl_c(serve_process):
+def test_serve_runs_its_engine_core_in_a_child_process(serve_process):
     proc, _ = serve_process
+    assert len(engine_processes(proc.pid)) >= 1
+
+
+def test_serve_stops_cleanly_on_ctrl_c_and_leaves_no_engine_process(serve_process):
+    proc, _ = serve_process
+    engine_pids = engine_processes(proc.pid)
+    assert engine_pids
     proc.send_signal(signal.SIGINT)
     assert proc.wait(timeout=30) == 130  # the shell's convention for Ctrl-C
     assert "Traceback" not in proc.stdout.read()
+    assert not [pid for pid in engine_pids if is_alive(pid)]
+
+
+def test_serve_stops_on_sigterm_and_leaves_no_engine_process(tiny_model):
+    proc, banner = start_serve(tiny_model)
+    try:
+        assert "curl " in banner
+        engine_pids = engine_processes(proc.pid)
+        assert engine_pids
+        proc.send_signal(signal.SIGTERM)  # what Kubernetes sends a pod it stops
+        proc.wait(timeout=30)
+        assert "Traceback" not in proc.stdout.read()
+        assert not [pid for pid in engine_pids if is_alive(pid)]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
 
 
 def test_serve_refuses_a_missing_model_dir_with_exit_2(tmp_path):
     run = subprocess.run([sys.executable, "-m", "railyard.cli", "serve", "--model", str(tmp_path / "nope")],
                          capture_output=True, text=True, timeout=120)
     assert run.returncode == 2 and "railyard serve: error:" in run.stderr
+
+
+def _serve_fails(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "railyard.cli", "serve", "--port", "0", *args],
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_an_engine_whose_kv_cache_does_not_fit_exits_2_with_one_line_within_seconds(tiny_model):
+    started = time.monotonic()
+    run = _serve_fails("--model", tiny_model, "--max-model-len", "512", "--num-gpu-blocks", "4")
+    assert time.monotonic() - started < 60
+    assert run.returncode == 2 and "Traceback" not in run.stderr
+    errors = [line for line in run.stderr.splitlines() if line.startswith("railyard serve: error:")]
+    assert len(errors) == 1 and "fewer than max_model_len" in errors[0]
+
+
+def test_a_model_directory_that_does_not_load_exits_2_with_one_line(tmp_path):
+    (tmp_path / "config.json").write_text('{"architectures": ["Qwen2ForCausalLM"]}')
+    run = _serve_fails("--model", str(tmp_path))
+    assert run.returncode == 2 and "Traceback" not in run.stderr
+    assert len([line for line in run.stderr.splitlines() if line.startswith("railyard serve: error:")]) == 1

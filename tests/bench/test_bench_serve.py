@@ -38,6 +38,10 @@ def test_bench_serve_reports_latency_percentiles_and_throughput(server, tmp_path
     assert result["request_throughput"] > 0 and result["output_token_throughput"] > 0
     assert "TTFT p99 (ms)" in run.stderr  # the human-readable table
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    steps = result["server_steps"]  # what the server's engine steps carried, from its /metrics
+    assert steps["steps"] > 0 and steps["decode_rows_per_step"] > 0 and steps["prefill_tokens_per_step"] > 0
+    # Every output token but each request's first comes from a decode row.
+    assert steps["decode_rows_per_step"] * steps["steps"] >= result["total_output_tokens"] - 40 - 1
 
 
 def test_bench_serve_counts_failures_instead_of_crashing(server):

@@ -44,3 +44,40 @@ def test_bench_throughput_rejects_negative_warmup(tiny_model, capsys):
     rc = main(["bench", "throughput", "--model", tiny_model, "--warmup-prompts", "-1"])
     assert rc == 2
     assert "--warmup-prompts" in capsys.readouterr().err
+
+
+def test_bench_throughput_roofline_counts_fp8_weights_and_kv_cache(tiny_model, capsys):
+    args = ["bench", "throughput", "--model", tiny_model, "--num-prompts", "4", "--input-len", "8-40",
+            "--output-len", "4", "--warmup-prompts", "0", "--peak-tflops", "790", "--hbm-tbs", "4.3"]  # CPU: given
+    assert main(args) == 0
+    bf16 = json.loads(capsys.readouterr().out)["roofline"]
+    assert main(args + ["--quantization", "fp8", "--kv-cache-dtype", "fp8", "--fp8-peak-tflops", "1500"]) == 0
+    fp8 = json.loads(capsys.readouterr().out)["roofline"]
+    assert bf16["fp8_peak_tflops"] is None and fp8["fp8_peak_tflops"] == 1500
+
+
+def test_roofline_shape_takes_its_bytes_from_the_engine(tiny_model):
+    from railyard.bench.cli import roofline_shape
+    from railyard.engine.config import EngineConfig
+    from railyard.engine.engine import Engine
+
+    plain = roofline_shape(Engine(EngineConfig(model=tiny_model, device="cpu")))
+    fp8 = roofline_shape(Engine(EngineConfig(model=tiny_model, device="cpu", quantization="fp8",
+                                             kv_cache_dtype="fp8")))
+    assert (plain.dtype_bytes, plain.linear_weight_bytes, plain.kv_dtype_bytes) == (4, None, 4)  # float32 on CPU
+    assert (fp8.dtype_bytes, fp8.linear_weight_bytes, fp8.kv_dtype_bytes) == (4, 1, 1)
+
+
+def test_token_id_range_gives_the_very_requests_bench_serve_sends(tiny_model):
+    from railyard.bench.serve import ServeBenchConfig
+    from railyard.bench.throughput import workload_requests
+    from railyard.bench.workload import LengthRange, synthetic_requests
+    from railyard.engine.config import EngineConfig
+    from railyard.engine.engine import Engine
+
+    cfg = ServeBenchConfig(url="", model="", num_prompts=20, input_len=LengthRange(10, 90),
+                           output_len=LengthRange(8, 8), seed=3)
+    served = synthetic_requests(cfg.num_prompts, cfg.input_len, cfg.output_len, cfg.token_id_range, cfg.seed)
+    engine = Engine(EngineConfig(model=tiny_model, max_model_len=128))
+    offline = workload_requests(engine, 20, LengthRange(10, 90), LengthRange(8, 8), 3, cfg.token_id_range)
+    assert offline == served

@@ -32,3 +32,22 @@ def test_prefill_is_flops_over_peak_and_decode_step_takes_the_larger_bound():
 def test_qwen2_7b_shape_has_its_published_parameter_count():
     assert parameter_count(shape_config("qwen2-7b")) == pytest.approx(7.62e9, rel=0.01)
     assert parameter_count(shape_config("qwen3-0.6b")) == pytest.approx(0.596e9, rel=0.02)
+
+
+def test_fp8_weights_read_one_byte_per_linear_weight_while_the_lm_head_keeps_two():
+    fp8 = ModelShape(**{**TOY.__dict__, "linear_weight_bytes": 1, "kv_dtype_bytes": 1})
+    assert TOY.weight_bytes == 184 * 2
+    assert fp8.weight_bytes == 144 * 1 + 40 * 2
+    assert fp8.kv_bytes_per_token == TOY.kv_bytes_per_token // 2
+
+
+def test_fp8_linear_layers_multiply_at_the_fp8_rate_and_the_rest_at_the_bf16_rate():
+    fp8 = ModelShape(**{**TOY.__dict__, "linear_weight_bytes": 1, "kv_dtype_bytes": 1})
+    peak, bw = 1e-12, 1e-12  # 1 FLOP/s, 1 byte/s; the FP8 linear layers at 2 FLOP/s
+    r = offline_roofline(fp8, prompt_lens=[3], output_lens=[2], peak_tflops=peak, hbm_tbs=bw, fp8_peak_tflops=2 * peak)
+    prefill = 2 * 144 * 3 / 2 + 4 * 3 * 2 * 2 * 2 * 1 + 2 * 40
+    assert r.prefill_s == pytest.approx(prefill)
+    decode_flops = 2 * 144 / 2 + 2 * 40 + 4 * 1 * 4 * 2 * 2 * 1
+    decode_bytes = 144 + 40 * 2 + 4 * 4  # FP8 layers, bf16 LM head, 4 tokens of FP8 KV
+    assert r.decode_s == pytest.approx(max(decode_flops, decode_bytes))
+    assert r.fp8_peak_tflops == 2 * peak

@@ -114,7 +114,7 @@ def test_the_next_step_is_launched_before_the_last_one_is_waited_for(tiny_model)
         def __getattr__(self, name):
             return getattr(inner, name)
 
-    engine.executor = Recording()
+    engine.core.executor = Recording()
     engine.add_request("a", None, SamplingParams(temperature=0.0, max_tokens=5, ignore_eos=True),
                        prompt_token_ids=PROMPTS[1])
     while engine.has_unfinished_requests():

@@ -29,13 +29,15 @@ class TritonAttentionBackend:
 
     def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, scale: float) -> None:
         self.num_heads, self.num_kv_heads, self.head_dim, self.scale = num_heads, num_kv_heads, head_dim, scale
+        self.k_scale = self.v_scale = 1.0  # an FP8 cache's per-layer scales (a checkpoint may set them)
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor,
                 meta: AttentionMetadata) -> torch.Tensor:
-        store_kv(kv_cache, k, v, meta.slot_mapping)
+        scales = dict(k_scale=self.k_scale, v_scale=self.v_scale)
+        store_kv(kv_cache, k, v, meta.slot_mapping, **scales)
         if meta.decode_only:
             splits = decode_splits(q.shape[0], self.num_kv_heads, meta.max_seq_len,
                                    _num_sms(q.device.index or 0))
-            return paged_decode(q, kv_cache, meta.block_tables, meta.seq_lens, self.scale, splits)
+            return paged_decode(q, kv_cache, meta.block_tables, meta.seq_lens, self.scale, splits, **scales)
         return paged_prefill(q, kv_cache, meta.block_tables, meta.seq_lens, meta.query_start_loc,
-                             meta.max_query_len, self.scale)
+                             meta.max_query_len, self.scale, **scales)

@@ -21,3 +21,14 @@ def fused_ops():
     except ImportError:
         return None
     return fused
+
+
+@functools.lru_cache(maxsize=1)
+def fp8_ops():
+    """The FP8 quantization kernels module (per-token activation quantization), None when triton does not
+    import; callers then use the torch reference (railyard.engine.layers.fp8)."""
+    try:
+        from railyard.engine.kernels import fp8
+    except ImportError:
+        return None
+    return fp8

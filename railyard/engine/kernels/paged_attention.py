@@ -11,6 +11,11 @@
 
 Softmax runs in float32 with exp2; float32 models use IEEE dot products (not TF32) so greedy
 outputs match a float32 reference.
+
+The cache may be narrower than q (bf16 or float8_e4m3fn): `store_kv` rounds into it, the attention
+kernels widen each tile to q's dtype in registers (exact). An FP8 cache has one K and one V scale per
+layer: stored values are k / k_scale, the kernels fold k_scale into the softmax scale and multiply the
+output by v_scale, so the inner loop does no extra work.
 """
 
 from __future__ import annotations
@@ -23,10 +28,10 @@ _LOG2E = 1.4426950408889634
 
 
 @triton.jit
-def _store_kv_kernel(k_ptr, v_ptr, cache_ptr, slot_ptr,
+def _store_kv_kernel(k_ptr, v_ptr, cache_ptr, slot_ptr, k_scale, v_scale,
                      k_stride_t, k_stride_h, v_stride_t, v_stride_h, plane_stride,
                      NUM_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
-                     H_PAD: tl.constexpr, D_PAD: tl.constexpr):
+                     H_PAD: tl.constexpr, D_PAD: tl.constexpr, FP8: tl.constexpr):
     t = tl.program_id(0)
     slot = tl.load(slot_ptr + t).to(tl.int64)
     if slot >= 0:
@@ -35,21 +40,48 @@ def _store_kv_kernel(k_ptr, v_ptr, cache_ptr, slot_ptr,
         mask = (h < NUM_KV_HEADS)[:, None] & (d < HEAD_DIM)[None, :]
         k = tl.load(k_ptr + t * k_stride_t + h[:, None] * k_stride_h + d[None, :], mask=mask)
         v = tl.load(v_ptr + t * v_stride_t + h[:, None] * v_stride_h + d[None, :], mask=mask)
+        if FP8:  # divide by the layer's scale (rounded as torch divides), saturate, round to e4m3
+            k = tl.minimum(tl.maximum(tl.math.div_rn(k.to(tl.float32), k_scale), -448.0), 448.0)
+            v = tl.minimum(tl.maximum(tl.math.div_rn(v.to(tl.float32), v_scale), -448.0), 448.0)
         dst = slot * (NUM_KV_HEADS * HEAD_DIM) + h[:, None] * HEAD_DIM + d[None, :]
-        tl.store(cache_ptr + dst, k, mask=mask)
-        tl.store(cache_ptr + plane_stride + dst, v, mask=mask)
+        tl.store(cache_ptr + dst, k.to(cache_ptr.dtype.element_ty), mask=mask)
+        tl.store(cache_ptr + plane_stride + dst, v.to(cache_ptr.dtype.element_ty), mask=mask)
 
 
-def store_kv(kv_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slot_mapping: torch.Tensor) -> None:
-    """kv_cache [2, nb, bs, hk, d] (contiguous); k, v [T, hk, d] (any row/head strides, unit last stride)."""
+def store_kv(kv_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slot_mapping: torch.Tensor,
+             k_scale: float = 1.0, v_scale: float = 1.0) -> None:
+    """kv_cache [2, nb, bs, hk, d] (contiguous); k, v [T, hk, d] (any row/head strides, unit last stride).
+
+    A cache narrower than k/v (bf16, FP8) stores them rounded to its dtype; an FP8 cache stores k / k_scale
+    and v / v_scale, saturated to e4m3's range (as layers.fp8.quantize_kv does)."""
     t, hk, d = k.shape
     if t == 0:
         return
-    assert kv_cache.is_contiguous() and k.stride(2) == 1 and v.stride(2) == 1
+    _check_cache(kv_cache, hk, d)
+    assert k.stride(2) == 1 and v.stride(2) == 1 and v.shape == k.shape and slot_mapping.shape == (t,)
     _store_kv_kernel[(t,)](
-        k, v, kv_cache, slot_mapping, k.stride(0), k.stride(1), v.stride(0), v.stride(1), kv_cache.stride(0),
+        k, v, kv_cache, slot_mapping, k_scale, v_scale, k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+        kv_cache.stride(0),
         NUM_KV_HEADS=hk, HEAD_DIM=d, H_PAD=triton.next_power_of_2(hk), D_PAD=triton.next_power_of_2(d),
-        num_warps=1 if hk * d <= 512 else 4)
+        FP8=kv_cache.dtype == torch.float8_e4m3fn, num_warps=1 if hk * d <= 512 else 4)
+
+
+def _check_cache(kv_cache: torch.Tensor, hk: int, d: int) -> None:
+    """The layout every kernel here indexes by hand: a wrong one would read or write the wrong bytes."""
+    if not (kv_cache.dim() == 5 and kv_cache.shape[0] == 2 and kv_cache.shape[3:] == (hk, d)
+            and kv_cache.is_contiguous() and kv_cache.dtype in _CACHE_DTYPES):
+        raise ValueError(f"KV cache must be a contiguous [2, blocks, block_size, {hk}, {d}] tensor of "
+                         f"{', '.join(map(str, _CACHE_DTYPES))}; got {tuple(kv_cache.shape)} {kv_cache.dtype}")
+
+
+_CACHE_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float8_e4m3fn)
+
+
+def _kv_scales(kv_cache: torch.Tensor, scale: float, k_scale: float, v_scale: float) -> tuple[float, bool]:
+    """The kernels' score scale (log2 domain, an FP8 cache's k_scale folded in) and whether to scale V."""
+    if kv_cache.dtype != torch.float8_e4m3fn:
+        return scale * _LOG2E, False
+    return scale * k_scale * _LOG2E, v_scale != 1.0
 
 
 @triton.jit
@@ -58,11 +90,12 @@ def _attend_tile(q, acc, m, l, cache_ptr, bt_row, toks, valid, score_mask, d, dm
                  IEEE: tl.constexpr):
     """Fold one tile of paged keys/values (tokens `toks`, `valid` in range) into the running softmax
     (acc, m, l) of the query rows q; score_mask [rows, tile] says which scores count. Shared by the
-    decode and prefill kernels, so both read the cache and round the same way."""
+    decode and prefill kernels, so both read the cache and round the same way. A narrower cache (bf16,
+    FP8) widens to q's dtype exactly; an FP8 cache's scales are the callers' (qk_scale, v_scale)."""
     page = tl.load(bt_row + toks // PAGE, mask=valid, other=0).to(tl.int64)
     off = (page * PAGE + toks % PAGE) * (NUM_KV_HEADS * HEAD_DIM) + kvh * HEAD_DIM
     kv_mask = valid[:, None] & dmask[None, :]
-    k = tl.load(cache_ptr + off[:, None] + d[None, :], mask=kv_mask, other=0.0)
+    k = tl.load(cache_ptr + off[:, None] + d[None, :], mask=kv_mask, other=0.0).to(q.dtype)
     if IEEE:
         s = tl.dot(q, tl.trans(k), input_precision="ieee")
     else:
@@ -73,7 +106,7 @@ def _attend_tile(q, acc, m, l, cache_ptr, bt_row, toks, valid, score_mask, d, dm
     p = tl.exp2(s - m_safe[:, None])
     alpha = tl.exp2(m - m_safe)
     l = l * alpha + tl.sum(p, 1)
-    v = tl.load(cache_ptr + plane_stride + off[:, None] + d[None, :], mask=kv_mask, other=0.0)
+    v = tl.load(cache_ptr + plane_stride + off[:, None] + d[None, :], mask=kv_mask, other=0.0).to(q.dtype)
     if IEEE:
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
     else:
@@ -85,11 +118,12 @@ def _attend_tile(q, acc, m, l, cache_ptr, bt_row, toks, valid, score_mask, d, dm
 # JIT compile in the middle of serving.
 @triton.jit(do_not_specialize=["bt_stride", "num_splits"])
 def _decode_split_kernel(q_ptr, cache_ptr, block_tables_ptr, seq_lens_ptr, part_acc_ptr, part_ml_ptr,
-                         out_ptr, qk_scale, q_stride_t, q_stride_h, out_stride_t, out_stride_h, bt_stride,
+                         out_ptr, qk_scale, v_scale, q_stride_t, q_stride_h, out_stride_t, out_stride_h, bt_stride,
                          plane_stride, num_splits,
                          NUM_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr, GROUP: tl.constexpr,
                          G_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr,
-                         PAGE: tl.constexpr, BLOCK_N: tl.constexpr, IEEE: tl.constexpr, DIRECT: tl.constexpr):
+                         PAGE: tl.constexpr, BLOCK_N: tl.constexpr, IEEE: tl.constexpr, DIRECT: tl.constexpr,
+                         SCALE_V: tl.constexpr):
     b = tl.program_id(0)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
@@ -115,6 +149,8 @@ def _decode_split_kernel(q_ptr, cache_ptr, block_tables_ptr, seq_lens_ptr, part_
         valid = toks < tok_end
         acc, m, l = _attend_tile(q, acc, m, l, cache_ptr, bt_row, toks, valid, valid[None, :], d, dmask, kvh,
                                  qk_scale, plane_stride, HEAD_DIM, NUM_KV_HEADS, PAGE, IEEE)
+    if SCALE_V:  # an FP8 cache's V scale: the partials are linear in acc, so scaling here is scaling the output
+        acc = acc * v_scale
     if DIRECT:  # one split: normalise here, as the merge would (same operations, same result)
         out = acc / tl.maximum(l, 1e-30)[:, None]
         tl.store(out_ptr + b * out_stride_t + heads[:, None] * out_stride_h + d[None, :],
@@ -156,12 +192,15 @@ def decode_splits(batch: int, num_kv_heads: int, max_seq_len: int, num_sms: int)
 
 def paged_decode(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Tensor, seq_lens: torch.Tensor,
                  scale: float, num_splits: int, out: torch.Tensor | None = None, *, block_n: int | None = None,
-                 num_warps: int = 4, num_stages: int = 2) -> torch.Tensor:
+                 num_warps: int = 4, num_stages: int = 2, k_scale: float = 1.0, v_scale: float = 1.0) -> torch.Tensor:
     """q [B, H, d] -> out [B, H, d]; one new token per sequence whose KV is already in the cache.
 
-    block_n / num_warps / num_stages: launch configuration (scripts/gpu/tune_decode.py sweeps them)."""
+    block_n / num_warps / num_stages: launch configuration (scripts/gpu/tune_decode.py sweeps them).
+    k_scale / v_scale: an FP8 cache's per-layer scales (ignored for other caches)."""
     b, num_heads, d = q.shape
     _, _, page, hk, _ = kv_cache.shape
+    _check_cache(kv_cache, hk, d)
+    qk_scale, scale_v = _kv_scales(kv_cache, scale, k_scale, v_scale)
     group = num_heads // hk
     d_pad = triton.next_power_of_2(d)
     out = torch.empty_like(q) if out is None else out
@@ -169,12 +208,12 @@ def paged_decode(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Te
     part_acc = torch.empty((b, num_heads, 1 if direct else num_splits, d_pad), dtype=torch.float32, device=q.device)
     part_ml = torch.empty((b, num_heads, 1 if direct else num_splits, 2), dtype=torch.float32, device=q.device)
     _decode_split_kernel[(b, hk, num_splits)](
-        q, kv_cache, block_tables, seq_lens, part_acc, part_ml, out, scale * _LOG2E,
+        q, kv_cache, block_tables, seq_lens, part_acc, part_ml, out, qk_scale, v_scale,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1), block_tables.stride(0), kv_cache.stride(0),
         num_splits,
         NUM_HEADS=num_heads, NUM_KV_HEADS=hk, GROUP=group, G_PAD=max(16, triton.next_power_of_2(group)),
         HEAD_DIM=d, D_PAD=d_pad, PAGE=page, BLOCK_N=block_n or (64 if d_pad <= 128 else 32),
-        IEEE=q.dtype == torch.float32, DIRECT=direct, num_warps=num_warps, num_stages=num_stages)
+        IEEE=q.dtype == torch.float32, DIRECT=direct, SCALE_V=scale_v, num_warps=num_warps, num_stages=num_stages)
     if direct:
         return out
     _merge_splits_kernel[(b, num_heads)](
@@ -186,10 +225,10 @@ def paged_decode(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Te
 
 @triton.jit(do_not_specialize=["bt_stride"])
 def _prefill_kernel(q_ptr, cache_ptr, block_tables_ptr, seq_lens_ptr, query_start_ptr, out_ptr,
-                    qk_scale, q_stride_t, q_stride_h, out_stride_t, out_stride_h, bt_stride, plane_stride,
+                    qk_scale, v_scale, q_stride_t, q_stride_h, out_stride_t, out_stride_h, bt_stride, plane_stride,
                     NUM_KV_HEADS: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr,
                     D_PAD: tl.constexpr, PAGE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                    IEEE: tl.constexpr):
+                    IEEE: tl.constexpr, SCALE_V: tl.constexpr):
     q_block = tl.program_id(0)
     b = tl.program_id(1)
     h = tl.program_id(2)
@@ -217,6 +256,8 @@ def _prefill_kernel(q_ptr, cache_ptr, block_tables_ptr, seq_lens_ptr, query_star
             causal = valid[None, :] & (toks[None, :] <= q_pos[:, None])
             acc, m, l = _attend_tile(q, acc, m, l, cache_ptr, bt_row, toks, valid, causal, d, dmask, kvh,
                                      qk_scale, plane_stride, HEAD_DIM, NUM_KV_HEADS, PAGE, IEEE)
+        if SCALE_V:
+            acc = acc * v_scale
         out = acc / tl.maximum(l, 1e-30)[:, None]
         tl.store(out_ptr + (q_start + rows)[:, None].to(tl.int64) * out_stride_t + h * out_stride_h + d[None, :],
                  out.to(out_ptr.dtype.element_ty), mask=rmask[:, None] & dmask[None, :])
@@ -224,19 +265,21 @@ def _prefill_kernel(q_ptr, cache_ptr, block_tables_ptr, seq_lens_ptr, query_star
 
 def paged_prefill(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Tensor, seq_lens: torch.Tensor,
                   query_start_loc: torch.Tensor, max_query_len: int, scale: float,
-                  out: torch.Tensor | None = None) -> torch.Tensor:
+                  out: torch.Tensor | None = None, *, k_scale: float = 1.0, v_scale: float = 1.0) -> torch.Tensor:
     """q [T, H, d] (sequences' new tokens back to back) -> out [T, H, d], causal over the paged context."""
     t, num_heads, d = q.shape
     _, _, page, hk, _ = kv_cache.shape
+    _check_cache(kv_cache, hk, d)
+    qk_scale, scale_v = _kv_scales(kv_cache, scale, k_scale, v_scale)
     num_seqs = seq_lens.shape[0]
     d_pad = triton.next_power_of_2(d)
     out = torch.empty_like(q) if out is None else out
     block_m = 64 if max_query_len > 16 else 16
     grid = (triton.cdiv(max_query_len, block_m), num_seqs, num_heads)
     _prefill_kernel[grid](
-        q, kv_cache, block_tables, seq_lens, query_start_loc, out, scale * _LOG2E,
+        q, kv_cache, block_tables, seq_lens, query_start_loc, out, qk_scale, v_scale,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1), block_tables.stride(0), kv_cache.stride(0),
         NUM_KV_HEADS=hk, GROUP=num_heads // hk, HEAD_DIM=d, D_PAD=d_pad, PAGE=page, BLOCK_M=block_m,
-        BLOCK_N=64 if d_pad <= 128 else 32, IEEE=q.dtype == torch.float32,
+        BLOCK_N=64 if d_pad <= 128 else 32, IEEE=q.dtype == torch.float32, SCALE_V=scale_v,
         num_warps=4, num_stages=2)
     return out

@@ -6,25 +6,33 @@ Attention state is passed explicitly (AttentionMetadata), never through globals.
 
 from __future__ import annotations
 
+import re
+
 import torch
 from torch import nn
 
 from railyard.engine.attention.metadata import AttentionMetadata
 from railyard.engine.layers.activation import silu_and_mul
 from railyard.engine.layers.embedding import ParallelLMHead, VocabParallelEmbedding
+from railyard.engine.layers.fp8 import FP8
 from railyard.engine.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
 from railyard.engine.layers.norm import RMSNorm
 from railyard.engine.layers.rotary import RotaryEmbedding
 from railyard.engine.models.spec import ModelSpec
 from railyard.engine.parallel import SINGLE, ParallelState
+from railyard.errors import ModelLoadError
+
+# Per-layer KV-cache scales as FP8 checkpoints name them (vLLM's Fp8Config and compressed-tensors spellings).
+_KV_SCALE = re.compile(r"layers\.(\d+)\.self_attn\.(?:(k|v)_scale|(k|v)_proj\.output_scale|kv_scale)$")
 
 
 class Attention(nn.Module):
-    def __init__(self, spec: ModelSpec, rotary: RotaryEmbedding, backend_cls, ps: ParallelState) -> None:
+    def __init__(self, spec: ModelSpec, rotary: RotaryEmbedding, backend_cls, ps: ParallelState,
+                 quant: str | None = None) -> None:
         super().__init__()
         self.qkv_proj = QKVParallelLinear(spec.hidden_size, spec.head_dim, spec.num_heads, spec.num_kv_heads,
-                                          spec.attention_bias, ps)
-        self.o_proj = RowParallelLinear(spec.num_heads * spec.head_dim, spec.hidden_size, False, ps)
+                                          spec.attention_bias, ps, quant=quant)
+        self.o_proj = RowParallelLinear(spec.num_heads * spec.head_dim, spec.hidden_size, False, ps, quant=quant)
         self.num_heads, self.num_kv_heads = self.qkv_proj.num_heads, self.qkv_proj.num_kv_heads
         self.head_dim = spec.head_dim
         self.q_size, self.kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
@@ -48,21 +56,22 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
-    def __init__(self, spec: ModelSpec, ps: ParallelState) -> None:
+    def __init__(self, spec: ModelSpec, ps: ParallelState, quant: str | None = None) -> None:
         super().__init__()
         inter = spec.intermediate_size
-        self.gate_up_proj = MergedColumnParallelLinear(spec.hidden_size, [inter, inter], False, ps)
-        self.down_proj = RowParallelLinear(inter, spec.hidden_size, False, ps)
+        self.gate_up_proj = MergedColumnParallelLinear(spec.hidden_size, [inter, inter], False, ps, quant=quant)
+        self.down_proj = RowParallelLinear(inter, spec.hidden_size, False, ps, quant=quant)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(silu_and_mul(self.gate_up_proj(x)))
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, spec: ModelSpec, rotary: RotaryEmbedding, backend_cls, ps: ParallelState) -> None:
+    def __init__(self, spec: ModelSpec, rotary: RotaryEmbedding, backend_cls, ps: ParallelState,
+                 quant: str | None = None) -> None:
         super().__init__()
-        self.self_attn = Attention(spec, rotary, backend_cls, ps)
-        self.mlp = MLP(spec, ps)
+        self.self_attn = Attention(spec, rotary, backend_cls, ps, quant)
+        self.mlp = MLP(spec, ps, quant)
         self.input_layernorm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
 
@@ -78,12 +87,13 @@ class DecoderLayer(nn.Module):
 
 
 class DecoderModel(nn.Module):
-    def __init__(self, spec: ModelSpec, backend_cls, ps: ParallelState) -> None:
+    def __init__(self, spec: ModelSpec, backend_cls, ps: ParallelState, quant: str | None = None) -> None:
         super().__init__()
         self.embed_tokens = VocabParallelEmbedding(spec.vocab_size, spec.hidden_size, ps)
         # One rotary table shared by all layers (not a parameter).
         rotary = RotaryEmbedding(spec.head_dim, spec.max_position_embeddings, spec.rope_theta, spec.rope_scaling)
-        self.layers = nn.ModuleList(DecoderLayer(spec, rotary, backend_cls, ps) for _ in range(spec.num_layers))
+        self.layers = nn.ModuleList(DecoderLayer(spec, rotary, backend_cls, ps, quant)
+                                    for _ in range(spec.num_layers))
         self.norm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
         self.rotary = rotary
 
@@ -96,7 +106,11 @@ class DecoderModel(nn.Module):
 
 
 class CausalLM(nn.Module):
-    """Decoder plus LM head; `load_weights` takes HF tensor names shard by shard."""
+    """Decoder plus LM head; `load_weights` takes HF tensor names shard by shard.
+
+    quant="fp8": the decoder's linear layers hold FP8 weights; the embedding and LM head stay in the
+    model dtype (the LM head's logits feed sampling directly, and it is one GEMM of many).
+    """
 
     # HF checkpoint name fragment -> (our fused parameter fragment, shard id)
     _FUSED = (
@@ -104,10 +118,10 @@ class CausalLM(nn.Module):
         ("gate_proj", "gate_up_proj", 0), ("up_proj", "gate_up_proj", 1),
     )
 
-    def __init__(self, spec: ModelSpec, backend_cls, ps: ParallelState = SINGLE) -> None:
+    def __init__(self, spec: ModelSpec, backend_cls, ps: ParallelState = SINGLE, quant: str | None = None) -> None:
         super().__init__()
         self.spec = spec
-        self.model = DecoderModel(spec, backend_cls, ps)
+        self.model = DecoderModel(spec, backend_cls, ps, quant)
         self.lm_head = ParallelLMHead(spec.vocab_size, spec.hidden_size, ps)
         if spec.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
@@ -127,6 +141,10 @@ class CausalLM(nn.Module):
                 continue
             if self.spec.tie_word_embeddings and name == "lm_head.weight":
                 continue
+            kv_scale = _KV_SCALE.search(name)
+            if kv_scale:
+                self._set_kv_scale(int(kv_scale.group(1)), kv_scale.group(2) or kv_scale.group(3), tensor)
+                continue
             target, shard = name, None
             for hf, ours, shard_id in self._FUSED:
                 if f".{hf}." in name:
@@ -136,7 +154,14 @@ class CausalLM(nn.Module):
             if param is None:
                 continue  # unused checkpoint tensors (e.g. extra heads) are ignored
             loader = getattr(param, "weight_loader", None)
-            tensor = tensor.to(param.dtype)
+            if param.dtype == FP8:
+                if tensor.dtype != FP8:  # quantized as it loads: its loader fills the scale too
+                    loaded.add(target.removesuffix("weight") + "weight_scale")
+            elif tensor.dtype == FP8:
+                raise ModelLoadError(f"{name} is float8 but this model's layers are not (config.json declares no "
+                                     "FP8 quantization_config for them)")
+            else:
+                tensor = tensor.to(param.dtype)
             if loader is None:
                 if param.shape != tensor.shape:
                     raise ValueError(f"{name}: checkpoint shape {tuple(tensor.shape)} != {tuple(param.shape)}")
@@ -145,3 +170,19 @@ class CausalLM(nn.Module):
                 loader(param, tensor, shard)
             loaded.add(target)
         return loaded
+
+    def _set_kv_scale(self, layer: int, which: str | None, tensor: torch.Tensor) -> None:
+        """A checkpoint's KV-cache scale for one layer (both K and V for the older single `kv_scale`).
+
+        The cache keeps one scale per layer for K and one for V; a checkpoint with finer (per-head) scales
+        gets their maximum, which can only make values smaller, never saturate them."""
+        if layer >= len(self.model.layers):
+            return
+        value = float(tensor.float().abs().max())
+        if not value > 0.0:
+            raise ModelLoadError(f"layer {layer}: KV-cache scale must be positive, got {value}")
+        attn = self.model.layers[layer].self_attn.attn
+        if which in (None, "k"):
+            attn.k_scale = value
+        if which in (None, "v"):
+            attn.v_scale = value

@@ -12,6 +12,7 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
+from railyard.engine.layers.fp8 import FP8, quantize_rows
 from railyard.engine.models.decoder import CausalLM
 from railyard.engine.models.spec import ModelSpec
 from railyard.engine.parallel import SINGLE, ParallelState
@@ -81,21 +82,22 @@ def iter_weights(files: list[Path]) -> Iterator[tuple[str, torch.Tensor]]:
 
 
 def build_empty(spec: ModelSpec, dtype: torch.dtype, device: torch.device, backend_cls,
-                ps: ParallelState = SINGLE) -> CausalLM:
-    """The model's modules on `device` in `dtype`, weights uninitialised (rotary tables stay float32)."""
+                ps: ParallelState = SINGLE, quant: str | None = None) -> CausalLM:
+    """The model's modules on `device` in `dtype`, weights uninitialised (rotary tables stay float32;
+    with quant="fp8" the decoder's linear weights are float8 with float32 scales)."""
     previous = torch.get_default_dtype()
     torch.set_default_dtype(dtype)
     try:
         with torch.device(device):
-            return CausalLM(spec, backend_cls, ps).eval()
+            return CausalLM(spec, backend_cls, ps, quant).eval()
     finally:
         torch.set_default_dtype(previous)
 
 
 def load_model(model_dir: Path, spec: ModelSpec, dtype: torch.dtype, device: torch.device, backend_cls,
-               ps: ParallelState = SINGLE) -> CausalLM:
+               ps: ParallelState = SINGLE, quant: str | None = None) -> CausalLM:
     """Build the model on `device` in `dtype` and fill it from the checkpoint."""
-    model = build_empty(spec, dtype, device, backend_cls, ps)
+    model = build_empty(spec, dtype, device, backend_cls, ps, quant)
     loaded = model.load_weights(iter_weights(weight_files(model_dir)))
     expected = {n for n, _ in model.named_parameters()}
     missing = sorted(expected - loaded)
@@ -106,11 +108,23 @@ def load_model(model_dir: Path, spec: ModelSpec, dtype: torch.dtype, device: tor
 
 
 def random_weights(model: CausalLM, seed: int, std: float = 0.02) -> CausalLM:
-    """Fill a model with seeded random weights (GPU benchmarks of a named shape: no weights travel)."""
+    """Fill a model with seeded random weights (GPU benchmarks of a named shape: no weights travel).
+
+    An FP8 layer draws the very numbers the unquantized model's layer draws (same shape, dtype and
+    generator stream) and quantizes them, so FP8 and bf16 models of one seed can be compared."""
+    dtype = model.model.embed_tokens.weight.dtype
     gen = torch.Generator(device=next(model.parameters()).device).manual_seed(seed)
-    for name, param in model.named_parameters():
+    params = dict(model.named_parameters())
+    for name, param in params.items():
+        if name.endswith("weight_scale"):
+            continue  # set with its weight
         if name.endswith("norm.weight"):
             param.data.fill_(1.0)
+        elif param.dtype == FP8:
+            full = torch.empty(param.shape, dtype=dtype, device=param.device).normal_(0.0, std, generator=gen)
+            q, scale = quantize_rows(full)
+            param.data.copy_(q)
+            params[name + "_scale"].data.copy_(scale)
         else:
             param.data.normal_(0.0, std, generator=gen)
     return model

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from railyard.engine.models.quant_config import checkpoint_quantization
 from railyard.errors import ModelLoadError
 
 # architecture name -> (qkv bias, per-head q/k RMSNorm)
@@ -36,6 +37,7 @@ class ModelSpec:
     qk_norm: bool
     torch_dtype: str
     eos_token_ids: tuple[int, ...]
+    quantization: str | None = None  # "fp8": the checkpoint's linear weights are already FP8 (quant_config.py)
 
     @classmethod
     def from_hf_config(cls, cfg: dict) -> "ModelSpec":
@@ -75,6 +77,7 @@ class ModelSpec:
                 qk_norm=qk_norm,
                 torch_dtype=str(cfg.get("torch_dtype") or cfg.get("dtype") or "float32"),
                 eos_token_ids=tuple(eos if isinstance(eos, list) else ([eos] if eos is not None else [])),
+                quantization=checkpoint_quantization(cfg),
             )
         except KeyError as exc:
             raise ModelLoadError(f"config.json lacks required field {exc}") from None

@@ -1,0 +1,150 @@
+"""How far a quantized engine (FP8 weights, an FP8 KV cache) drifts from the unquantized one on the same weights.
+
+`compare_prefill` runs one prefill step of the same prompts through a reference model runner and a
+candidate one and compares, position by position: each decoder layer's output (the residual stream
+after the layer, cosine similarity per token), the final logits (KL divergence of the candidate's
+distribution from the reference's, in nats) and their argmax (teacher-forced top-1 agreement). The
+prefill writes its keys and values into the paged cache and attends over them there, so a
+quantized cache is measured too. `greedy_agreement` compares free-running greedy generations, where one
+early flip changes everything after it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from railyard.engine.config import EngineConfig
+from railyard.engine.model_runner import ModelRunner, StepPlan
+from railyard.engine.models.loader import read_spec, resolve_model_dir
+from railyard.engine.models.spec import ModelSpec
+
+
+@dataclass
+class PrefillOutputs:
+    """One prefill of some prompts: every decoder layer's output [T, hidden] and the logits [T, vocab]."""
+
+    layers: list[torch.Tensor]
+    logits: torch.Tensor
+
+
+@dataclass
+class Comparison:
+    """A candidate's prefill against the reference's, over the same T positions."""
+
+    layer_cosine: list[float]  # per decoder layer: mean over tokens of cos(reference, candidate)
+    min_token_cosine: float  # the worst single token of any layer
+    logit_kl_mean: float  # mean over positions of KL(reference || candidate), nats
+    logit_kl_max: float
+    top1_agreement: float  # fraction of positions whose argmax agrees
+    num_tokens: int
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        return {k: [round(x, 6) for x in v] if isinstance(v, list) else (round(v, 6) if isinstance(v, float) else v)
+                for k, v in d.items()}
+
+
+def model_spec(model: str) -> tuple[ModelSpec, Path | None]:
+    """A checkpoint directory's spec, or a named shape's (random weights: no directory)."""
+    from railyard.shapes import is_shape, shape_config
+
+    if is_shape(model) and not Path(model).exists():
+        return ModelSpec.from_hf_config(shape_config(model)), None
+    model_dir = resolve_model_dir(model)
+    return read_spec(model_dir), model_dir
+
+
+def build_runner(model: str, prompts: list[list[int]], **engine_args) -> ModelRunner:
+    """A model runner (eager, no CUDA graphs) with a KV pool just big enough for one prefill of `prompts`."""
+    spec, model_dir = model_spec(model)
+    block_size = engine_args.pop("block_size", 16)
+    blocks = sum(-(-len(p) // block_size) for p in prompts) + 1
+    config = EngineConfig(model=model, block_size=block_size, num_gpu_blocks=blocks, enforce_eager=True,
+                          max_num_seqs=max(1, len(prompts)), **engine_args)
+    config.resolve(spec.max_position_embeddings)
+    return ModelRunner(config, spec, model_dir)
+
+
+def prefill(runner: ModelRunner, prompts: list[list[int]]) -> PrefillOutputs:
+    """One prefill step of every prompt (fresh blocks, laid out one sequence after another)."""
+    bs = runner.block_size
+    ids, positions, slots, starts, lens, tables = [], [], [], [0], [], []
+    next_block = 0
+    for p in prompts:
+        table = list(range(next_block, next_block + -(-len(p) // bs)))
+        next_block += len(table)
+        ids += p
+        positions += range(len(p))
+        slots += [table[i // bs] * bs + i % bs for i in range(len(p))]
+        starts.append(starts[-1] + len(p))
+        lens.append(len(p))
+        tables.append(table)
+    plan = StepPlan(ids, positions, slots, starts, lens, tables, list(range(len(ids))), [], [])
+    layers: list[torch.Tensor] = []
+
+    def keep(module, inputs, output) -> None:
+        x, residual = output  # a layer hands on (its output, the residual stream): their sum is its hidden state
+        layers.append(x.float() + residual.float())
+
+    hooks = [layer.register_forward_hook(keep) for layer in runner.model.model.layers]
+    try:
+        logits = runner.compute_logits(plan)
+    finally:
+        for h in hooks:
+            h.remove()
+    return PrefillOutputs(layers, logits.float())
+
+
+def compare(reference: PrefillOutputs, candidate: PrefillOutputs, chunk: int = 256) -> Comparison:
+    if len(reference.layers) != len(candidate.layers) or reference.logits.shape != candidate.logits.shape:
+        raise ValueError("reference and candidate must be the same model over the same prompts")
+    cosines, worst = [], 1.0
+    for a, b in zip(reference.layers, candidate.layers):
+        cos = F.cosine_similarity(a, b, dim=-1)
+        cosines.append(cos.mean().item())
+        worst = min(worst, cos.min().item())
+    kls, agree = [], 0
+    for i in range(0, reference.logits.shape[0], chunk):  # [chunk, vocab] at a time: 7B vocabularies are big
+        ref, cand = reference.logits[i:i + chunk], candidate.logits[i:i + chunk]
+        log_p, log_q = F.log_softmax(ref, dim=-1), F.log_softmax(cand, dim=-1)
+        kls.append((log_p.exp() * (log_p - log_q)).sum(-1))
+        agree += (ref.argmax(-1) == cand.argmax(-1)).sum().item()
+    kl = torch.cat(kls)
+    n = reference.logits.shape[0]
+    return Comparison(cosines, worst, kl.mean().item(), kl.max().item(), agree / n, n)
+
+
+def compare_prefill(model: str, prompts: list[list[int]], reference_args: dict,
+                    candidates: dict[str, dict], **common_args) -> dict[str, Comparison]:
+    """Each candidate's engine arguments against the reference's (same model, weights, prompts).
+
+    One runner lives at a time (a 7B reference and its FP8 twin need not share the GPU)."""
+    ref_runner = build_runner(model, prompts, **common_args, **reference_args)
+    reference = prefill(ref_runner, prompts)
+    del ref_runner
+    results = {}
+    for name, args in candidates.items():
+        runner = build_runner(model, prompts, **common_args, **args)
+        results[name] = compare(reference, prefill(runner, prompts))
+        del runner
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+    return results
+
+
+def greedy_agreement(reference: list[list[int]], candidate: list[list[int]]) -> dict:
+    """Free-running greedy outputs: the fraction of positions that agree, of tokens before each sequence's
+    first disagreement, and of sequences that agree entirely."""
+    total = sum(len(r) for r in reference)
+    same = prefix = whole = 0
+    for r, c in zip(reference, candidate, strict=True):
+        same += sum(a == b for a, b in zip(r, c))
+        k = next((i for i, (a, b) in enumerate(zip(r, c)) if a != b), min(len(r), len(c)))
+        prefix += k
+        whole += r == c
+    return {"position_agreement": same / total, "prefix_agreement": prefix / total,
+            "sequences_identical": whole / len(reference), "num_tokens": total}

@@ -1,0 +1,118 @@
+"""FP8 (e4m3) quantization: weights per output channel, activations per token, the KV cache per layer.
+
+Numbers are symmetric: q = round(x / scale) in float8_e4m3fn, scale = amax / 448 over the row a scale
+covers, so the largest element lands on e4m3's largest finite value and nothing saturates. GEMMs go
+through torch._scaled_mm where the GPU has FP8 tensor cores (compute capability 8.9+, bf16 output);
+elsewhere the same quantized numbers are dequantized and multiplied (the reference path), so results
+differ only by accumulation order.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+
+import torch
+import torch.nn.functional as F
+
+from railyard.engine.kernels import fp8_ops
+
+log = logging.getLogger("railyard.engine")
+
+FP8 = torch.float8_e4m3fn
+FP8_MAX = 448.0  # largest finite e4m3fn value
+# Smallest scale: an all-zero row (a padded batch row) must not divide by zero.
+MIN_SCALE = 1e-12
+
+
+def quantize_rows(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """w [N, K] -> (q [N, K] fp8, scale [N] float32): one scale per row (per output channel of a weight)."""
+    wf = w.float()
+    scale = (wf.abs().amax(dim=-1) / FP8_MAX).clamp(min=MIN_SCALE)
+    return to_fp8(wf / scale[:, None]), scale
+
+
+def to_fp8(x: torch.Tensor) -> torch.Tensor:
+    """float32 already divided by its scale -> e4m3, saturating (the cast alone may give NaN out of range)."""
+    return x.clamp(-FP8_MAX, FP8_MAX).to(FP8)
+
+
+def quantize_per_token_ref(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [M, K] -> (q [M, K] fp8, scale [M, 1] float32); plain torch, the oracle of the Triton kernel."""
+    xf = x.float()
+    scale = (xf.abs().amax(dim=-1, keepdim=True) / FP8_MAX).clamp(min=MIN_SCALE)
+    return to_fp8(xf / scale), scale
+
+
+def quantize_per_token(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-token activation quantization: one Triton pass on CUDA (when triton imports), else torch."""
+    ops = fp8_ops() if x.is_cuda else None
+    if ops is not None:
+        return ops.quantize_per_token(x)
+    return quantize_per_token_ref(x)
+
+
+@functools.lru_cache(maxsize=None)
+def _has_fp8_tensor_cores(device_index: int) -> bool:
+    return torch.cuda.get_device_capability(device_index) >= (8, 9)
+
+
+def scaled_mm_supported(device: torch.device, dtype: torch.dtype) -> bool:
+    """torch._scaled_mm with row-wise scales runs on FP8 tensor cores (sm_89+) and writes bf16 only."""
+    return device.type == "cuda" and dtype == torch.bfloat16 and _has_fp8_tensor_cores(device.index or 0)
+
+
+def gemm_path(device: torch.device, dtype: torch.dtype) -> str:
+    """Which FP8 GEMM a model on `device` in `dtype` runs, in words (the start-up report says it)."""
+    if scaled_mm_supported(device, dtype):
+        return "torch._scaled_mm (FP8 tensor cores)"
+    why = "no FP8 tensor cores" if device.type != "cuda" or not _has_fp8_tensor_cores(device.index or 0) \
+        else f"a {str(dtype).removeprefix('torch.')} model: the tensor-core path is for bfloat16 models"
+    return f"reference: dequantize then matmul ({why})"
+
+
+def fp8_linear(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor,
+               bias: torch.Tensor | None = None) -> torch.Tensor:
+    """y = x W^T (+ b) with W [N, K] fp8 and its per-channel scale [N]; x [..., K] in the model dtype."""
+    lead = x.shape[:-1]
+    if x.dim() != 2 or x.stride(-1) != 1:
+        x = x.reshape(-1, x.shape[-1]).contiguous()
+    xq, x_scale = quantize_per_token(x)
+    n, k = weight.shape
+    if scaled_mm_supported(x.device, x.dtype) and n % 16 == 0 and k % 16 == 0:  # _scaled_mm's shape rule
+        y = scaled_mm(xq, x_scale, weight, weight_scale, bias, x.dtype)
+    else:
+        y = dequantized_linear(xq, x_scale, weight, weight_scale, bias, x.dtype)
+    return y.view(*lead, n)
+
+
+def scaled_mm(xq: torch.Tensor, x_scale: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor,
+              bias: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor:
+    """The FP8 tensor-core GEMM: (xq W^T) * x_scale * weight_scale (+ bias), accumulated in float32.
+
+    _scaled_mm wants its first operand row-major, its second column-major (W^T of a row-major W is),
+    row-wise scales as [M, 1] and [1, N] float32, and K and N multiples of 16."""
+    return torch._scaled_mm(xq, weight.t(), scale_a=x_scale, scale_b=weight_scale.view(1, -1), bias=bias,
+                            out_dtype=dtype)
+
+
+def dequantized_linear(xq: torch.Tensor, x_scale: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor,
+                       bias: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor:
+    """The reference path: the same quantized numbers, dequantized to `dtype`, through an ordinary matmul."""
+    x = (xq.to(torch.float32) * x_scale).to(dtype)
+    w = (weight.to(torch.float32) * weight_scale[:, None]).to(dtype)
+    return F.linear(x, w, bias)
+
+
+# -- the KV cache ---------------------------------------------------------------------------------
+def quantize_kv(x: torch.Tensor, scale: float, cache_dtype: torch.dtype) -> torch.Tensor:
+    """New keys or values as the cache stores them: divided by the layer's scale and cast when the cache is
+    FP8, a plain cast otherwise (a bf16 cache under a float32 model)."""
+    if cache_dtype == FP8:
+        return to_fp8(x.float() / scale)
+    return x.to(cache_dtype)
+
+
+def cache_bits(cache: torch.Tensor) -> torch.Tensor:
+    """An FP8 cache as raw bytes: indexing and copies on them are exact and need no float8 kernels."""
+    return cache.view(torch.uint8) if cache.dtype == FP8 else cache

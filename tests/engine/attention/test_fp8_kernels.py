@@ -1,0 +1,136 @@
+"""The Triton FP8 paths compute what the torch references compute: per-token activation quantization
+(bit for bit), the store-KV kernel into an FP8 or bf16 cache (byte for byte), and the decode and prefill
+kernels over such a cache (as the torch backend over the same bytes).
+
+GPU when there is one, else Triton's CPU interpreter with the float32 -> e4m3 cast done as the GPU does
+it (conftest.py); skipped where triton is not installed (CI, which runs test_fp8_kv_cache.py instead).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytest.importorskip("triton")
+
+from railyard.engine.attention.torch_backend import TorchAttentionBackend  # noqa: E402
+from railyard.engine.attention.triton_backend import TritonAttentionBackend  # noqa: E402
+from railyard.engine.kernels import fp8 as fp8_kernels  # noqa: E402
+from railyard.engine.kernels.paged_attention import paged_decode, store_kv  # noqa: E402
+from railyard.engine.layers.fp8 import FP8, quantize_per_token_ref  # noqa: E402
+from tests.engine.attention.paged_batch import DEVICE, random_batch  # noqa: E402
+
+# The interpreter's float32 -> bfloat16 cast truncates; bf16 inputs are checked on the GPU only.
+DTYPES = [torch.float32, torch.float16,
+          pytest.param(torch.bfloat16, marks=pytest.mark.skipif(DEVICE == "cpu", reason="interpreter bf16 casts"))]
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    return t.view(torch.uint8) if t.dtype == FP8 else t
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("k", [64, 96, 3584, 5000])  # one pass (<= 4096 wide) and two; non-powers of two
+def test_per_token_quantization_kernel_is_bit_identical_to_torch(dtype, k):
+    g = torch.Generator().manual_seed(k)
+    x = torch.randn((7, k), generator=g) * torch.logspace(-4, 3, 7)[:, None]  # seven decades of row scales
+    x[3] = 0.0  # a padded row
+    x = x.to(dtype).to(DEVICE)
+    q, scale = fp8_kernels.quantize_per_token(x)
+    want_q, want_scale = quantize_per_token_ref(x)
+    assert q.dtype == FP8 and q.shape == x.shape and scale.shape == (7, 1) and q.is_contiguous()
+    assert torch.equal(scale, want_scale)
+    assert torch.equal(_bits(q), _bits(want_q))
+
+
+def test_per_token_quantization_kernel_reads_strided_rows():
+    x = torch.randn((5, 2 * 96), generator=torch.Generator().manual_seed(0)).to(DEVICE)[:, :96]  # row stride 192
+    q, scale = fp8_kernels.quantize_per_token(x)
+    want_q, want_scale = quantize_per_token_ref(x)
+    assert torch.equal(scale, want_scale) and torch.equal(_bits(q), _bits(want_q))
+
+
+@pytest.mark.parametrize("cache_dtype, k_scale, v_scale",
+                         [(FP8, 1.0, 1.0), (FP8, 0.37, 2.5), (torch.bfloat16, 1.0, 1.0)])
+def test_store_kv_writes_the_bytes_the_torch_backend_writes(cache_dtype, k_scale, v_scale):
+    q, k, v, cache, meta = random_batch([3, 20], [9, 1], 4, 2, 80, torch.float32, seed=5, cache_dtype=cache_dtype)
+    k[0, 0, :2] = torch.tensor([1e4, -600.0], device=k.device)  # saturates at +-448 once divided
+    if cache_dtype == torch.bfloat16 and DEVICE == "cpu":
+        pytest.skip("interpreter bf16 casts")
+    ref, got = cache.clone(), cache.clone()
+    torch_attn = TorchAttentionBackend(4, 2, 80, 0.1)
+    torch_attn.k_scale, torch_attn.v_scale = k_scale, v_scale
+    torch_attn.forward(q, k, v, ref, meta)
+    store_kv(got, k, v, meta.slot_mapping, k_scale, v_scale)
+    assert torch.equal(_bits(got), _bits(ref))
+
+
+def _compare(cached, new, heads=4, kv_heads=2, dim=32, k_scale=1.0, v_scale=1.0, dtype=torch.float32, seed=0):
+    q, k, v, cache, meta = random_batch(cached, new, heads, kv_heads, dim, dtype, seed, cache_dtype=FP8)
+    ref_cache, got_cache = cache.clone(), cache.clone()
+    backends = [TorchAttentionBackend(heads, kv_heads, dim, dim ** -0.5),
+                TritonAttentionBackend(heads, kv_heads, dim, dim ** -0.5)]
+    for b in backends:
+        b.k_scale, b.v_scale = k_scale, v_scale
+    ref = backends[0].forward(q, k, v, ref_cache, meta)
+    got = backends[1].forward(q, k, v, got_cache, meta)
+    assert torch.equal(_bits(got_cache), _bits(ref_cache)), "new K/V must land as the same bytes in the same slots"
+    tol = 1e-4 if dtype == torch.float32 else 2e-2
+    torch.testing.assert_close(got.float(), ref.float(), atol=tol, rtol=tol)
+
+
+@pytest.mark.parametrize("k_scale, v_scale", [(1.0, 1.0), (0.5, 2.0)])
+def test_decode_over_an_fp8_cache_matches_the_torch_backend(k_scale, v_scale):
+    _compare(cached=[5, 40, 1, 77], new=[1, 1, 1, 1], k_scale=k_scale, v_scale=v_scale)
+
+
+@pytest.mark.parametrize("k_scale, v_scale", [(1.0, 1.0), (0.5, 2.0)])
+def test_prefill_after_prefix_hits_over_an_fp8_cache_matches_the_torch_backend(k_scale, v_scale):
+    _compare(cached=[16, 24, 0], new=[5, 40, 17], k_scale=k_scale, v_scale=v_scale)
+
+
+def test_fp8_decode_with_gqa_group_of_seven_and_head_dim_16():
+    _compare(cached=[12, 33], new=[1, 1], heads=14, kv_heads=2, dim=16, k_scale=0.25, v_scale=3.0)
+
+
+@pytest.mark.skipif(DEVICE == "cpu", reason="bf16 dot products: GPU only (interpreter bf16 casts)")
+def test_bf16_queries_over_an_fp8_cache_with_7b_head_shapes():
+    _compare(cached=[0, 200, 999], new=[300, 1, 1], heads=28, kv_heads=4, dim=128, k_scale=0.5, v_scale=2.0,
+             dtype=torch.bfloat16)
+
+
+def test_split_context_decode_over_an_fp8_cache_equals_one_split():
+    q, k, v, cache, meta = random_batch([300, 9, 150], [1, 1, 1], 4, 2, 32, torch.float32, seed=3, cache_dtype=FP8)
+    store_kv(cache, k, v, meta.slot_mapping, 0.5, 2.0)
+    one = paged_decode(q, cache, meta.block_tables, meta.seq_lens, 0.2, num_splits=1, k_scale=0.5, v_scale=2.0)
+    many = paged_decode(q, cache, meta.block_tables, meta.seq_lens, 0.2, num_splits=5, k_scale=0.5, v_scale=2.0)
+    torch.testing.assert_close(many, one, atol=1e-5, rtol=1e-5)
+
+
+def test_a_cache_of_the_wrong_layout_is_refused():
+    q, k, v, cache, meta = random_batch([3], [1], 4, 2, 32, torch.float32, seed=6, cache_dtype=FP8)
+    with pytest.raises(ValueError, match="KV cache must be a contiguous"):
+        store_kv(cache.transpose(1, 2), k, v, meta.slot_mapping)
+    with pytest.raises(ValueError, match="KV cache must be a contiguous"):
+        paged_decode(q, cache.to(torch.int8), meta.block_tables, meta.seq_lens, 0.2, num_splits=1)
+
+
+def test_an_engine_on_the_triton_backend_generates_what_the_torch_backend_does_over_fp8(tmp_path):
+    """Whole engine, FP8 weights and cache, float32 tiny model: same greedy tokens from both backends, also on a
+    second pass served from the prefix cache (both backends store the same bytes; see the tests above)."""
+    from railyard.engine.config import SamplingParams
+    from railyard.engine.llm import LLM
+    from railyard.engine.tiny_model import write_tiny_checkpoint
+
+    path = str(write_tiny_checkpoint(tmp_path / "qwen3", "qwen3"))
+    prompts = [[(7 * i + 3 * n) % 256 for i in range(n)] for n in (3, 17, 40)]
+    params = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
+    tokens = {}
+    for backend in ("torch", "triton"):
+        llm = LLM(path, device=DEVICE, dtype="float32", attention_backend=backend, kv_cache_dtype="fp8",
+                  quantization="fp8", block_size=8, max_model_len=128, num_gpu_blocks=64)
+        for run in (1, 2):
+            tokens[backend, run] = [o.outputs[0].token_ids for o in
+                                    llm.generate(prompt_token_ids=prompts, sampling_params=params, use_tqdm=False)]
+        assert llm.engine.stats().prefix_cache_hits > 0
+    assert tokens["triton", 1] == tokens["triton", 2] == tokens["torch", 1] == tokens["torch", 2]

@@ -1,0 +1,203 @@
+"""FP8 linear layers: e4m3 numbers with per-channel weight and per-token activation scales, the GEMM on
+FP8 tensor cores or through the dequantizing reference, and tensor-parallel shards of both.
+
+Oracles: torch's own float8_e4m3fn conversion (round to nearest even), a float32 matmul, and the
+unsharded layer (a rank's shard must be a slice of it, scales included).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from railyard.engine.layers.fp8 import (FP8, FP8_MAX, dequantized_linear, fp8_linear, quantize_per_token_ref,
+                                        quantize_rows, scaled_mm, scaled_mm_supported)
+from railyard.engine.layers.linear import (ColumnParallelLinear, MergedColumnParallelLinear, QKVParallelLinear,
+                                           RowParallelLinear)
+from railyard.engine.parallel import ParallelState
+
+
+def _randn(*shape, seed=0, scale=1.0):
+    return torch.randn(shape, generator=torch.Generator().manual_seed(seed)) * scale
+
+
+def test_weight_rows_quantize_to_e4m3_with_amax_over_448_scales():
+    w = _randn(6, 40) * torch.logspace(-3, 2, 6)[:, None]  # rows five decades apart: each gets its own scale
+    q, scale = quantize_rows(w)
+    assert q.dtype == FP8 and scale.dtype == torch.float32 and scale.shape == (6,)
+    torch.testing.assert_close(scale, w.abs().amax(1) / FP8_MAX)
+    assert torch.equal(q.view(torch.uint8), (w / scale[:, None]).to(FP8).view(torch.uint8))  # torch's rounding
+    assert torch.equal(q.float().abs().amax(1), torch.full((6,), FP8_MAX))  # each row's largest lands on 448
+    # e4m3 keeps 3 mantissa bits: every normal value is within 2^-4 of itself after the round trip
+    assert ((q.float() * scale[:, None] - w).abs() <= w.abs() * 2 ** -4 + scale[:, None] * 2 ** -10).all()
+
+
+def test_per_token_scales_are_per_row_and_a_zero_row_stays_zero():
+    x = _randn(5, 32, seed=1)
+    x[2] = 0.0  # a padded row of a CUDA-graph batch
+    q, scale = quantize_per_token_ref(x)
+    assert scale.shape == (5, 1)
+    assert torch.equal(q[2].float(), torch.zeros(32)) and torch.isfinite(q.float()).all()
+    torch.testing.assert_close(scale[[0, 1, 3, 4], 0], x[[0, 1, 3, 4]].abs().amax(1) / FP8_MAX)
+
+
+def test_fp8_linear_stays_within_two_roundings_of_the_float_matmul():
+    x, w = _randn(64, 256, seed=2), _randn(96, 256, seed=3, scale=0.05)
+    q, scale = quantize_rows(w)
+    got, want = fp8_linear(x, q, scale), F.linear(x, w)
+    # Each operand carries e4m3's rounding (~2.5% RMS for Gaussian data), the product ~3.6% (measured); a wrong
+    # scale or channel order would be off by 100% or more.
+    assert ((got - want).norm() / want.norm()).item() < 0.05
+
+
+def test_scaled_mm_arguments_give_what_the_dequantizing_reference_gives():
+    """The GEMM call the GPU makes, checked where torch implements it (CPU float32 output: exact)."""
+    x, w, b = _randn(33, 64, seed=4), _randn(48, 64, seed=5), _randn(48, seed=6)
+    xq, xs = quantize_per_token_ref(x)
+    q, scale = quantize_rows(w)
+    want = dequantized_linear(xq, xs, q, scale, b, torch.float32)
+    torch.testing.assert_close(scaled_mm(xq, xs, q, scale, b, torch.float32), want, atol=1e-4, rtol=1e-5)
+
+
+@pytest.mark.skipif(not (torch.cuda.is_available() and scaled_mm_supported(torch.device("cuda"), torch.bfloat16)),
+                    reason="needs FP8 tensor cores (compute capability 8.9+)")
+def test_tensor_core_fp8_linear_matches_the_reference_path_on_the_gpu():
+    dev = torch.device("cuda")
+    x = _randn(300, 3584, seed=7).to(dev, torch.bfloat16)  # a 7B hidden size; M not a multiple of 16
+    w, b = _randn(4608, 3584, seed=8, scale=0.02).to(dev), _randn(4608, seed=9).to(dev, torch.bfloat16)
+    q, scale = quantize_rows(w)
+    got = fp8_linear(x, q, scale, b)
+    xq, xs = quantize_per_token_ref(x)
+    want = dequantized_linear(xq, xs, q, scale, b.float(), torch.float32)
+    assert got.dtype == torch.bfloat16 and got.shape == (300, 4608)
+    torch.testing.assert_close(got.float(), want, atol=2e-2, rtol=1e-2)  # bf16 output rounding
+
+
+def _layers(kind: str, ps: ParallelState):
+    """One layer of each parallel kind, FP8, with the tiny model's shapes (64 hidden, 4 heads of 16, 2 KV)."""
+    if kind == "column":
+        return ColumnParallelLinear(64, 128, True, ps, quant="fp8")
+    if kind == "merged":
+        return MergedColumnParallelLinear(64, [128, 128], False, ps, quant="fp8")
+    if kind == "qkv":
+        return QKVParallelLinear(64, 16, 4, 2, True, ps, quant="fp8")
+    return RowParallelLinear(128, 64, False, ps, quant="fp8")
+
+
+def _checkpoint(kind: str) -> list[tuple[torch.Tensor, object]]:
+    """(tensor, shard id) pairs as the checkpoint holds them for each kind."""
+    if kind == "column":
+        return [(_randn(128, 64, seed=10), None)]
+    if kind == "merged":
+        return [(_randn(128, 64, seed=11), 0), (_randn(128, 64, seed=12) * 3, 1)]
+    if kind == "qkv":
+        return [(_randn(64, 64, seed=13), "q"), (_randn(32, 64, seed=14) * 0.1, "k"), (_randn(32, 64, seed=15), "v")]
+    return [(_randn(64, 128, seed=16), None)]
+
+
+def _load(kind: str, ps: ParallelState):
+    layer = _layers(kind, ps)
+    for tensor, shard in _checkpoint(kind):
+        layer.weight.weight_loader(layer.weight, tensor, shard)
+    return layer
+
+
+@pytest.mark.parametrize("kind", ["column", "merged", "qkv", "row"])
+def test_quantizing_at_load_gives_each_output_channel_its_own_scale(kind):
+    layer = _load(kind, ParallelState())
+    full = torch.cat([t for t, _ in _checkpoint(kind)])  # one process: the shards stacked in order
+    q, scale = quantize_rows(full)
+    assert layer.weight.dtype == FP8 and layer.weight_scale.dtype == torch.float32
+    assert torch.equal(layer.weight.view(torch.uint8), q.view(torch.uint8))
+    assert torch.equal(layer.weight_scale, scale)
+
+
+@pytest.mark.parametrize("kind", ["column", "merged", "qkv", "row"])
+@pytest.mark.parametrize("world_size", [2, 4])
+def test_tensor_parallel_shards_are_slices_of_the_one_process_layer_scales_included(kind, world_size):
+    one = _load(kind, ParallelState())
+    for rank in range(world_size):
+        shard = _load(kind, ParallelState(rank, world_size))
+        if kind == "row":  # inputs split: weight columns sliced, every output channel (and scale) kept
+            n = 128 // world_size
+            want_w, want_s = one.weight[:, rank * n:(rank + 1) * n], one.weight_scale
+        else:  # outputs split: scales travel with their rows
+            rows = _column_rows(kind, rank, world_size)
+            want_w, want_s = one.weight[rows], one.weight_scale[rows]
+        assert torch.equal(shard.weight.view(torch.uint8), want_w.contiguous().view(torch.uint8))
+        assert torch.equal(shard.weight_scale, want_s)
+
+
+def _column_rows(kind: str, rank: int, ws: int) -> list[int]:
+    if kind == "column":
+        n = 128 // ws
+        return list(range(rank * n, (rank + 1) * n))
+    if kind == "merged":
+        n = 128 // ws
+        return list(range(rank * n, (rank + 1) * n)) + list(range(128 + rank * n, 128 + (rank + 1) * n))
+    kv_rank = rank // max(1, ws // 2)  # 2 KV heads: replicated once ranks outnumber them
+    q = list(range(rank * 64 // ws, (rank + 1) * 64 // ws))
+    kv = 16 * max(1, 2 // ws)
+    k = list(range(64 + kv_rank * kv, 64 + (kv_rank + 1) * kv))
+    return q + k + [r + 32 for r in k]
+
+
+def test_per_tensor_checkpoint_scales_expand_to_their_shards_channels():
+    """vLLM's Fp8Config checkpoints keep one scale per q, k and v tensor; fused, each covers its own rows."""
+    layer = QKVParallelLinear(64, 16, 4, 2, False, quant="fp8")
+    scales = {"q": 0.5, "k": 0.25, "v": 2.0}
+    rows = {"q": 64, "k": 32, "v": 32}
+    for shard, s in scales.items():
+        w = _randn(rows[shard], 64, seed=len(shard)).to(FP8)
+        layer.weight.weight_loader(layer.weight, w, shard)
+        layer.weight_scale.weight_loader(layer.weight_scale, torch.tensor(s), shard)
+    want = torch.cat([torch.full((rows[k],), v) for k, v in scales.items()])
+    assert torch.equal(layer.weight_scale, want)
+
+
+def test_fp8_layer_output_is_close_to_the_float_layer():
+    fp8 = _load("qkv", ParallelState())
+    ref = QKVParallelLinear(64, 16, 4, 2, True)
+    for tensor, shard in _checkpoint("qkv"):
+        ref.weight.weight_loader(ref.weight, tensor, shard)
+    bias = _randn(128, seed=17)
+    fp8.bias.data.copy_(bias)
+    ref.bias.data.copy_(bias)
+    x = _randn(10, 64, seed=18)
+    got, want = fp8(x), ref(x)
+    assert ((got - want).norm() / want.norm()).item() < 0.05  # as for fp8_linear above
+
+
+def test_unquantized_layers_keep_their_parameters():
+    layer = QKVParallelLinear(64, 16, 4, 2, True)
+    assert [n for n, _ in layer.named_parameters()] == ["weight", "bias"]
+    assert layer.weight.dtype == torch.get_default_dtype()
+
+
+def test_fp8_linear_takes_batched_and_strided_inputs():
+    w = _randn(48, 64, seed=19)
+    q, scale = quantize_rows(w)
+    x = _randn(3, 5, 128, seed=20)[..., ::2]  # [3, 5, 64], last stride 2
+    got = fp8_linear(x, q, scale)
+    assert got.shape == (3, 5, 48)
+    torch.testing.assert_close(got.reshape(15, 48), fp8_linear(x.reshape(15, 64).contiguous(), q, scale))
+
+
+@pytest.mark.parametrize("capability, dtype, path", [
+    ((9, 0), torch.bfloat16, "torch._scaled_mm (FP8 tensor cores)"),
+    ((8, 9), torch.bfloat16, "torch._scaled_mm (FP8 tensor cores)"),
+    ((8, 0), torch.bfloat16, "reference: dequantize then matmul (no FP8 tensor cores)"),
+    ((9, 0), torch.float32, "reference: dequantize then matmul (a float32 model: the tensor-core path is for "
+                            "bfloat16 models)"),
+])
+def test_the_gemm_path_follows_the_gpu_and_the_model_dtype(monkeypatch, capability, dtype, path):
+    from railyard.engine.layers import fp8
+
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index=None: capability)
+    fp8._has_fp8_tensor_cores.cache_clear()
+    try:
+        assert fp8.gemm_path(torch.device("cuda"), dtype) == path
+        assert fp8.gemm_path(torch.device("cpu"), torch.bfloat16).startswith("reference")
+    finally:
+        fp8._has_fp8_tensor_cores.cache_clear()
