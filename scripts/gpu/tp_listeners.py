@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import tempfile
 from pathlib import Path
@@ -24,29 +23,12 @@ from railyard.engine.config import SamplingParams  # noqa: E402
 from railyard.engine.engine import Engine  # noqa: E402
 from railyard.engine.llm import LLM  # noqa: E402
 from railyard.engine.tiny_model import write_tiny_checkpoint  # noqa: E402
-
-LOOPBACK = {"0100007F", "00000000000000000000000001000000", "0000000000000000FFFF00000100007F"}
+from tests.engine.test_tp_rendezvous import LOOPBACK, listening_addresses  # noqa: E402
 
 
 def listening(pid: int | str) -> list[dict]:
-    """The listening TCP sockets a process holds: address (hex, as the kernel writes it) and port."""
-    inodes = set()
-    for fd in Path(f"/proc/{pid}/fd").iterdir():
-        try:
-            target = os.readlink(fd)
-        except OSError:
-            continue
-        if target.startswith("socket:["):
-            inodes.add(target[8:-1])
-    found = []
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        for line in Path(table).read_text().splitlines()[1:]:
-            fields = line.split()
-            address, port = fields[1].split(":")
-            if fields[3] == "0A" and fields[9] in inodes:
-                found.append({"table": table[-4:].strip("/"), "address": address, "port": int(port, 16),
-                              "loopback": address in LOOPBACK})
-    return found
+    return [{"address": address, "port": port, "loopback": address in LOOPBACK}
+            for address, port in sorted(listening_addresses(pid))]
 
 
 def main() -> int:

@@ -16,10 +16,10 @@ from railyard.engine.tp_executor import loopback_store
 LOOPBACK = {"0100007F", "00000000000000000000000001000000", "0000000000000000FFFF00000100007F"}
 
 
-def own_listening_addresses() -> set[tuple[str, int]]:
-    """(hex address, port) of every TCP socket this process listens on, from /proc/net/tcp{,6}."""
+def listening_addresses(pid: int | str = "self") -> set[tuple[str, int]]:
+    """(hex address, port) of every TCP socket a process listens on, from /proc/net/tcp{,6}."""
     inodes = set()
-    for fd in Path("/proc/self/fd").iterdir():
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
         try:
             target = os.readlink(fd)
         except OSError:
@@ -38,7 +38,7 @@ def own_listening_addresses() -> set[tuple[str, int]]:
 
 def test_loopback_store_listens_on_127_0_0_1_only_and_serves_clients():
     store = loopback_store(2, datetime.timedelta(seconds=10))
-    listening = {addr for addr, port in own_listening_addresses() if port == store.port}
+    listening = {addr for addr, port in listening_addresses() if port == store.port}
     assert listening == {"0100007F"}
     client = dist.TCPStore("127.0.0.1", store.port, 2, is_master=False, timeout=datetime.timedelta(seconds=10))
     client.set("rank1", "ready")
@@ -46,11 +46,11 @@ def test_loopback_store_listens_on_127_0_0_1_only_and_serves_clients():
 
 
 def test_tensor_parallel_engine_opens_no_listener_beyond_loopback(tiny_model):
-    before = own_listening_addresses()
+    before = listening_addresses()
     engine = Engine(EngineConfig(model=tiny_model, tensor_parallel_size=2, device="cpu", block_size=8,
                                  num_gpu_blocks=16, max_model_len=64))
     try:
-        opened = own_listening_addresses() - before
+        opened = listening_addresses() - before
         assert opened and all(addr in LOOPBACK for addr, _ in opened), opened
     finally:
         engine.shutdown()
