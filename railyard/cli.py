@@ -6,6 +6,7 @@ import argparse
 import importlib
 import sys
 
+from railyard import __version__
 from railyard.errors import RailyardError
 
 # Each module exposes register(subparsers); a sub-command sets `func(args) -> int`.
@@ -18,11 +19,35 @@ _COMMAND_MODULES = (
 )
 
 
+class DefaultsHelpFormatter(argparse.HelpFormatter):
+    """Every option's help ends with its default, unless it already says what happens when left out."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if not action.option_strings or "default" in text or action.default in (None, argparse.SUPPRESS):
+            return text  # a None default means "not set": the help itself says what that does
+        if isinstance(action.default, bool):
+            shown = "on" if action.default else "off"
+        else:
+            shown = "none" if action.default == [] else "%(default)s"
+        return f"{text} (default: {shown})"
+
+
+def _format_all(parser: argparse.ArgumentParser) -> None:
+    parser.formatter_class = DefaultsHelpFormatter
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for child in action.choices.values():
+                _format_all(child)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="railyard", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"railyard {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     for name in _COMMAND_MODULES:
         importlib.import_module(name).register(sub)
+    _format_all(parser)
     return parser
 
 

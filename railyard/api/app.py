@@ -11,7 +11,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from railyard.api.chat import create_chat_completion
 from railyard.api.completions import create_completion
-from railyard.api.errors import ModelNotFoundError, error_response, install_error_handlers
+from railyard.api.errors import ERROR_RESPONSES, ModelNotFoundError, error_response, install_error_handlers
 from railyard.api.generation import Generation
 from railyard.api.metrics import ServerMetrics
 from railyard.api.middleware import BearerAuth, BodySizeLimit
@@ -21,17 +21,18 @@ from railyard.engine.client import EngineClient
 DEFAULT_MAX_REQUEST_BYTES = 8 * 1024 * 1024
 
 
-def install_openai_routes(app: FastAPI, generation_for: Callable[[str], Generation]) -> None:
+def install_openai_routes(app: FastAPI, generation_for: Callable[[str | None], Generation]) -> None:
     """POST /v1/completions and /v1/chat/completions, each request handed to its model's Generation.
 
-    generation_for raises ModelNotFoundError (404) for a model this app does not serve.
+    generation_for raises ModelNotFoundError (404) for a model this app does not serve (400 for None where it
+    serves several).
     """
 
-    @app.post("/v1/completions")
+    @app.post("/v1/completions", responses=ERROR_RESPONSES)
     async def completions(body: CompletionRequest, raw: Request) -> Response:
         return await create_completion(generation_for(body.model), body, raw)
 
-    @app.post("/v1/chat/completions")
+    @app.post("/v1/chat/completions", responses=ERROR_RESPONSES)
     async def chat_completions(body: ChatCompletionRequest, raw: Request) -> Response:
         return await create_chat_completion(generation_for(body.model), body, raw)
 
@@ -55,8 +56,8 @@ def build_app(engine: EngineClient, *, served_model_name: str | None = None, api
     app.state.engine, app.state.generation, app.state.metrics = engine, gen, metrics
     install_error_handlers(app)
 
-    def generation_for(model: str) -> Generation:
-        if model != name:
+    def generation_for(model: str | None) -> Generation:
+        if model is not None and model != name:  # as in vLLM, no model means the served one
             raise ModelNotFoundError(model)
         return gen
 
@@ -66,17 +67,17 @@ def build_app(engine: EngineClient, *, served_model_name: str | None = None, api
         return {"id": name, "object": "model", "created": info.created, "owned_by": "railyard", "root": info.model,
                 "max_model_len": info.max_model_len}
 
-    @app.get("/v1/models")
+    @app.get("/v1/models", responses={401: ERROR_RESPONSES[401]})
     async def models() -> dict:
         return {"object": "list", "data": [model_card()]}
 
-    @app.get("/v1/models/{model:path}")
+    @app.get("/v1/models/{model:path}", responses={s: ERROR_RESPONSES[s] for s in (401, 404)})
     async def model(model: str) -> dict:
         if model != name:
             raise ModelNotFoundError(model)
         return model_card()
 
-    @app.get("/health")
+    @app.get("/health", responses={503: ERROR_RESPONSES[503]})
     async def health() -> Response:
         if engine.is_running:
             return JSONResponse({"status": "ok"})

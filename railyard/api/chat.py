@@ -25,21 +25,17 @@ async def render_chat(gen: Generation, req: ChatCompletionRequest, tools: ToolPl
     messages = template_messages(req.messages)
     try:
         text = gen.tokenizer.apply_chat_template(messages, tools=tools.tools if tools else None, tokenize=False,
-                                                 add_generation_prompt=req.add_generation_prompt)
+                                                 **req.template_kwargs())
     except Exception as exc:  # the template itself rejects the conversation (jinja raise_exception etc.)
         raise InvalidRequestError(f"the chat template cannot render these messages: {exc}") from None
-    # The template already carries any special tokens it wants; adding more would change the prompt.
-    return Prompt(text, await gen.tokenize(text, add_special_tokens=False))
+    # The template already carries the special tokens it wants; add_special_tokens (vLLM's, default off) adds more.
+    return Prompt(text, await gen.tokenize(text, req.add_special_tokens, req.truncate_prompt_tokens))
 
 
-def _check_supported(req: ChatCompletionRequest) -> None:
-    if req.top_logprobs is not None and not req.logprobs:
-        raise InvalidRequestError("top_logprobs requires logprobs to be true.")
-
-
-def _logprobs(gen: Generation, token_ids: list[int], logprobs: list[dict[int, float]], k: int) -> list[dict]:
+def _logprobs(gen: Generation, token_ids: list[int], logprobs: list[dict[int, float]], k: int,
+              as_ids: bool | None = False) -> list[dict]:
     def entry(t: int, v: float) -> dict:
-        text = gen.token_text(t)
+        text = gen.token_label(t, as_ids)
         return {"token": text, "logprob": v, "bytes": list(text.encode("utf-8"))}
 
     return [{**entry(t, lp[t]),
@@ -49,7 +45,6 @@ def _logprobs(gen: Generation, token_ids: list[int], logprobs: list[dict[int, fl
 
 async def create_chat_completion(gen: Generation, req: ChatCompletionRequest, raw: Request) -> Response:
     arrival = time.monotonic()
-    _check_supported(req)
     tools = plan_tools(req)  # [tools] None without tools
     constraint = structured_outputs(req, tools.constraint if tools else None)  # [structured outputs]
     prompt = await render_chat(gen, req, tools)
@@ -57,7 +52,7 @@ async def create_chat_completion(gen: Generation, req: ChatCompletionRequest, ra
     gen.check_length(prompt, max_tokens)
     k = (req.top_logprobs or 0) if req.logprobs else None
     params = gen.sampling_params(req, max_tokens, k, constraint)
-    request_id = f"chatcmpl-{uuid.uuid4().hex}"
+    request_id = f"chatcmpl-{req.request_id or uuid.uuid4().hex}"
     streams = await gen.submit(request_id, [prompt], params, req.priority, arrival)
     created = now_s()
     if req.stream:
@@ -75,8 +70,9 @@ async def create_chat_completion(gen: Generation, req: ChatCompletionRequest, ra
             message["content"] = parsed.content
             if parsed.tool_calls:
                 message["tool_calls"] = parsed.tool_calls
-        choices.append({"index": c.index, "message": message,
-                        "logprobs": {"content": _logprobs(gen, c.token_ids, c.logprobs, k)} if k is not None else None,
+        logprobs = ({"content": _logprobs(gen, c.token_ids, c.logprobs, k, req.return_tokens_as_token_ids)}
+                    if k is not None else None)
+        choices.append({"index": c.index, "message": message, "logprobs": logprobs,
                         "finish_reason": finish_reason(c.finish_reason, parser), "stop_reason": c.stop_reason})
     return JSONResponse({"id": request_id, "object": "chat.completion", "created": created, "model": gen.model_name,
                          "choices": choices, "usage": usage([out])})
@@ -87,7 +83,7 @@ async def _stream(gen: Generation, req: ChatCompletionRequest, request_id: str, 
     choices: dict[int, ChoiceState] = {}
     parsers = {i: tools.parser() for i in range(req.n)} if tools else {}  # [tools] one per choice
     k = (req.top_logprobs or 0) if req.logprobs else None
-    include_usage = req.stream_options is not None and req.stream_options.include_usage
+    include_usage = req.stream_options is not None and req.stream_options.usage_at_end
     head = {"id": request_id, "object": "chat.completion.chunk", "created": created, "model": gen.model_name}
     usage_field = {"usage": None} if include_usage else {}
     last = None
@@ -104,7 +100,8 @@ async def _stream(gen: Generation, req: ChatCompletionRequest, request_id: str, 
                 parser = parsers.get(c.index)
                 if parser is not None:  # [tools] content and tool-call deltas
                     delta = tool_delta(parser, c.text, c.finish_reason is not None)
-                logprobs = {"content": _logprobs(gen, c.token_ids, c.logprobs, k)} if k is not None else None
+                logprobs = ({"content": _logprobs(gen, c.token_ids, c.logprobs, k, req.return_tokens_as_token_ids)}
+                            if k is not None else None)
                 choice = {"index": c.index, "delta": delta, "logprobs": logprobs,
                           "finish_reason": finish_reason(c.finish_reason, parser), "stop_reason": c.stop_reason}
                 yield sse({**head, "choices": [choice], **usage_field})

@@ -24,7 +24,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default: loopback only)")
     p.add_argument("--port", type=int, default=8000, help="port to bind (0: any free port)")
     p.add_argument("--api-key", default=os.environ.get("RAILYARD_API_KEY"),
-                   help="require 'Authorization: Bearer KEY' on /v1 routes (default: $RAILYARD_API_KEY)")
+                   help="require 'Authorization: Bearer KEY' on every route but /health and /metrics, the API docs "
+                        "included (default: $RAILYARD_API_KEY)")
     p.add_argument("--served-model-name", help="the model name clients use (default: the checkpoint dir name)")
     p.add_argument("--max-waiting-requests", type=int, default=1024,
                    help="requests allowed to wait for a batch slot before new ones get 503 + Retry-After")
@@ -35,9 +36,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--engine-process", action=argparse.BooleanOptionalAction, default=True,
                    help="run the engine core in its own process, so HTTP, SSE and tokenisation never share a GIL with "
                         "the step loop (default); --no-engine-process runs it on a thread of the server, for debugging")
-    p.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"])
+    p.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"],
+                   help="log level of uvicorn and railyard")
     add_engine_args(p)
-    p.add_argument("--config", help="stack YAML: serve its models on Ray Serve instead (see `railyard cluster up`)")
+    p.add_argument("--config", help="stack YAML: serve its models on Ray Serve instead (see `railyard cluster up`) "
+                                    "(default: none: one engine in this process)")
     p.add_argument("--address", help="with --config: the Ray cluster to join (default: start Ray here)")
     p.set_defaults(func=run_serve)
 

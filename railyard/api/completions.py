@@ -18,20 +18,28 @@ from railyard.errors import InvalidRequestError
 
 
 async def _prompts(gen: Generation, req: CompletionRequest) -> list[Prompt]:
-    p = req.prompt
+    p, keep = req.prompt, req.truncate_prompt_tokens
+
+    async def text(x: str) -> Prompt:
+        return Prompt(x, await gen.tokenize(x, req.add_special_tokens, keep))
+
+    def ids(x: list[int]) -> Prompt:  # token ids: the engine client checks them against the vocabulary
+        return Prompt(None, list(x[-keep:] if keep else x))
+
     if isinstance(p, str):
-        return [Prompt(p, await gen.tokenize(p))]
+        return [await text(p)]
     if not p:
         raise InvalidRequestError("The prompt is empty.")
     if all(isinstance(x, str) for x in p):
-        return [Prompt(x, await gen.tokenize(x)) for x in p]
-    if all(isinstance(x, int) for x in p):  # token ids: the engine client checks them against the vocabulary
-        return [Prompt(None, list(p))]
-    return [Prompt(None, list(ids)) for ids in p]
+        return [await text(x) for x in p]
+    if all(isinstance(x, int) for x in p):
+        return [ids(p)]
+    return [ids(x) for x in p]
 
 
-def _logprobs(gen: Generation, token_ids: list[int], logprobs: list[dict[int, float]], k: int, offset: int) -> dict:
-    tokens = [gen.token_text(t) for t in token_ids]
+def _logprobs(gen: Generation, token_ids: list[int], logprobs: list[dict[int, float]], k: int, offset: int,
+              as_ids: bool | None = False) -> dict:
+    tokens = [gen.token_label(t, as_ids) for t in token_ids]
     offsets = []
     for t in tokens:
         offsets.append(offset)
@@ -39,7 +47,7 @@ def _logprobs(gen: Generation, token_ids: list[int], logprobs: list[dict[int, fl
     return {
         "tokens": tokens,
         "token_logprobs": [lp[t] for t, lp in zip(token_ids, logprobs)],
-        "top_logprobs": [{gen.token_text(t): v for t, v in sorted(lp.items(), key=lambda kv: -kv[1])[:k]}
+        "top_logprobs": [{gen.token_label(t, as_ids): v for t, v in sorted(lp.items(), key=lambda kv: -kv[1])[:k]}
                          for lp in logprobs],
         "text_offset": offsets,
     }
@@ -47,17 +55,11 @@ def _logprobs(gen: Generation, token_ids: list[int], logprobs: list[dict[int, fl
 
 async def create_completion(gen: Generation, req: CompletionRequest, raw: Request) -> Response:
     arrival = time.monotonic()
-    if req.echo:
-        raise InvalidRequestError("echo is not supported.")
-    if req.suffix:
-        raise InvalidRequestError("suffix is not supported.")
-    if req.best_of is not None and req.best_of != req.n:
-        raise InvalidRequestError("best_of must equal n (or be left out): railyard does not rank candidates.")
     prompts = await _prompts(gen, req)
     for p in prompts:
         gen.check_length(p, req.max_tokens)
     params = gen.sampling_params(req, req.max_tokens, req.logprobs, structured_outputs(req))  # [structured outputs]
-    request_id = f"cmpl-{uuid.uuid4().hex}"
+    request_id = f"cmpl-{req.request_id or uuid.uuid4().hex}"
     streams = await gen.submit(request_id, prompts, params, req.priority, arrival)
     created = now_s()
     if req.stream:
@@ -70,7 +72,8 @@ async def create_completion(gen: Generation, req: CompletionRequest, raw: Reques
         for c in out.outputs:
             choices.append({
                 "index": i * req.n + c.index, "text": c.text,
-                "logprobs": _logprobs(gen, c.token_ids, c.logprobs, req.logprobs, 0) if req.logprobs is not None
+                "logprobs": _logprobs(gen, c.token_ids, c.logprobs, req.logprobs, 0, req.return_tokens_as_token_ids)
+                if req.logprobs is not None
                 else None,
                 "finish_reason": c.finish_reason, "stop_reason": c.stop_reason})
     return JSONResponse({"id": request_id, "object": "text_completion", "created": created, "model": gen.model_name,
@@ -80,7 +83,7 @@ async def create_completion(gen: Generation, req: CompletionRequest, raw: Reques
 async def _stream(gen: Generation, req: CompletionRequest, request_id: str, created: int, streams):
     choices: dict[int, ChoiceState] = {}
     latest: dict[int, RequestOutput] = {}
-    include_usage = req.stream_options is not None and req.stream_options.include_usage
+    include_usage = req.stream_options is not None and req.stream_options.usage_at_end
     head = {"id": request_id, "object": "text_completion", "created": created, "model": gen.model_name}
     try:
         async for i, out in merge_streams(streams):
@@ -90,7 +93,8 @@ async def _stream(gen: Generation, req: CompletionRequest, request_id: str, crea
                 state = choices.setdefault(index, ChoiceState())
                 logprobs = None
                 if req.logprobs is not None:
-                    logprobs = _logprobs(gen, c.token_ids, c.logprobs, req.logprobs, state.text_len)
+                    logprobs = _logprobs(gen, c.token_ids, c.logprobs, req.logprobs, state.text_len,
+                                         req.return_tokens_as_token_ids)
                 state.text_len += len(c.text)
                 choice = {"index": index, "text": c.text, "logprobs": logprobs, "finish_reason": c.finish_reason,
                           "stop_reason": c.stop_reason}

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -50,18 +51,31 @@ class Generation:
         return self.tokenizer.decode([token_id])
 
     # -- at the door -----------------------------------------------------------------------------
-    async def tokenize(self, text: str, add_special_tokens: bool = True) -> list[int]:
-        """Token ids of a text; a text that cannot fit in max_model_len tokens is refused before it is tokenised."""
+    async def tokenize(self, text: str, add_special_tokens: bool = True, truncate: int | None = None) -> list[int]:
+        """Token ids of a text; a text that cannot fit in max_model_len tokens is refused before it is tokenised.
+
+        truncate: keep only the last that many tokens (vLLM's truncate_prompt_tokens); then any length is taken.
+        """
         if self.tokenizer is None:
-            raise InvalidRequestError("this model has no tokenizer: send token ids as the prompt")
-        if len(text) > self.max_prompt_chars:
+            raise InvalidRequestError("this model has no tokenizer (its checkpoint has no tokenizer files): send the "
+                                      "prompt as token ids to /v1/completions")
+        if truncate is None and len(text) > self.max_prompt_chars:
             raise InvalidRequestError(
                 f"This model's maximum context length is {self.max_model_len} tokens. However, your prompt has "
                 f"{len(text)} characters, more than {self.max_model_len} tokens of this tokenizer can hold. "
                 "Please reduce the length of the prompt.")
-        if len(text) <= _TOKENIZE_INLINE_CHARS:
-            return self.tokenizer.encode(text, add_special_tokens=add_special_tokens)
-        return await asyncio.to_thread(self.tokenizer.encode, text, add_special_tokens=add_special_tokens)
+        if truncate is None:
+            encode = functools.partial(self.tokenizer.encode, text, add_special_tokens=add_special_tokens)
+        else:  # as vLLM: the tokenizer truncates (on the left, see load_tokenizer), keeping its special tokens
+            encode = functools.partial(self._truncated, text, add_special_tokens, truncate)
+        return encode() if len(text) <= _TOKENIZE_INLINE_CHARS else await asyncio.to_thread(encode)
+
+    def _truncated(self, text: str, add_special_tokens: bool, keep: int) -> list[int]:
+        return self.tokenizer(text, add_special_tokens=add_special_tokens, truncation=True, max_length=keep)["input_ids"]
+
+    def token_label(self, token_id: int, as_id: bool | None = False) -> str:
+        """A token as logprobs show it: its text, or vLLM's 'token_id:N' (asked for, or without a tokenizer)."""
+        return f"token_id:{token_id}" if as_id or self.tokenizer is None else self.token_text(token_id)
 
     @property
     def max_prompt_chars(self) -> int:
@@ -91,8 +105,8 @@ class Generation:
         Streamed requests get delta outputs (only what is new, merged while a client reads slowly), the others
         one final output.
         """
-        if req.logit_bias:
-            raise InvalidRequestError("logit_bias is not supported.")
+        if req.stop and self.tokenizer is None:
+            raise InvalidRequestError("stop strings need a tokenizer, and this model has none: use stop_token_ids")
         kind: OutputKind = "delta" if req.stream else "final_only"
         return SamplingParams(
             n=req.n, temperature=1.0 if req.temperature is None else req.temperature,

@@ -55,15 +55,21 @@ class BodySizeLimit:
         await self.app(scope, replay, send)
 
 
+# Open without a key, for probes and scrapers; everything else (the /v1 API, /docs, /redoc, /openapi.json and any
+# route added later) requires it.
+OPEN_PATHS = frozenset({"/health", "/metrics"})
+
+
 class BearerAuth:
-    """Requires `Authorization: Bearer <key>` on /v1/ routes; /health and /metrics stay open for probes."""
+    """Requires `Authorization: Bearer <key>` on every route but /health and /metrics (the API docs included:
+    fetch /openapi.json with the header)."""
 
     def __init__(self, app: ASGIApp, api_key: str) -> None:
         self.app = app
         self.expected = f"Bearer {api_key}".encode()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and scope["path"].startswith("/v1"):
+        if scope["type"] == "http" and scope["path"] not in OPEN_PATHS:
             given = dict(scope["headers"]).get(b"authorization", b"")
             if not secrets.compare_digest(given, self.expected):
                 body = error_bytes(401, "Incorrect API key provided. Send it as 'Authorization: Bearer <key>'.",

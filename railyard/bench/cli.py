@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 
 from railyard.bench.serve_cli import register_serve
 from railyard.engine.args import add_engine_args, engine_config_from_args
@@ -14,10 +15,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     kinds = bench.add_subparsers(dest="bench_command", required=True)
 
     tp = kinds.add_parser("throughput", help="offline throughput of one engine on a synthetic workload")
-    tp.add_argument("--num-prompts", type=int, default=64)
+    tp.add_argument("--num-prompts", type=int, default=64, help="requests in the workload, all submitted at once")
     tp.add_argument("--input-len", default="32-128", help="N or LOW-HIGH prompt tokens (seeded uniform)")
     tp.add_argument("--output-len", default="32", help="N or LOW-HIGH output tokens (EOS ignored)")
-    tp.add_argument("--workload-seed", type=int, default=0)
+    tp.add_argument("--workload-seed", type=int, default=0, help="seed of the prompts' lengths and tokens")
     tp.add_argument("--warmup-prompts", type=int, default=8,
                     help="untimed prompts of the same lengths (4 output tokens) run first, so JIT compilation "
                          "is not measured; 0: none")
@@ -25,11 +26,13 @@ def register(sub: argparse._SubParsersAction) -> None:
                     help="draw prompt token ids below this, as `railyard bench serve` does, so both run the very same "
                          "requests (default: the model's vocabulary)")
     tp.add_argument("--peak-tflops", type=float, default=None,
-                    help="matmul peak for the roofline (default: 790, bf16 measured on an H200)")
+                    help="matmul peak for the roofline, TFLOP/s (default: the device's as measured here: 790 bf16 "
+                         "on an H200; on another device no roofline unless given with --hbm-tbs)")
     tp.add_argument("--fp8-peak-tflops", type=float, default=None,
                     help="FP8 matmul peak for the roofline of FP8 weights (default: 2x the bf16 peak)")
     tp.add_argument("--hbm-tbs", type=float, default=None,
-                    help="memory bandwidth for the roofline in TB/s (default: 4.3, measured on an H200)")
+                    help="memory bandwidth for the roofline, TB/s (default: the device's as measured here: 4.3 on "
+                         "an H200; on another device no roofline unless given with --peak-tflops)")
     add_engine_args(tp)
     tp.set_defaults(func=run_throughput_cmd)
 
@@ -51,7 +54,7 @@ def run_throughput_cmd(args: argparse.Namespace) -> int:
     if args.token_id_range is not None and not 1 <= args.token_id_range <= engine.spec.vocab_size:
         raise ConfigError(f"--token-id-range must be in [1, {engine.spec.vocab_size}] (the vocabulary)")
     result = run_throughput(engine, args.num_prompts, input_len, output_len, args.workload_seed,
-                            args.warmup_prompts, args.token_id_range)
+                            args.warmup_prompts, args.token_id_range, progress=sys.stderr.isatty())
     report = result.to_dict()
     memory = getattr(getattr(engine.executor, "runner", None), "memory", None)
     if memory is not None:  # the engine's start-up report: how its memory divided into weights and KV blocks
@@ -61,15 +64,32 @@ def run_throughput_cmd(args: argparse.Namespace) -> int:
     return 0
 
 
-def roofline_report(engine, args: argparse.Namespace, input_len, output_len, elapsed_s: float) -> dict:
-    """DESIGN.md's floor for this workload and model, and how close the measured run came (a line on stderr)."""
-    import sys
+def device_name(engine) -> str:
+    """What the engine runs on, as the driver names it (torch.cuda), or 'cpu'."""
+    runner = getattr(engine.executor, "runner", None)
+    device = getattr(runner, "device", None)
+    if device is None or device.type != "cuda":
+        return "cpu"
+    import torch
 
-    from railyard.bench.roofline import H200_HBM_TBS, H200_PEAK_TFLOPS, offline_roofline
+    return torch.cuda.get_device_name(device)
+
+
+def roofline_report(engine, args: argparse.Namespace, input_len, output_len, elapsed_s: float) -> dict:
+    """DESIGN.md's floor for this workload and model, and how close the measured run came (a line on stderr);
+    on a device whose ceilings are not known, and none given, no floor at all."""
+    from railyard.bench.roofline import device_peaks, offline_roofline
     from railyard.bench.throughput import workload_requests
 
+    device = device_name(engine)
+    peaks = device_peaks(device, args.peak_tflops, args.hbm_tbs)
+    if peaks is None:
+        note = (f"no roofline: the peak FLOP/s and memory bandwidth of {device} are not known here; pass "
+                "--peak-tflops and --hbm-tbs for one")
+        print(f"roofline: {note}", file=sys.stderr)
+        return {"roofline": None, "measured_over_roofline": None, "percent_of_roofline": None, "roofline_note": note}
+    peak, bw = peaks
     reqs = workload_requests(engine, args.num_prompts, input_len, output_len, args.workload_seed, args.token_id_range)
-    peak, bw = args.peak_tflops or H200_PEAK_TFLOPS, args.hbm_tbs or H200_HBM_TBS
     fp8_peak = args.fp8_peak_tflops or 2 * peak
     roof = offline_roofline(roofline_spec(engine), [len(r.prompt_token_ids) for r in reqs],
                             [r.output_len for r in reqs], peak, bw, fp8_peak)

@@ -21,6 +21,20 @@ H200_PEAK_TFLOPS = 790.0  # bf16 dense matmul measured on this workplace's H200s
 # scripts/gpu/fp8.sh measures torch._scaled_mm and passes its rate to `bench throughput --fp8-peak-tflops`.
 H200_FP8_PEAK_TFLOPS = 2 * H200_PEAK_TFLOPS
 H200_HBM_TBS = 4.3  # device-to-device copy, bytes read + written
+# Devices whose ceilings were measured here, by a part of their name: (TFLOP/s, TB/s).
+KNOWN_PEAKS = {"H200": (H200_PEAK_TFLOPS, H200_HBM_TBS)}
+
+
+def device_peaks(device_name: str | None, peak_tflops: float | None = None,
+                 hbm_tbs: float | None = None) -> tuple[float, float] | None:
+    """The ceilings for a roofline: the ones given, else the device's measured ones; None when neither
+    (a floor against another device's figures would be a wrong percentage)."""
+    known = next((peaks for part, peaks in KNOWN_PEAKS.items() if device_name and part in device_name), None)
+    if peak_tflops is not None and hbm_tbs is not None:
+        return peak_tflops, hbm_tbs
+    if known is None:
+        return None
+    return peak_tflops or known[0], hbm_tbs or known[1]
 
 
 @dataclass

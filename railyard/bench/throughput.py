@@ -5,6 +5,8 @@ from __future__ import annotations
 import time
 from dataclasses import asdict, dataclass
 
+from tqdm import tqdm
+
 from railyard.bench.workload import LengthRange, Request, synthetic_requests
 from railyard.engine.config import SamplingParams
 from railyard.engine.engine import Engine
@@ -29,18 +31,20 @@ class ThroughputResult:
 
 
 def run_throughput(engine: Engine, num_prompts: int, input_len: LengthRange, output_len: LengthRange,
-                   seed: int = 0, warmup_prompts: int = 0, token_id_range: int | None = None) -> ThroughputResult:
+                   seed: int = 0, warmup_prompts: int = 0, token_id_range: int | None = None,
+                   progress: bool = False) -> ThroughputResult:
     """Submit every request at once (ignore_eos, greedy) and time until all have finished.
 
     warmup_prompts: first run that many other prompts (another seed: no prefix-cache hits on the measured
-    ones) of the same lengths for 4 tokens, untimed, so kernel compilation is not measured."""
+    ones) of the same lengths for 4 tokens, untimed, so kernel compilation is not measured.
+    progress: a progress bar of finished requests on stderr (for a terminal)."""
     if warmup_prompts:
         warm = workload_requests(engine, warmup_prompts, input_len, LengthRange(4, 4), seed + 1, token_id_range)
-        _run(engine, warm, "warmup")
+        _run(engine, warm, "warmup", progress)
     before = engine.stats()
     reqs = workload_requests(engine, num_prompts, input_len, output_len, seed, token_id_range)
     start = time.perf_counter()
-    out_tokens = _run(engine, reqs, "bench")
+    out_tokens = _run(engine, reqs, "bench", progress)
     elapsed = time.perf_counter() - start
     prompt_tokens = sum(len(r.prompt_token_ids) for r in reqs)
     stats = engine.stats()
@@ -55,18 +59,20 @@ def run_throughput(engine: Engine, num_prompts: int, input_len: LengthRange, out
         warmup_prompts=warmup_prompts)
 
 
-def _run(engine: Engine, reqs: list[Request], prefix: str) -> int:
+def _run(engine: Engine, reqs: list[Request], prefix: str, progress: bool = False) -> int:
     """Add every request, step until all finished; returns the output tokens."""
     for i, r in enumerate(reqs):
         params = SamplingParams(temperature=0.0, max_tokens=r.output_len, ignore_eos=True,
                                 output_kind="final_only")
         engine.add_request(f"{prefix}-{i}", None, params, prompt_token_ids=r.prompt_token_ids)
     done = out_tokens = 0
-    while done < len(reqs):
-        for out in engine.step():
-            if out.finished:
-                done += 1
-                out_tokens += sum(len(c.token_ids) for c in out.outputs)
+    with tqdm(total=len(reqs), desc=prefix, unit="req", disable=not progress) as bar:
+        while done < len(reqs):
+            for out in engine.step():
+                if out.finished:
+                    done += 1
+                    out_tokens += sum(len(c.token_ids) for c in out.outputs)
+                    bar.update(1)
     return out_tokens
 
 

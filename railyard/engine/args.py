@@ -9,17 +9,27 @@ import typing
 from railyard.engine.config import EngineConfig
 
 _HELP = {
-    "model": "local HF checkpoint directory (default: the embedded tiny model)",
+    "model": "local HF checkpoint directory, or the embedded model's name (default: tiny-qwen2-seed0, the "
+             "embedded tiny model)",
+    "tokenizer": "directory of the tokenizer to use (default: the checkpoint's own)",
+    "dtype": "weights and activations: auto, float32, bfloat16 or float16 (auto: the checkpoint's, float32 on CPU)",
+    "device": "auto, cpu or cuda (auto: cuda when present)",
     "block_size": "tokens per KV-cache block (8, 16 or 32)",
     "max_num_seqs": "most sequences in one batch",
-    "max_num_batched_tokens": "token budget of one step (prefill chunks + decodes)",
-    "max_model_len": "longest prompt + output, in tokens (default: the model's)",
+    "max_num_batched_tokens": "token budget of one step (prefill chunks + decodes) (default: max(2048, "
+                              "--max-num-seqs) with chunked prefill, else max(--max-model-len, --max-num-seqs))",
+    "max_model_len": "longest prompt + output, in tokens (default: the model's max_position_embeddings)",
     "gpu_memory_utilization": "fraction of GPU memory this engine may use",
-    "num_gpu_blocks": "KV blocks to allocate (overrides memory profiling)",
+    "num_gpu_blocks": "KV blocks to allocate (default: as many as --gpu-memory-utilization leaves room for)",
     "swap_space": "GiB of CPU memory for swap-mode preemption",
+    "num_cpu_blocks": "CPU swap blocks to allocate (default: as many as --swap-space holds)",
+    "enable_prefix_caching": "reuse the KV blocks of prompt prefixes already computed",
+    "enable_chunked_prefill": "split long prompts over several steps, sharing them with decodes",
     "preemption_mode": "what happens to a preempted sequence's KV: recompute or swap",
-    "scheduling_policy": "fcfs or priority",
+    "scheduling_policy": "fcfs or priority (requests' priority field: lower runs first)",
     "tensor_parallel_size": "GPUs (processes) per replica",
+    "attention_backend": "auto, torch or triton (auto: triton on GPU, torch on CPU)",
+    "enforce_eager": "never capture CUDA graphs",
     "quantization": "fp8: FP8 weights (per-channel scales) and per-token FP8 activations; FP8 checkpoints are "
                     "detected from config.json",
     "kv_cache_dtype": "auto (the model dtype), bfloat16 or fp8 (e4m3, per-layer K/V scales: twice the blocks of bf16)",
@@ -27,6 +37,8 @@ _HELP = {
                                                  "a request's structured_outputs.disable_any_whitespace says otherwise",
     "async_scheduling": "plan the next step while the device runs the current one (--no-async-scheduling: "
                         "one step at a time)",
+    "cuda_graph_max_batch_size": "largest decode batch captured as a CUDA graph",
+    "seed": "seed of the random weights a named model shape gets (benchmarks)",
 }
 _SKIP = {"served_model_name"}
 _FLAGS = {"seed": "--engine-seed"}  # --seed is the per-request sampling seed where both appear
@@ -42,13 +54,21 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
         flag = _FLAGS.get(f.name, "--" + f.name.replace("_", "-"))
         hint = hints[f.name]
         kind = _base_type(hint)
-        help_text = _HELP.get(f.name)
+        help_text = _with_default(_HELP.get(f.name, f.name.replace("_", " ")), f.default)
         if kind is bool:
             group.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction, default=None, help=help_text)
         else:
             choices = typing.get_args(hint) if typing.get_origin(hint) is typing.Literal else None
             group.add_argument(flag, dest=f.name, type=str if choices else kind, choices=choices, default=None,
                                help=help_text)
+
+
+def _with_default(help_text: str, default) -> str:
+    """The help with EngineConfig's default (the flags themselves default to None: only given ones override)."""
+    if "(default:" in help_text:
+        return help_text
+    shown = ("on" if default else "off") if isinstance(default, bool) else default
+    return f"{help_text} (default: {shown})"
 
 
 def engine_config_from_args(args: argparse.Namespace, **overrides) -> EngineConfig:

@@ -11,17 +11,20 @@ from railyard.engine.args import add_engine_args, engine_config_from_args
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("generate", help="generate text offline for one or more prompts")
-    p.add_argument("--prompt", action="append", help="a prompt (repeat for a batch); default: read stdin lines")
-    p.add_argument("--max-tokens", type=int, default=32)
-    p.add_argument("--temperature", type=float, default=0.0)
-    p.add_argument("--top-p", type=float, default=1.0)
-    p.add_argument("--top-k", type=int, default=0)
-    p.add_argument("--min-p", type=float, default=0.0)
-    p.add_argument("--seed", type=int, default=None)
-    p.add_argument("--n", type=int, default=1)
-    p.add_argument("--stop", action="append", default=[])
-    p.add_argument("--ignore-eos", action="store_true")
-    p.add_argument("--json", action="store_true", help="print one JSON object per prompt")
+    p.add_argument("--prompt", action="append", help="a prompt (repeat for a batch) (default: one per line of stdin)")
+    p.add_argument("--max-tokens", type=int, default=32, help="most tokens to generate per output")
+    p.add_argument("--temperature", type=float, default=0.0, help="sampling temperature (0: greedy)")
+    p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling: keep the smallest set of tokens "
+                                                             "with this much probability (1: all)")
+    p.add_argument("--top-k", type=int, default=0, help="keep the k likeliest tokens (0: all)")
+    p.add_argument("--min-p", type=float, default=0.0, help="drop tokens below this fraction of the likeliest "
+                                                             "token's probability (0: none)")
+    p.add_argument("--seed", type=int, default=None, help="sampling seed, for repeatable samples (default: none: "
+                                                          "a fresh random stream)")
+    p.add_argument("--n", type=int, default=1, help="outputs per prompt")
+    p.add_argument("--stop", action="append", default=[], help="a stop string (repeat for several)")
+    p.add_argument("--ignore-eos", action="store_true", help="keep generating past the end-of-sequence token")
+    p.add_argument("--json", action="store_true", help="print one JSON object per output")
     add_engine_args(p)
     p.set_defaults(func=run_generate)
 

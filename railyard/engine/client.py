@@ -23,7 +23,7 @@ from railyard.engine.config import SamplingParams
 from railyard.engine.model_info import ModelInfo
 from railyard.engine.output_processor import OutputProcessor
 from railyard.engine.outputs import EngineStats, RequestOutput, SeqDelta
-from railyard.engine.validation import check_prompt_token_ids, check_sampling_params
+from railyard.engine.validation import check_priority, check_prompt_token_ids, check_sampling_params
 from railyard.engine.wire import UTILITY_METHODS, RequestRefused
 from railyard.errors import ConfigError, EngineDeadError, EngineOverloadedError, InvalidRequestError
 
@@ -201,6 +201,7 @@ class CoreClient(abc.ABC):
         info = self.model_info
         check_prompt_token_ids(ids, vocab_size=info.vocab_size, max_model_len=info.max_model_len)
         check_sampling_params(params, vocab_size=info.vocab_size)
+        check_priority(priority, info.scheduling_policy)
         arrival = arrival_time if arrival_time is not None else time.monotonic()
         stream = RequestStream(request_id, self, merge_deltas=params.output_kind == "delta")
         self._streams[request_id] = stream

@@ -27,7 +27,7 @@ from railyard.engine.scheduler import Scheduler
 from railyard.engine.sequence import PLACEHOLDER, Sequence
 from railyard.engine.structured.manager import Accepted, StructuredOutputManager
 from railyard.engine.tokenizer import load_tokenizer
-from railyard.engine.validation import check_prompt_token_ids, check_sampling_params
+from railyard.engine.validation import check_priority, check_prompt_token_ids, check_sampling_params
 from railyard.errors import ConfigError, InvalidRequestError
 from railyard.model.spec import ModelSpec, read_model_spec
 
@@ -125,7 +125,7 @@ class EngineCore:
             eos_token_ids=self.eos_token_ids, block_size=c.block_size, num_gpu_blocks=self.block_manager.gpu.num_blocks,
             num_cpu_blocks=self.block_manager.cpu.num_blocks, max_num_seqs=c.max_num_seqs,
             max_num_batched_tokens=c.max_num_batched_tokens, tensor_parallel_size=c.tensor_parallel_size,
-            created=created, pids=[os.getpid(), *getattr(self.executor, "worker_pids", [])])
+            scheduling_policy=c.scheduling_policy, created=created, pids=[os.getpid(), *getattr(self.executor, "worker_pids", [])])
 
     # -- requests --------------------------------------------------------------------------------
     def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams, *,
@@ -136,6 +136,7 @@ class EngineCore:
         ids = list(prompt_token_ids)
         check_prompt_token_ids(ids, vocab_size=self.spec.vocab_size, max_model_len=self.config.max_model_len)
         check_sampling_params(params, vocab_size=self.spec.vocab_size)
+        check_priority(priority, self.config.scheduling_policy)
         if params.structured_outputs is not None:  # [structured outputs] refuse a bad constraint at the door
             self.structured.validate(params.structured_outputs)
         now = arrival_time if arrival_time is not None else time.monotonic()

@@ -22,5 +22,6 @@ class ModelInfo:
     max_num_seqs: int = 0
     max_num_batched_tokens: int = 0
     tensor_parallel_size: int = 1
+    scheduling_policy: str | None = None  # None where a front stands for several engines
     created: int = 0  # the checkpoint's mtime (the OpenAI model card's "created")
     pids: list[int] = field(default_factory=list)  # the engine core's process and its tensor-parallel workers

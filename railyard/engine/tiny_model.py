@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import tempfile
 import zlib
@@ -156,10 +157,23 @@ def write_tiny_checkpoint(path: str | Path, arch: str = DEFAULT_ARCH, seed: int 
     return path
 
 
+def embedded_name(arch: str = DEFAULT_ARCH, seed: int = 0) -> str:
+    """The embedded model's name: its cache directory's, so also what the server calls it by default."""
+    return f"tiny-{arch}-seed{seed}"
+
+
+def embedded_model_dir(name: str) -> Path | None:
+    """The embedded model a name such as tiny-qwen2-seed0 stands for (made on first use), or None."""
+    match = re.fullmatch(r"tiny-([a-z0-9]+)-seed(\d+)", name)
+    if match is None or match[1] not in _ARCHS:
+        return None
+    return ensure_tiny_model(match[1], int(match[2]))
+
+
 def ensure_tiny_model(arch: str = DEFAULT_ARCH, seed: int = 0, cache_dir: Path | None = None) -> Path:
     """The cached embedded model directory, created on first use (atomically, safe for parallel callers)."""
     root = cache_dir or default_cache_dir()
-    target = root / f"tiny-{arch}-seed{seed}"
+    target = root / embedded_name(arch, seed)
     config = target / "tokenizer_config.json"
     if config.is_file():
         if json.loads(config.read_text()).get("chat_template") != CHAT_TEMPLATE:  # cached by an older railyard

@@ -2,19 +2,36 @@
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 from railyard.errors import ModelLoadError
 
+log = logging.getLogger("railyard.engine")
+
+# What an HF tokenizer is made from: without any of these a checkpoint has no tokenizer at all.
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json", "vocab.txt",
+                    "merges.txt", "spiece.model", "special_tokens_map.json")
+
+
+def has_tokenizer_files(path: str | Path) -> bool:
+    path = Path(path)
+    return any((path / name).is_file() for name in _TOKENIZER_FILES) or any(path.glob("*.tiktoken"))
+
 
 def load_tokenizer(path: str | Path):
-    """The checkpoint's own HF tokenizer (tokenizer.json / tokenizer_config.json), local files only."""
+    """The checkpoint's own HF tokenizer (tokenizer.json / tokenizer_config.json), local files only, or None
+    for a directory with no tokenizer files: then the model serves token-id prompts only, for every
+    architecture alike (vLLM's skip_tokenizer_init). Truncation (truncate_prompt_tokens) keeps a prompt's end."""
     from transformers import AutoTokenizer
     from transformers.utils import logging as hf_logging
 
+    if Path(path).is_dir() and not has_tokenizer_files(path):
+        log.warning("%s has no tokenizer files: serving token-id prompts only (text prompts get 400)", path)
+        return None
     hf_logging.set_verbosity_error()
     try:
-        return AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+        return AutoTokenizer.from_pretrained(str(path), local_files_only=True, truncation_side="left")
     except Exception as exc:  # transformers raises many types for a broken tokenizer
         raise ModelLoadError(f"cannot load the tokenizer from {path}: {exc}") from None
 

@@ -16,6 +16,7 @@ import multiprocessing.connection
 import os
 import queue
 import signal
+import socket
 import threading
 import time
 import weakref
@@ -93,6 +94,25 @@ class _Rank0Thread:
             self._done_w.send_bytes(b"1")
 
 
+def loopback_store(world_size: int, timeout: datetime.timedelta) -> dist.TCPStore:
+    """The ranks' rendezvous store, listening on 127.0.0.1 only (the workers are local processes).
+
+    Given a host, TCPStore still binds every interface (`::`), which would let anyone who reaches the node
+    write into the replica's rendezvous; a socket bound to loopback, handed over as its listening
+    descriptor, keeps it local. Port 0: the OS picks a free port, and the held socket closes any race for it.
+    """
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        sock.bind(("127.0.0.1", 0))
+        store = dist.TCPStore("127.0.0.1", sock.getsockname()[1], world_size, is_master=True,
+                              wait_for_workers=False, timeout=timeout, master_listen_fd=sock.fileno())
+    except BaseException:
+        sock.close()
+        raise
+    sock.detach()  # the store owns the descriptor now
+    return store
+
+
 class TensorParallelExecutor:
     """Drives tensor_parallel_size ranks: this process is rank 0, workers are spawned processes."""
 
@@ -116,8 +136,7 @@ class TensorParallelExecutor:
         self._finalizer = weakref.finalize(self, _release, self._workers, self._conns, self._rank0)
         try:
             # Port 0: the OS picks a free port, and holding the listening store closes any race for it.
-            store = dist.TCPStore("127.0.0.1", 0, tp, is_master=True, wait_for_workers=False,
-                                  timeout=datetime.timedelta(seconds=COLLECTIVE_TIMEOUT_S))
+            store = loopback_store(tp, datetime.timedelta(seconds=COLLECTIVE_TIMEOUT_S))
             rv = Rendezvous("127.0.0.1", store.port, tp, "nccl" if device.type == "cuda" else "gloo", device.type,
                             COLLECTIVE_TIMEOUT_S)
             self._spawn_workers(rv, config, spec, model_dir)

@@ -29,6 +29,13 @@ def check_sampling_params(params: SamplingParams, *, vocab_size: int) -> None:
     check_in_vocab(params.stop_token_ids, vocab_size, "stop token id")
 
 
+def check_priority(priority: int, scheduling_policy: str | None) -> None:
+    """vLLM's rule: a priority other than 0 is refused where nothing would honour it (None: not known here)."""
+    if priority and scheduling_policy == "fcfs":
+        raise InvalidRequestError(f"priority {priority} needs priority scheduling (--scheduling-policy priority); "
+                                  "this engine schedules first come, first served")
+
+
 def check_in_vocab(ids: list[int], vocab_size: int, what: str) -> None:
     bad = [t for t in ids if not 0 <= t < vocab_size]
     if bad:

@@ -11,6 +11,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Any
 
 import pytest
 import uvicorn
@@ -32,6 +33,7 @@ class RunningServer:
     url: str
     engine: CoreClient
     model: str = MODEL_NAME
+    app: Any = None  # the FastAPI app, for tests that break one of its parts on purpose
 
     def in_loop(self, coro, timeout: float = 60.0):
         """Run a coroutine on the server's event loop (where the engine lives) and return its result."""
@@ -64,7 +66,7 @@ def serve_in_thread(engine: CoreClient, timeout_keep_alive: float = 60, **app_kw
         time.sleep(0.02)
     port = server.servers[0].sockets[0].getsockname()[1]
     try:
-        yield RunningServer(f"http://127.0.0.1:{port}", engine)
+        yield RunningServer(f"http://127.0.0.1:{port}", engine, app=app)
     finally:
         server.should_exit = True
         thread.join(timeout=30)

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import io
 import json
+import sys
 
 from railyard.cli import main
 
@@ -27,3 +29,27 @@ def test_hub_id_exits_2_saying_weights_must_be_local(capsys):
     rc = main(["generate", "--model", "Qwen/Qwen2-7B", "--prompt", "x"])
     assert rc == 2
     assert "never downloads weights" in capsys.readouterr().err
+
+
+class Terminal(io.StringIO):
+    """stderr as a terminal: where progress bars belong."""
+
+    def isatty(self) -> bool:
+        return True
+
+
+def test_generate_accepts_the_embedded_models_name(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("RAILYARD_CACHE", str(tmp_path))
+    rc = main(["generate", "--model", "tiny-qwen2-seed0", "--prompt", "hi", "--max-tokens", "2", "--ignore-eos",
+               "--json"])
+    assert rc == 0 and len(json.loads(capsys.readouterr().out)["token_ids"]) == 2
+    assert (tmp_path / "tiny-qwen2-seed0" / "config.json").is_file()  # the name the server calls it by
+
+
+def test_generate_shows_a_progress_bar_on_a_terminal_only(tiny_model, monkeypatch, capsys):
+    args = ["generate", "--model", tiny_model, "--prompt", "a", "--prompt", "b", "--max-tokens", "2"]
+    assert main(args) == 0 and "generate" not in capsys.readouterr().err  # not a terminal: no bar
+    terminal = Terminal()
+    monkeypatch.setattr(sys, "stderr", terminal)
+    assert main(args) == 0
+    assert "generate: 100%" in terminal.getvalue() and "2/2" in terminal.getvalue()

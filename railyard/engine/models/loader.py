@@ -20,11 +20,17 @@ from railyard.model.spec import ModelSpec
 
 
 def resolve_model_dir(model: str) -> Path:
-    """The local checkpoint directory for a path, with a clear error for a hub id or a bad path."""
+    """The local checkpoint directory for a path (or the embedded model's name, tiny-qwen2-seed0), with a clear
+    error for a hub id or a bad path."""
     if not model:
         raise ModelLoadError("no model given: pass a local checkpoint directory (e.g. --model /models/qwen2-7b)")
     path = Path(model).expanduser()
     if not path.exists():
+        from railyard.engine.tiny_model import embedded_model_dir
+
+        embedded = embedded_model_dir(model)  # the name the server and README give the embedded model
+        if embedded is not None:
+            return embedded
         looks_like_hub_id = "/" in model and not model.startswith(("/", ".", "~")) and model.count("/") == 1
         hint = (" It looks like a Hugging Face hub id: railyard never downloads weights at run time; "
                 "download the checkpoint first and pass its local directory.") if looks_like_hub_id else ""
