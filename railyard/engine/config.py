@@ -152,40 +152,41 @@ class SamplingParams:
         self.stop_token_ids = list(self.stop_token_ids or [])
         if self.top_k == -1:
             self.top_k = 0
+        # Messages are formatted only for a failed check: every request builds (and decodes) one of these.
         checks = [
-            (isinstance(self.n, int) and 1 <= self.n <= 128, f"n must be an integer in [1, 128], got {self.n}"),
-            (self.temperature >= 0.0, f"temperature must be >= 0, got {self.temperature}"),
-            (0.0 < self.top_p <= 1.0, f"top_p must be in (0, 1], got {self.top_p}"),
+            (isinstance(self.n, int) and 1 <= self.n <= 128, "n must be an integer in [1, 128], got {s.n}"),
+            (self.temperature >= 0.0, "temperature must be >= 0, got {s.temperature}"),
+            (0.0 < self.top_p <= 1.0, "top_p must be in (0, 1], got {s.top_p}"),
             (isinstance(self.top_k, int) and self.top_k >= 0,
-             f"top_k must be -1, 0 (disabled) or a positive integer, got {self.top_k}"),
-            (0.0 <= self.min_p <= 1.0, f"min_p must be in [0, 1], got {self.min_p}"),
-            (self.repetition_penalty > 0.0, f"repetition_penalty must be > 0, got {self.repetition_penalty}"),
-            (-2.0 <= self.presence_penalty <= 2.0, f"presence_penalty must be in [-2, 2], got {self.presence_penalty}"),
+             "top_k must be -1, 0 (disabled) or a positive integer, got {s.top_k}"),
+            (0.0 <= self.min_p <= 1.0, "min_p must be in [0, 1], got {s.min_p}"),
+            (self.repetition_penalty > 0.0, "repetition_penalty must be > 0, got {s.repetition_penalty}"),
+            (-2.0 <= self.presence_penalty <= 2.0, "presence_penalty must be in [-2, 2], got {s.presence_penalty}"),
             (-2.0 <= self.frequency_penalty <= 2.0,
-             f"frequency_penalty must be in [-2, 2], got {self.frequency_penalty}"),
+             "frequency_penalty must be in [-2, 2], got {s.frequency_penalty}"),
             (self.max_tokens is None or (isinstance(self.max_tokens, int) and self.max_tokens >= 1),
-             f"max_tokens must be at least 1, got {self.max_tokens}"),
-            (isinstance(self.min_tokens, int) and self.min_tokens >= 0, f"min_tokens must be >= 0, got {self.min_tokens}"),
+             "max_tokens must be at least 1, got {s.max_tokens}"),
+            (isinstance(self.min_tokens, int) and self.min_tokens >= 0, "min_tokens must be >= 0, got {s.min_tokens}"),
             (self.max_tokens is None or self.min_tokens <= self.max_tokens,
-             f"min_tokens ({self.min_tokens}) must not exceed max_tokens ({self.max_tokens})"),
+             "min_tokens ({s.min_tokens}) must not exceed max_tokens ({s.max_tokens})"),
             (self.logprobs is None or (isinstance(self.logprobs, int) and 0 <= self.logprobs <= 20),
-             f"logprobs must be an integer in [0, 20], got {self.logprobs}"),
+             "logprobs must be an integer in [0, 20], got {s.logprobs}"),
             (all(isinstance(s, str) and s for s in self.stop), "stop must be a list of non-empty strings"),
             (all(isinstance(t, int) and t >= 0 for t in self.stop_token_ids),
              "stop_token_ids must be non-negative integers"),
-            (self.seed is None or isinstance(self.seed, int), f"seed must be an integer, got {self.seed!r}"),
+            (self.seed is None or isinstance(self.seed, int), "seed must be an integer, got {s.seed!r}"),
             # Both become int64 tensors / generator seeds in the step: out of range they would fail the whole batch.
             (not isinstance(self.seed, int) or -2**63 <= self.seed <= 2**63 - 129,
-             f"seed must fit in int64, got {self.seed}"),
-            (not isinstance(self.top_k, int) or self.top_k < 2**31, f"top_k must be below 2**31, got {self.top_k}"),
+             "seed must fit in int64, got {s.seed}"),
+            (not isinstance(self.top_k, int) or self.top_k < 2**31, "top_k must be below 2**31, got {s.top_k}"),
             (self.output_kind in ("cumulative", "delta", "final_only"),
-             f"output_kind must be 'cumulative', 'delta' or 'final_only', got {self.output_kind!r}"),
+             "output_kind must be 'cumulative', 'delta' or 'final_only', got {s.output_kind!r}"),
             (self.structured_outputs is None or isinstance(self.structured_outputs, StructuredOutputsParams),
              "structured_outputs must be a StructuredOutputsParams (or a dict of its fields)"),
         ]
         for ok, message in checks:
             if not ok:
-                raise InvalidRequestError(message)
+                raise InvalidRequestError(message.format(s=self))
 
     @property
     def greedy(self) -> bool:
