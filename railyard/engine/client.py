@@ -24,7 +24,7 @@ from railyard.engine.model_info import ModelInfo
 from railyard.engine.output_processor import OutputProcessor
 from railyard.engine.outputs import EngineStats, RequestOutput, SeqDelta
 from railyard.engine.validation import check_priority, check_prompt_token_ids, check_sampling_params
-from railyard.engine.wire import UTILITY_METHODS, RequestRefused
+from railyard.engine.wire import RequestRefused
 from railyard.errors import ConfigError, EngineDeadError, EngineOverloadedError, InvalidRequestError
 
 log = logging.getLogger("railyard.engine")

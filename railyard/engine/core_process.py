@@ -9,16 +9,14 @@ stops), stops on SIGTERM or a Shutdown message, and exits by itself if its paren
 from __future__ import annotations
 
 import logging
-import multiprocessing
-import multiprocessing.connection
 import os
 import signal
-import threading
 import traceback
 
 import zmq
 
 from railyard.engine.config import EngineConfig
+from railyard.engine.exits import exit_when_parent_dies
 from railyard.engine.wire import (
     Abort, AddRequest, CoreFailed, Ready, RequestRefused, Shutdown, StartupFailed, StepOutputs, StopSequence,
     UTILITY_METHODS, UtilityCall, UtilityResult, encoder, to_core_decoder)
@@ -39,7 +37,7 @@ def run_engine_core(config: EngineConfig, input_address: str, output_address: st
     signal.signal(signal.SIGTERM, _raise_stop)
     logging.basicConfig(level=log_level, format="%(asctime)s %(levelname)s %(name)s[core]: %(message)s")
     _set_torch_threads(config)
-    _exit_when_parent_dies()
+    exit_when_parent_dies(grace_s=10.0)  # SIGTERM: the executor stops its tensor-parallel workers first
     ctx = zmq.Context()
     inp = ctx.socket(zmq.PULL)
     inp.connect(input_address)
@@ -153,19 +151,3 @@ def _set_torch_threads(config: EngineConfig) -> None:
 
 def _raise_stop(signum, frame) -> None:
     raise _Stop
-
-
-def _exit_when_parent_dies() -> None:
-    """The engine must not outlive its front: a front killed with SIGKILL runs no cleanup of ours."""
-    parent = multiprocessing.parent_process()
-    if parent is None:
-        return
-
-    def watch() -> None:
-        multiprocessing.connection.wait([parent.sentinel])
-        os.kill(os.getpid(), signal.SIGTERM)  # the main thread shuts the executor down (its workers with it)
-        deadline = threading.Timer(10.0, os._exit, (1,))  # and if it cannot, go anyway
-        deadline.daemon = True
-        deadline.start()
-
-    threading.Thread(target=watch, name="railyard-parent-watch", daemon=True).start()

@@ -15,7 +15,6 @@ import multiprocessing
 import multiprocessing.connection
 import os
 import queue
-import signal
 import socket
 import threading
 import time

@@ -12,7 +12,6 @@ import datetime
 import multiprocessing
 import multiprocessing.connection
 import os
-import threading
 import traceback
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,6 +20,7 @@ import torch
 import torch.distributed as dist
 
 from railyard.engine.config import EngineConfig
+from railyard.engine.exits import exit_when_parent_dies
 from railyard.model.spec import ModelSpec
 
 # NVLink multicast (NVLS) is forbidden on the multi-GPU machines here; NCCL reads this at init.
@@ -73,26 +73,13 @@ def agree_on_kv_blocks(runner) -> tuple[int, int]:
     return int(gpu), int(cpu)
 
 
-def _exit_when_parent_dies() -> None:
-    """Workers must not outlive the engine: a parent killed with SIGKILL runs no cleanup of ours."""
-    parent = multiprocessing.parent_process()
-    if parent is None:
-        return
-
-    def watch() -> None:
-        multiprocessing.connection.wait([parent.sentinel])
-        os._exit(1)
-
-    threading.Thread(target=watch, name="tp-parent-watch", daemon=True).start()
-
-
 def worker_main(rank: int, rv: Rendezvous, config: EngineConfig, spec: ModelSpec, model_dir: Path | None,
                 conn: multiprocessing.connection.Connection) -> None:
     """Entry point of ranks 1..N-1: build the shard, then run each StepPlan until told to stop (None)."""
     from railyard.engine.model_runner import ModelRunner
     from railyard.engine.parallel import ParallelState
 
-    _exit_when_parent_dies()
+    exit_when_parent_dies()
     if rv.device_type == "cpu":  # N ranks share the cores; oversubscribing them slows every collective
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // rv.world_size))
     try:
