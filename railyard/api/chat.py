@@ -9,7 +9,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
 from railyard.api.errors import error_body
-from railyard.api.generation import ChoiceState, Generation, Prompt, now_s, usage
+from railyard.api.generation import ChoiceState, Generation, Prompt, chunk_usage, now_s, usage
 from railyard.api.protocol import ChatCompletionRequest
 from railyard.api.sse import EventStreamResponse, sse
 from railyard.api.structured import structured_outputs
@@ -84,6 +84,7 @@ async def _stream(gen: Generation, req: ChatCompletionRequest, request_id: str, 
     parsers = {i: tools.parser() for i in range(req.n)} if tools else {}  # [tools] one per choice
     k = (req.top_logprobs or 0) if req.logprobs else None
     include_usage = req.stream_options is not None and req.stream_options.usage_at_end
+    every_chunk = req.stream_options is not None and req.stream_options.usage_in_every_chunk
     head = {"id": request_id, "object": "chat.completion.chunk", "created": created, "model": gen.model_name}
     usage_field = {"usage": None} if include_usage else {}
     last = None
@@ -92,10 +93,12 @@ async def _stream(gen: Generation, req: ChatCompletionRequest, request_id: str, 
             last = out
             for c in out.outputs:  # delta outputs: one chunk per choice that advanced, as OpenAI streams them
                 state = choices.setdefault(c.index, ChoiceState())
+                prompt_tokens = out.metrics.num_prompt_tokens
                 if not state.started:  # OpenAI opens each choice with the role
                     state.started = True
+                    role_usage = {"usage": chunk_usage(prompt_tokens, 0)} if every_chunk else usage_field
                     yield sse({**head, "choices": [{"index": c.index, "delta": {"role": "assistant", "content": ""},
-                                                    "logprobs": None, "finish_reason": None}], **usage_field})
+                                                    "logprobs": None, "finish_reason": None}], **role_usage})
                 delta = {"content": c.text} if c.text else {}
                 parser = parsers.get(c.index)
                 if parser is not None:  # [tools] content and tool-call deltas
@@ -104,7 +107,9 @@ async def _stream(gen: Generation, req: ChatCompletionRequest, request_id: str, 
                             if k is not None else None)
                 choice = {"index": c.index, "delta": delta, "logprobs": logprobs,
                           "finish_reason": finish_reason(c.finish_reason, parser), "stop_reason": c.stop_reason}
-                yield sse({**head, "choices": [choice], **usage_field})
+                state.tokens += len(c.token_ids)
+                chunk_field = {"usage": chunk_usage(prompt_tokens, state.tokens)} if every_chunk else usage_field
+                yield sse({**head, "choices": [choice], **chunk_field})
         if include_usage and last is not None:
             yield sse({**head, "choices": [], "usage": usage([last])})
     except Exception as exc:  # the engine died mid-stream: say so in-band, then end the stream

@@ -9,7 +9,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
 from railyard.api.errors import error_body
-from railyard.api.generation import ChoiceState, Generation, Prompt, merge_streams, now_s, usage
+from railyard.api.generation import ChoiceState, Generation, Prompt, chunk_usage, merge_streams, now_s, usage
 from railyard.api.protocol import CompletionRequest
 from railyard.api.sse import EventStreamResponse, sse
 from railyard.api.structured import structured_outputs
@@ -84,6 +84,7 @@ async def _stream(gen: Generation, req: CompletionRequest, request_id: str, crea
     choices: dict[int, ChoiceState] = {}
     latest: dict[int, RequestOutput] = {}
     include_usage = req.stream_options is not None and req.stream_options.usage_at_end
+    every_chunk = req.stream_options is not None and req.stream_options.usage_in_every_chunk
     head = {"id": request_id, "object": "text_completion", "created": created, "model": gen.model_name}
     try:
         async for i, out in merge_streams(streams):
@@ -98,7 +99,13 @@ async def _stream(gen: Generation, req: CompletionRequest, request_id: str, crea
                 state.text_len += len(c.text)
                 choice = {"index": index, "text": c.text, "logprobs": logprobs, "finish_reason": c.finish_reason,
                           "stop_reason": c.stop_reason}
-                yield sse({**head, "choices": [choice], **({"usage": None} if include_usage else {})})
+                state.tokens += len(c.token_ids)
+                chunk_usage_field = {}
+                if every_chunk:
+                    chunk_usage_field = {"usage": chunk_usage(out.metrics.num_prompt_tokens, state.tokens)}
+                elif include_usage:
+                    chunk_usage_field = {"usage": None}
+                yield sse({**head, "choices": [choice], **chunk_usage_field})
         if include_usage:
             yield sse({**head, "choices": [], "usage": usage(list(latest.values()))})
     except Exception as exc:  # the engine died mid-stream: say so in-band, then end the stream

@@ -204,10 +204,17 @@ class ChoiceState:
 
     started: bool = False
     text_len: int = 0
+    tokens: int = 0
 
 
 def now_s() -> int:
     return int(time.time())
+
+
+def chunk_usage(prompt_tokens: int, completion_tokens: int) -> dict:
+    """vLLM's continuous_usage_stats: the usage so far, in a chunk of one choice."""
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens}
 
 
 def usage(outputs: list[RequestOutput]) -> dict:

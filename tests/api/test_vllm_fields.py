@@ -358,3 +358,17 @@ def test_continuous_usage_stats_implies_the_final_usage_chunk(http, endpoint):
     resp = post(http, endpoint, stream=True, stream_options={"continuous_usage_stats": True}, ignore_eos=True)
     events = [json.loads(line[6:]) for line in resp.text.splitlines() if line.startswith("data: {")]
     assert events[-1]["choices"] == [] and events[-1]["usage"]["completion_tokens"] == 2
+
+
+@pytest.mark.parametrize("endpoint", PATHS)
+def test_continuous_usage_stats_puts_the_usage_so_far_in_every_chunk(http, endpoint):
+    resp = post(http, endpoint, stream=True, stream_options={"continuous_usage_stats": True}, ignore_eos=True,
+                max_tokens=4)
+    events = [json.loads(line[6:]) for line in resp.text.splitlines() if line.startswith("data: {")]
+    assert all(e.get("usage") for e in events)  # the role chunk, every token chunk and the final one
+    chunks = [e for e in events if e["choices"]]
+    done = [e["usage"]["completion_tokens"] for e in chunks]
+    assert done == sorted(done) and done[-1] == 4  # never decreasing, ending at max_tokens
+    prompt = events[-1]["usage"]["prompt_tokens"]
+    assert all(e["usage"]["prompt_tokens"] == prompt and
+               e["usage"]["total_tokens"] == prompt + e["usage"]["completion_tokens"] for e in events)
