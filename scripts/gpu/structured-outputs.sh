@@ -32,7 +32,7 @@ nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv,noheader 2>/dev/nu
 if [ -n "$SMALL" ]; then  # CPU dry run: tiny sizes
   C_LOW=4; C_HIGH=8; IN=16-48; OUT_LEN=24; REPS=1; TTFT_N=4; BPE_MB=4; SERVE_ARGS="--max-model-len 1024"
 else
-  C_LOW=64; C_HIGH=256; IN=128-512; OUT_LEN=128; REPS=2; TTFT_N=24; BPE_MB=64
+  C_LOW=64; C_HIGH=256; IN=128-512; OUT_LEN=128; REPS=${REPS:-2}; TTFT_N=24; BPE_MB=64
   SERVE_ARGS="--max-num-batched-tokens 8192 --max-model-len 4096"
 fi
 # Every request's constraint: records of typed fields (integers, bounded strings, numbers, enum arrays). minItems
