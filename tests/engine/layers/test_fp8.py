@@ -11,8 +11,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from railyard.engine.layers.fp8 import (FP8, FP8_MAX, dequantized_linear, fp8_linear, quantize_per_token_ref,
-                                        quantize_rows, scaled_mm, scaled_mm_supported)
+from railyard.engine.layers.fp8 import (FP8, FP8_MAX, INV_FP8_MAX, dequantized_linear, fp8_linear,
+                                        quantize_per_token_ref, quantize_rows, scaled_mm, scaled_mm_supported)
 from railyard.engine.layers.linear import (ColumnParallelLinear, MergedColumnParallelLinear, QKVParallelLinear,
                                            RowParallelLinear)
 from railyard.engine.parallel import ParallelState
@@ -27,10 +27,22 @@ def test_weight_rows_quantize_to_e4m3_with_amax_over_448_scales():
     q, scale = quantize_rows(w)
     assert q.dtype == FP8 and scale.dtype == torch.float32 and scale.shape == (6,)
     torch.testing.assert_close(scale, w.abs().amax(1) / FP8_MAX)
-    assert torch.equal(q.view(torch.uint8), (w / scale[:, None]).to(FP8).view(torch.uint8))  # torch's rounding
+    assert torch.equal(q.view(torch.uint8), (w * (1 / scale[:, None])).to(FP8).view(torch.uint8))  # torch's rounding
     assert torch.equal(q.float().abs().amax(1), torch.full((6,), FP8_MAX))  # each row's largest lands on 448
     # e4m3 keeps 3 mantissa bits: every normal value is within 2^-4 of itself after the round trip
     assert ((q.float() * scale[:, None] - w).abs() <= w.abs() * 2 ** -4 + scale[:, None] * 2 ** -10).all()
+
+
+def test_scales_are_amax_times_the_float32_reciprocal_of_448_on_every_device():
+    """One recipe for torch on the CPU, torch on CUDA and the Triton kernels: `amax / 448.0` is a rounded
+    division on the CPU and in Triton but a multiplication by float32(1/448) in torch on CUDA, which differ in
+    about half of all rows; the multiplication is the same everywhere."""
+    x = _randn(64, 96, seed=21).to(torch.bfloat16)
+    _, scale = quantize_per_token_ref(x)
+    amax = x.float().abs().amax(1)
+    assert torch.equal(scale[:, 0], amax * torch.tensor(1 / 448, dtype=torch.float32))
+    assert INV_FP8_MAX == torch.tensor(1 / 448, dtype=torch.float32).item()
+    assert not torch.equal(scale[:, 0], amax / FP8_MAX)  # the division would have given other scales here
 
 
 def test_per_token_scales_are_per_row_and_a_zero_row_stays_zero():
