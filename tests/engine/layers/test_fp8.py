@@ -93,11 +93,12 @@ def test_tensor_core_fp8_linear_matches_the_reference_path_on_the_gpu():
     roundings: bf16's of the output (at most 2^-8 of |y|) and the tensor cores' accumulation, which Hopper runs
     at reduced precision inside each MMA (an FP22 accumulator, 13 fraction bits; DeepSeek-V3 report, 3.3.2).
     That error scales with S = sum_k |x_k w_k|, not with |y| (which cancellation makes smaller): modelled on the
-    CPU over this test's data, truncating to 14 significant bits over all of K without promotion to float32,
-    it stays under 2.9e-4 S (under 4e-5 S with promotion every 128, as cuBLAS and CUTLASS do without fast
-    accumulation); 2^-10 S allows more than three times the former. A wrong layout or scale errs by |y| itself
-    (~1.5 here; 2^-10 S is ~0.045). The first H200 run's 656 misses of a plain atol/rtol were not the GEMM: the
-    Triton kernel and torch then quantized x with scales one float32 step apart (test_fp8_kernels.py)."""
+    CPU over this test's data (scripts/cpu/fp8_gemm_replay.py), truncating to 14 significant bits over all of K
+    without promotion to float32, it stays under 2.9e-4 S (8e-6 S with promotion every 128, as cuBLAS and
+    CUTLASS do without fast accumulation); 2^-10 S allows over three times the former. A wrong layout or scale
+    errs by |y| itself (~1.5 here; 2^-10 S is ~0.045). The first H200 run's 656 misses of a plain atol/rtol were
+    not the GEMM: the Triton kernel and torch then quantized x with scales one float32 step apart (the same
+    script replays that: 656 misses, worst 0.0757)."""
     dev = torch.device("cuda")
     x = _randn(300, 3584, seed=7).to(dev, torch.bfloat16)  # a 7B hidden size; M not a multiple of 16
     w, b = _randn(4608, 3584, seed=8, scale=0.02).to(dev), _randn(4608, seed=9).to(dev, torch.bfloat16)
