@@ -10,8 +10,8 @@ Bit for bit what torch computes (layers.fp8's recipe, in the same IEEE float32 o
 max(amax * fl(1/448), MIN_SCALE), inv = div_rn(1, scale), q = e4m3(clamp(x * inv)). The e4m3 cast: Triton
 lowers float32 -> e4m3 to one cvt.rn.satfinite (round to nearest even, as torch's conversion) on compute
 capability 9.0+, but below that through fp16 truncated first (cvt.rz.f16.f32, then cvt.rn to e4m3): a
-double rounding that rounds a value just above an e4m3 tie down to even, about 1 value in 256 of a bf16
-activation. There `to_e4m3` first rounds the float32 to odd at fp16's precision, which makes the
+double rounding that rounds a value just above an e4m3 tie down to even, 0.29% of a bf16 activation's
+values. There `to_e4m3` first rounds the float32 to odd at fp16's precision, which makes the
 truncation exact and the second rounding the correct one (rounding to odd with at least two spare bits,
 then to nearest, is rounding to nearest).
 """
