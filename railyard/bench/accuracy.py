@@ -11,6 +11,7 @@ early flip changes everything after it.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -48,19 +49,23 @@ class Comparison:
                 for k, v in d.items()}
 
 
-def model_spec(model: str) -> tuple[ModelSpec, Path | None]:
-    """A checkpoint directory's spec, or a named shape's (random weights: no directory)."""
+def model_spec(model: str, num_layers: int | None = None) -> tuple[ModelSpec, Path | None]:
+    """A checkpoint directory's spec, or a named shape's (random weights: no directory), the latter cut to its
+    first `num_layers` decoder layers if given (a big shape's layers on a small machine)."""
     from railyard.shapes import is_shape, shape_config
 
     if is_shape(model) and not Path(model).exists():
-        return ModelSpec.from_hf_config(shape_config(model)), None
+        spec = ModelSpec.from_hf_config(shape_config(model))
+        return (dataclasses.replace(spec, num_layers=num_layers) if num_layers else spec), None
+    if num_layers:
+        raise ValueError(f"num_layers cuts named shapes only, not the checkpoint {model}")
     model_dir = resolve_model_dir(model)
     return read_model_spec(model_dir), model_dir
 
 
-def build_runner(model: str, prompts: list[list[int]], **engine_args) -> ModelRunner:
+def build_runner(model: str, prompts: list[list[int]], num_layers: int | None = None, **engine_args) -> ModelRunner:
     """A model runner (eager, no CUDA graphs) with a KV pool just big enough for one prefill of `prompts`."""
-    spec, model_dir = model_spec(model)
+    spec, model_dir = model_spec(model, num_layers)
     block_size = engine_args.pop("block_size", 16)
     blocks = sum(-(-len(p) // block_size) for p in prompts) + 1
     config = EngineConfig(model=model, block_size=block_size, num_gpu_blocks=blocks, enforce_eager=True,

@@ -3,7 +3,8 @@
   gemm      bf16 matmul and row-wise FP8 torch._scaled_mm rates (TFLOP/s) on the 7B prefill shapes and
             8192^3, the per-token quantization kernel's bandwidth; the FP8 peak for the roofline.
   accuracy  qwen2-7b shape, random weights, bf16 reference vs FP8 weights / FP8 KV / both: per-layer
-            cosine, logit KL, teacher-forced top-1 (railyard/bench/accuracy.py), Triton backend.
+            cosine, logit KL, teacher-forced top-1 (railyard/bench/accuracy.py), Triton backend; FP8
+            weights again through the dequantizing reference GEMMs, and bf16 against float32 (a control).
   tiny      the float32 tiny models on the GPU (Triton, CUDA graphs): greedy tokens with an FP8 KV cache
             against a bf16 one, and FP8 weights against none.
 Each writes $OUT/fp8_<step>.json.
@@ -80,14 +81,26 @@ def gemm() -> None:
 def accuracy() -> None:
     from railyard.bench.accuracy import compare_prefill
     from railyard.bench.workload import LengthRange, synthetic_requests
+    from railyard.engine.layers import fp8
 
     reqs = synthetic_requests(4, LengthRange(128, 512), LengthRange(1, 1), 152064, 11, 100, 100)
     prompts = [r.prompt_token_ids for r in reqs]
     variants = {"fp8 weights": dict(quantization="fp8"), "fp8 kv cache": dict(kv_cache_dtype="fp8"),
                 "fp8 weights + kv cache": dict(quantization="fp8", kv_cache_dtype="fp8")}
+    common = dict(device="cuda", attention_backend="triton", max_model_len=4096)
     start = time.time()
-    results = compare_prefill("qwen2-7b", prompts, {}, variants, device="cuda", dtype="bfloat16",
-                              attention_backend="triton", max_model_len=4096)
+    results = compare_prefill("qwen2-7b", prompts, {}, variants, dtype="bfloat16", **common)
+    # The same FP8 numbers through the dequantizing reference GEMMs (the CPU's path): the tensor cores' share.
+    scaled_mm_supported = fp8.scaled_mm_supported
+    fp8.scaled_mm_supported = lambda device, dtype: False
+    try:
+        results.update(compare_prefill("qwen2-7b", prompts, {}, {"fp8 weights, reference GEMMs": dict(
+            quantization="fp8")}, dtype="bfloat16", **common))
+    finally:
+        fp8.scaled_mm_supported = scaled_mm_supported
+    # How any rounding grows through 28 random layers: bf16 against float32, a perturbation ~16x smaller.
+    results.update(compare_prefill("qwen2-7b", prompts, dict(dtype="float32"),
+                                   {"control: bf16 against float32": dict(dtype="bfloat16")}, **common))
     save("accuracy", {"model": "qwen2-7b (random weights, std 0.02)", "reference": "bf16, bf16 KV",
                       "prompt_lens": [len(p) for p in prompts], "seconds": round(time.time() - start, 1),
                       **{name: r.to_dict() for name, r in results.items()}})

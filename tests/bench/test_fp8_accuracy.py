@@ -89,3 +89,13 @@ def test_teacher_forced_top1_of_fp8_kv_against_bf16_kv(tiny_models):
         result = compare_prefill(tiny_models[arch], PROMPTS, dict(kv_cache_dtype="bfloat16"),
                                  {"fp8": dict(kv_cache_dtype="fp8")}, device="cpu")["fp8"]
         assert result.top1_agreement >= 0.8, (arch, result.to_dict())
+
+
+def test_a_named_shape_can_be_cut_to_its_first_layers(tiny_model):
+    """scripts/cpu/fp8_shape_accuracy.py measures a 7B shape's first layers on a CPU; checkpoints stay whole."""
+    from railyard.bench.accuracy import model_spec
+
+    spec, model_dir = model_spec("qwen2-7b", num_layers=4)
+    assert (spec.num_layers, spec.hidden_size, model_dir) == (4, 3584, None)
+    with pytest.raises(ValueError, match="named shapes only"):
+        model_spec(tiny_model, num_layers=1)

@@ -1,26 +1,57 @@
-"""Triton per-token FP8 quantization of activations (the GPU path of layers.fp8.quantize_per_token).
+"""Triton FP8 pieces: per-token quantization of activations (the GPU path of layers.fp8.quantize_per_token)
+and the float32 -> e4m3 rounding every FP8 kernel here uses (the store-KV kernel too).
 
-In torch the same thing is five or six passes over the activations (float cast, abs, amax, divide,
-clamp, cast); before a down projection of a 16k-token prefill step those are gigabytes of traffic
-next to the GEMM itself. One program per token row: the row's absolute maximum, then the row divided
-by its scale and cast, in one read (rows up to 4096 wide) or two. Divisions round to nearest
-(div_rn) as torch's do, so the result is bit-identical to quantize_per_token_ref.
+In torch the per-token quantization is five or six passes over the activations (float cast, abs, amax,
+scale, clamp, cast); before a down projection of a 16k-token prefill step those are gigabytes of traffic
+next to the GEMM itself. One program per token row: the row's absolute maximum, then the row times the
+reciprocal of its scale, clamped and cast, in one read (rows up to 4096 wide) or two.
+
+Bit for bit what torch computes (layers.fp8's recipe, in the same IEEE float32 operations): scale =
+max(amax * fl(1/448), MIN_SCALE), inv = div_rn(1, scale), q = e4m3(clamp(x * inv)). The e4m3 cast: Triton
+lowers float32 -> e4m3 to one cvt.rn.satfinite (round to nearest even, as torch's conversion) on compute
+capability 9.0+, but below that through fp16 truncated first (cvt.rz.f16.f32, then cvt.rn to e4m3): a
+double rounding that rounds a value just above an e4m3 tie down to even, 0.29% of a bf16 activation's
+values. There `to_e4m3` first rounds the float32 to odd at fp16's precision, which makes the
+truncation exact and the second rounding the correct one (rounding to odd with at least two spare bits,
+then to nearest, is rounding to nearest).
 """
 
 from __future__ import annotations
+
+import functools
 
 import torch
 import triton
 import triton.language as tl
 
-_FP8_MAX = 448.0
-_MIN_SCALE = 1e-12
+from railyard.engine.layers.fp8 import FP8_MAX, INV_FP8_MAX, MIN_SCALE
+
 _MAX_BLOCK = 4096
+
+
+@functools.cache
+def casts_through_fp16(device: torch.device) -> bool:
+    """Whether Triton's float32 -> e4m3 cast on `device` goes through a truncated fp16 (compute capability < 9.0)."""
+    return device.type == "cuda" and torch.cuda.get_device_capability(device) < (9, 0)
+
+
+@triton.jit
+def to_e4m3(v, ROUND_TO_ODD: tl.constexpr):
+    """float32 already clamped to [-448, 448] -> float8e4nv, rounded to nearest even (ties to even) as torch rounds.
+
+    ROUND_TO_ODD (where casts_through_fp16): keep fp16's 10 fraction bits of v, the lowest set if any bit below
+    them is (round to odd), so the cast's truncation to fp16 drops nothing."""
+    if ROUND_TO_ODD:
+        bits = v.to(tl.int32, bitcast=True)
+        sticky = ((bits & 0x1FFF) != 0).to(tl.int32)
+        v = ((bits & -8192) | (sticky << 13)).to(tl.float32, bitcast=True)  # -8192: ~0x1FFF as an int32
+    return v.to(tl.float8e4nv)
 
 
 @triton.jit
 def _per_token_quant_kernel(x_ptr, q_ptr, s_ptr, x_stride, N: tl.constexpr, BLOCK: tl.constexpr,
-                            ONE_PASS: tl.constexpr, FP8_MAX: tl.constexpr, MIN_SCALE: tl.constexpr):
+                            ONE_PASS: tl.constexpr, ROUND_TO_ODD: tl.constexpr, FP8_MAX: tl.constexpr,
+                            INV_FP8_MAX: tl.constexpr, MIN_SCALE: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     x_row = x_ptr + row * x_stride
@@ -36,17 +67,18 @@ def _per_token_quant_kernel(x_ptr, q_ptr, s_ptr, x_stride, N: tl.constexpr, BLOC
             x = tl.load(x_row + c, mask=c < N, other=0.0).to(tl.float32)
             run = tl.maximum(run, tl.abs(x))
         amax = tl.max(run, 0)
-    scale = tl.maximum(tl.math.div_rn(amax, FP8_MAX), MIN_SCALE)
+    scale = tl.maximum(amax * INV_FP8_MAX, MIN_SCALE)
+    inv = tl.math.div_rn(1.0, scale)
     tl.store(s_ptr + row, scale)
     if ONE_PASS:
-        q = tl.minimum(tl.maximum(tl.math.div_rn(x, scale), -FP8_MAX), FP8_MAX)
-        tl.store(q_row + cols, q.to(q_ptr.dtype.element_ty), mask=mask)
+        q = tl.minimum(tl.maximum(x * inv, -FP8_MAX), FP8_MAX)
+        tl.store(q_row + cols, to_e4m3(q, ROUND_TO_ODD), mask=mask)
     else:
         for start in range(0, N, BLOCK):
             c = start + cols
             x = tl.load(x_row + c, mask=c < N, other=0.0).to(tl.float32)
-            q = tl.minimum(tl.maximum(tl.math.div_rn(x, scale), -FP8_MAX), FP8_MAX)
-            tl.store(q_row + c, q.to(q_ptr.dtype.element_ty), mask=c < N)
+            q = tl.minimum(tl.maximum(x * inv, -FP8_MAX), FP8_MAX)
+            tl.store(q_row + c, to_e4m3(q, ROUND_TO_ODD), mask=c < N)
 
 
 def quantize_per_token(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -61,5 +93,7 @@ def quantize_per_token(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return q, scale
     block = min(triton.next_power_of_2(k), _MAX_BLOCK)
     _per_token_quant_kernel[(m,)](x, q, scale, x.stride(0), N=k, BLOCK=block, ONE_PASS=block >= k,
-                                  FP8_MAX=_FP8_MAX, MIN_SCALE=_MIN_SCALE, num_warps=4 if block <= 2048 else 8)
+                                  ROUND_TO_ODD=casts_through_fp16(x.device), FP8_MAX=FP8_MAX,
+                                  INV_FP8_MAX=INV_FP8_MAX, MIN_SCALE=MIN_SCALE,
+                                  num_warps=4 if block <= 2048 else 8)
     return q, scale

@@ -14,8 +14,8 @@ outputs match a float32 reference.
 
 The cache may be narrower than q (bf16 or float8_e4m3fn): `store_kv` rounds into it, the attention
 kernels widen each tile to q's dtype in registers (exact). An FP8 cache has one K and one V scale per
-layer: stored values are k / k_scale, the kernels fold k_scale into the softmax scale and multiply the
-output by v_scale, so the inner loop does no extra work.
+layer: stored values are k / k_scale (k times the scale's float32 reciprocal), the kernels fold k_scale
+into the softmax scale and multiply the output by v_scale, so the inner loop does no extra work.
 """
 
 from __future__ import annotations
@@ -24,14 +24,17 @@ import torch
 import triton
 import triton.language as tl
 
+from railyard.engine.kernels.fp8 import casts_through_fp16, to_e4m3
+from railyard.engine.layers.fp8 import reciprocal
+
 _LOG2E = 1.4426950408889634
 
 
 @triton.jit
-def _store_kv_kernel(k_ptr, v_ptr, cache_ptr, slot_ptr, k_scale, v_scale,
+def _store_kv_kernel(k_ptr, v_ptr, cache_ptr, slot_ptr, k_inv, v_inv,
                      k_stride_t, k_stride_h, v_stride_t, v_stride_h, plane_stride,
                      NUM_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
-                     H_PAD: tl.constexpr, D_PAD: tl.constexpr, FP8: tl.constexpr):
+                     H_PAD: tl.constexpr, D_PAD: tl.constexpr, FP8: tl.constexpr, ROUND_TO_ODD: tl.constexpr):
     t = tl.program_id(0)
     slot = tl.load(slot_ptr + t).to(tl.int64)
     if slot >= 0:
@@ -40,30 +43,35 @@ def _store_kv_kernel(k_ptr, v_ptr, cache_ptr, slot_ptr, k_scale, v_scale,
         mask = (h < NUM_KV_HEADS)[:, None] & (d < HEAD_DIM)[None, :]
         k = tl.load(k_ptr + t * k_stride_t + h[:, None] * k_stride_h + d[None, :], mask=mask)
         v = tl.load(v_ptr + t * v_stride_t + h[:, None] * v_stride_h + d[None, :], mask=mask)
-        if FP8:  # divide by the layer's scale (rounded as torch divides), saturate, round to e4m3
-            k = tl.minimum(tl.maximum(tl.math.div_rn(k.to(tl.float32), k_scale), -448.0), 448.0)
-            v = tl.minimum(tl.maximum(tl.math.div_rn(v.to(tl.float32), v_scale), -448.0), 448.0)
         dst = slot * (NUM_KV_HEADS * HEAD_DIM) + h[:, None] * HEAD_DIM + d[None, :]
-        tl.store(cache_ptr + dst, k.to(cache_ptr.dtype.element_ty), mask=mask)
-        tl.store(cache_ptr + plane_stride + dst, v.to(cache_ptr.dtype.element_ty), mask=mask)
+        if FP8:  # times the float32 reciprocal of the layer's scale (as layers.fp8.quantize_kv), saturate, round
+            k = tl.minimum(tl.maximum(k.to(tl.float32) * k_inv, -448.0), 448.0)
+            v = tl.minimum(tl.maximum(v.to(tl.float32) * v_inv, -448.0), 448.0)
+            tl.store(cache_ptr + dst, to_e4m3(k, ROUND_TO_ODD), mask=mask)
+            tl.store(cache_ptr + plane_stride + dst, to_e4m3(v, ROUND_TO_ODD), mask=mask)
+        else:
+            tl.store(cache_ptr + dst, k.to(cache_ptr.dtype.element_ty), mask=mask)
+            tl.store(cache_ptr + plane_stride + dst, v.to(cache_ptr.dtype.element_ty), mask=mask)
 
 
 def store_kv(kv_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slot_mapping: torch.Tensor,
              k_scale: float = 1.0, v_scale: float = 1.0) -> None:
     """kv_cache [2, nb, bs, hk, d] (contiguous); k, v [T, hk, d] (any row/head strides, unit last stride).
 
-    A cache narrower than k/v (bf16, FP8) stores them rounded to its dtype; an FP8 cache stores k / k_scale
-    and v / v_scale, saturated to e4m3's range (as layers.fp8.quantize_kv does)."""
+    A cache narrower than k/v (bf16, FP8) stores them rounded to its dtype; an FP8 cache stores k and v times
+    the float32 reciprocals of k_scale and v_scale, saturated to e4m3's range: the bytes
+    layers.fp8.quantize_kv makes."""
     t, hk, d = k.shape
     if t == 0:
         return
     _check_cache(kv_cache, hk, d)
     assert k.stride(2) == 1 and v.stride(2) == 1 and v.shape == k.shape and slot_mapping.shape == (t,)
     _store_kv_kernel[(t,)](
-        k, v, kv_cache, slot_mapping, k_scale, v_scale, k.stride(0), k.stride(1), v.stride(0), v.stride(1),
-        kv_cache.stride(0),
+        k, v, kv_cache, slot_mapping, reciprocal(k_scale), reciprocal(v_scale), k.stride(0), k.stride(1),
+        v.stride(0), v.stride(1), kv_cache.stride(0),
         NUM_KV_HEADS=hk, HEAD_DIM=d, H_PAD=triton.next_power_of_2(hk), D_PAD=triton.next_power_of_2(d),
-        FP8=kv_cache.dtype == torch.float8_e4m3fn, num_warps=1 if hk * d <= 512 else 4)
+        FP8=kv_cache.dtype == torch.float8_e4m3fn, ROUND_TO_ODD=casts_through_fp16(kv_cache.device),
+        num_warps=1 if hk * d <= 512 else 4)
 
 
 def _check_cache(kv_cache: torch.Tensor, hk: int, d: int) -> None:

@@ -5,6 +5,14 @@ covers, so the largest element lands on e4m3's largest finite value and nothing 
 through torch._scaled_mm where the GPU has FP8 tensor cores (compute capability 8.9+, bf16 output);
 elsewhere the same quantized numbers are dequantized and multiplied (the reference path), so results
 differ only by accumulation order.
+
+One recipe, in IEEE float32 operations only, so that torch on the CPU, torch on CUDA and the Triton kernels
+(kernels/fp8.py, kernels/paged_attention.py) produce the same bytes: scale = max(amax * INV_FP8_MAX,
+MIN_SCALE), inv = 1 / scale (a rounded division), q = e4m3(clamp(x * inv, +-448)), rounded to nearest even.
+Written as `amax / 448` it would not be one recipe: torch on CUDA turns a division by a Python number into
+a multiplication by its float32 reciprocal, which differs from the CPU's (and Triton's) rounded division in
+about half of all quotients, and a bf16 activation whose quotient sits on an e4m3 rounding tie then lands one
+e4m3 step apart (BENCHMARKS.md, FP8: the first H200 run's kernel-vs-torch mismatches).
 """
 
 from __future__ import annotations
@@ -21,27 +29,47 @@ log = logging.getLogger("railyard.engine")
 
 FP8 = torch.float8_e4m3fn
 FP8_MAX = 448.0  # largest finite e4m3fn value
+
+
+def as_float32(value: float) -> float:
+    """A Python float rounded to float32 (still a Python float: exact wherever float32 math meets it)."""
+    return torch.tensor(value, dtype=torch.float32).item()
+
+
+INV_FP8_MAX = as_float32(1 / FP8_MAX)
 # Smallest scale: an all-zero row (a padded batch row) must not divide by zero.
-MIN_SCALE = 1e-12
+MIN_SCALE = as_float32(1e-12)
+
+
+@functools.cache  # a handful of per-layer KV scales, asked for every layer of every step
+def reciprocal(scale: float) -> float:
+    """1 / scale as float32 rounds it (one rounded float32 division, as torch.reciprocal and Triton's div_rn)."""
+    return torch.tensor(scale, dtype=torch.float32).reciprocal().item()
+
+
+def scales_of(amax: torch.Tensor) -> torch.Tensor:
+    """float32 absolute maxima -> their scales (amax / 448, as a float32 multiplication every path rounds alike)."""
+    return (amax * INV_FP8_MAX).clamp(min=MIN_SCALE)
 
 
 def quantize_rows(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """w [N, K] -> (q [N, K] fp8, scale [N] float32): one scale per row (per output channel of a weight)."""
     wf = w.float()
-    scale = (wf.abs().amax(dim=-1) / FP8_MAX).clamp(min=MIN_SCALE)
-    return to_fp8(wf / scale[:, None]), scale
+    scale = scales_of(wf.abs().amax(dim=-1))
+    return to_fp8(wf * scale.reciprocal()[:, None]), scale
 
 
 def to_fp8(x: torch.Tensor) -> torch.Tensor:
-    """float32 already divided by its scale -> e4m3, saturating (the cast alone may give NaN out of range)."""
+    """float32 already divided by its scale -> e4m3, saturating (the cast alone may give NaN out of range), rounded
+    to nearest even."""
     return x.clamp(-FP8_MAX, FP8_MAX).to(FP8)
 
 
 def quantize_per_token_ref(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """x [M, K] -> (q [M, K] fp8, scale [M, 1] float32); plain torch, the oracle of the Triton kernel."""
     xf = x.float()
-    scale = (xf.abs().amax(dim=-1, keepdim=True) / FP8_MAX).clamp(min=MIN_SCALE)
-    return to_fp8(xf / scale), scale
+    scale = scales_of(xf.abs().amax(dim=-1, keepdim=True))
+    return to_fp8(xf * scale.reciprocal()), scale
 
 
 def quantize_per_token(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -106,10 +134,11 @@ def dequantized_linear(xq: torch.Tensor, x_scale: torch.Tensor, weight: torch.Te
 
 # -- the KV cache ---------------------------------------------------------------------------------
 def quantize_kv(x: torch.Tensor, scale: float, cache_dtype: torch.dtype) -> torch.Tensor:
-    """New keys or values as the cache stores them: divided by the layer's scale and cast when the cache is
-    FP8, a plain cast otherwise (a bf16 cache under a float32 model)."""
+    """New keys or values as the cache stores them: times the float32 reciprocal of the layer's scale and cast when
+    the cache is FP8 (kernels.paged_attention.store_kv does the same), a plain cast otherwise (a bf16 cache under
+    a float32 model)."""
     if cache_dtype == FP8:
-        return to_fp8(x.float() / scale)
+        return to_fp8(x.float() * reciprocal(scale))
     return x.to(cache_dtype)
 
 
