@@ -9,8 +9,10 @@ import time
 
 import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 from ray import serve
 
+from railyard.bench.burst import REPLICAS_SERVING_METRIC
 from railyard.serve.app import build_app
 from tests.serve.conftest import engine_args, running_replicas, wait_until
 
@@ -30,6 +32,13 @@ def completion(url: str) -> tuple[httpx.Response, float]:
     return resp, time.perf_counter() - start
 
 
+def replicas_serving(url: str) -> float:
+    """The ingress's count of engine replicas that have served a request, from its /metrics."""
+    text = httpx.get(f"{url}{PREFIX}/metrics", timeout=30).text
+    return sum(sample.value for family in text_string_to_metric_families(text) for sample in family.samples
+               if sample.name == REPLICAS_SERVING_METRIC)
+
+
 def test_min_replicas_zero_idles_at_none_and_the_first_request_after_idle_waits_and_succeeds(serve_cluster,
                                                                                           tiny_model_dir):
     serve.run(build_app(engine_args(tiny_model_dir, autoscaling=AUTOSCALING)), name=APP, route_prefix=PREFIX)
@@ -45,5 +54,7 @@ def test_min_replicas_zero_idles_at_none_and_the_first_request_after_idle_waits_
             print(f"first request after idle: {cold_s:.2f} s (waiting for a replica); the next: {warm_s:.2f} s")
             assert cold_s > warm_s + 0.5  # the first one waited for a replica to start
             asyncio.run(wait_until(lambda: running_replicas(APP, DEPLOYMENT) == 0, 60, "scale-down to zero"))
+        # The ingress counted each new replica when it served its first request: two cold starts, two replicas.
+        assert replicas_serving(serve_cluster.http_url) == 2
     finally:
         serve.delete(APP)
