@@ -100,11 +100,18 @@ class Autoscaling(_Strict):
     target_pending_per_replica: float = Field(8.0, gt=0)
     upscale_delay_s: float = Field(30.0, ge=0)
     downscale_delay_s: float = Field(600.0, ge=0)
+    # The window replicas' pending counts are averaged over, and how often replicas report them; unset: Ray's
+    # defaults (30 s and 10 s), which smooth a burst's first seconds away.
+    look_back_period_s: float | None = Field(None, gt=0)
+    metrics_interval_s: float | None = Field(None, gt=0)
 
     @model_validator(mode="after")
     def _bounds(self) -> "Autoscaling":
         if self.max_replicas < self.min_replicas:
             raise ValueError(f"max_replicas ({self.max_replicas}) must be >= min_replicas ({self.min_replicas})")
+        if (self.look_back_period_s or 30.0) <= (self.metrics_interval_s or 10.0):
+            raise ValueError("look_back_period_s must be longer than metrics_interval_s (Ray's defaults: 30 s and "
+                             "10 s): the average needs more than one report")
         return self
 
 
@@ -321,7 +328,7 @@ def _model_args(model: ModelSpec) -> dict[str, Any]:
         "pools": pools,
     }
     if model.autoscaling is not None:
-        args["autoscaling"] = model.autoscaling.model_dump()
+        args["autoscaling"] = model.autoscaling.model_dump(exclude_none=True)  # unset: the serve layer's defaults
     return args
 
 
@@ -337,6 +344,7 @@ def _deployment(model: ModelSpec, name: str, pool: Pool | None) -> dict[str, Any
             "target_ongoing_requests": auto.target_pending_per_replica,
             "upscale_delay_s": auto.upscale_delay_s,
             "downscale_delay_s": auto.downscale_delay_s,
+            **auto.model_dump(include={"look_back_period_s", "metrics_interval_s"}, exclude_none=True),
             # railyard's policy: replicas from the engines' own pending counts (a config file's
             # autoscaling_config replaces the one set in code, so the policy must be named here).
             "policy": {"policy_function": "railyard.serve.autoscaling:pending_requests_policy"},

@@ -68,8 +68,8 @@ def run_stack(args: argparse.Namespace) -> int:
                      router=getattr(args, "router", None),
                      autoscaling_policy=getattr(args, "autoscaling_policy", None), timeout_s=args.deploy_timeout)
         names = ", ".join(m.name for m in stack.models)
-        print(f"railyard: {names} on Ray Serve at {url} (OpenAI API under {url}/v1, metrics at {url}/metrics); "
-              "Ctrl-C to stop", flush=True)
+        print(f"railyard: {names} on Ray Serve at {url} (OpenAI API under {url}/v1, metrics at {url}/metrics; "
+              f"Ray at {ray.get_runtime_context().gcs_address}); Ctrl-C to stop", flush=True)
         threading.Event().wait()
     except KeyboardInterrupt:
         pass
