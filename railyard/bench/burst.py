@@ -103,8 +103,10 @@ class ServeReplicas:
             try:
                 ray.init(address=self.address, log_to_driver=False, logging_level="ERROR")
             except ConnectionError as exc:
-                raise ConfigError(f"--app/--deployment read replicas from Ray Serve, but there is no Ray cluster "
-                                  f"at {self.address!r} ({exc}); pass --ray-address") from None
+                raise ConfigError(f"--app/--deployment read replicas from Ray Serve, but could not join the Ray "
+                                  f"cluster at {self.address!r} ({exc}); pass its --ray-address, and with an explicit "
+                                  "address to a cluster with token authentication (Ray's default for a local one) "
+                                  "set RAY_AUTH_MODE=token") from None
 
     def __call__(self) -> int:
         from ray import serve
@@ -147,6 +149,7 @@ async def run_burst(cfg: ServeBenchConfig, trace: BurstTrace, replicas: Callable
             count = await asyncio.to_thread(replicas) if replicas is not None else None
             serving = None
             if serving_seen:  # a server without the metric (railyard serve, another server) is asked once
+                # (railyard's Ray ingress exports it from the start, at 0)
                 values = await scrape_metrics(metrics_url, (REPLICAS_SERVING_METRIC,))
                 serving = values.get(REPLICAS_SERVING_METRIC) if values else None
                 serving_seen = serving is not None

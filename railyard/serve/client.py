@@ -175,6 +175,7 @@ class RayEngineClient:
         self._live: dict[str, RayRequestStream] = {}
         self._replica_stats: dict[str, EngineStats] = {}
         self._replicas_serving: set[str] = set()
+        metrics.REPLICAS_SERVING.labels(model_name)  # exported from the start, at 0 (no replica has served yet)
         self.stats = EngineStats()
         self.listener = None  # a StepListener (the front's metrics), told of every output
 

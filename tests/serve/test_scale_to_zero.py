@@ -12,7 +12,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from ray import serve
 
-from railyard.bench.burst import REPLICAS_SERVING_METRIC
+from railyard.bench.burst import REPLICAS_SERVING_METRIC, ServeReplicas
 from railyard.serve.app import build_app
 from tests.serve.conftest import engine_args, running_replicas, wait_until
 
@@ -43,12 +43,14 @@ def test_min_replicas_zero_idles_at_none_and_the_first_request_after_idle_waits_
                                                                                           tiny_model_dir):
     serve.run(build_app(engine_args(tiny_model_dir, autoscaling=AUTOSCALING)), name=APP, route_prefix=PREFIX)
     try:
-        assert running_replicas(APP, DEPLOYMENT) == 0  # deployed idle: no replica until a request comes
+        replicas = ServeReplicas(APP, DEPLOYMENT)  # what `railyard bench burst --app --deployment` records
+        assert running_replicas(APP, DEPLOYMENT) == replicas() == 0  # deployed idle: no replica until a request
+        assert replicas_serving(serve_cluster.http_url) == 0
         for _ in range(2):  # from the initial zero, and again after scaling back to zero
             cold, cold_s = completion(serve_cluster.http_url)
             assert cold.status_code == 200, cold.text
             assert cold.json()["usage"]["completion_tokens"] == 8
-            assert running_replicas(APP, DEPLOYMENT) == 1
+            assert running_replicas(APP, DEPLOYMENT) == replicas() == 1
             warm, warm_s = completion(serve_cluster.http_url)  # the replica is up now
             assert warm.status_code == 200, warm.text
             print(f"first request after idle: {cold_s:.2f} s (waiting for a replica); the next: {warm_s:.2f} s")
