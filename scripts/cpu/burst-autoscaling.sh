@@ -13,13 +13,13 @@
 # burst TTFT p99, failed requests and replica-seconds, "scale_from_zero": bench serve's JSON of the one request}.
 # About 2 minutes a run on 2 cores.
 #
-#   bash scripts/cpu/burst-autoscaling.sh    # PAIRS=3 RATE=2 BURST_FACTOR=4 STEADY_S=20 BURST_S=40 AFTER_S=20
+#   bash scripts/cpu/burst-autoscaling.sh    # PAIRS=3 RATE=1 BURST_FACTOR=8 STEADY_S=20 BURST_S=60 AFTER_S=20
 source "$(dirname "$0")/../common.sh"
 PAIRS=${PAIRS:-3}
 PORT=${PORT:-8017}
 URL=http://127.0.0.1:$PORT
-RATE=${RATE:-2} BURST_FACTOR=${BURST_FACTOR:-4} STEADY_S=${STEADY_S:-20} BURST_S=${BURST_S:-40} AFTER_S=${AFTER_S:-20}
-INPUT_LEN=${INPUT_LEN:-32-128} OUTPUT_LEN=${OUTPUT_LEN:-128}
+RATE=${RATE:-1} BURST_FACTOR=${BURST_FACTOR:-8} STEADY_S=${STEADY_S:-20} BURST_S=${BURST_S:-60} AFTER_S=${AFTER_S:-20}
+INPUT_LEN=${INPUT_LEN:-32-128} OUTPUT_LEN=${OUTPUT_LEN:-64}
 MAX_REPLICAS=${MAX_REPLICAS:-2}  # each CPU replica takes one of Ray's logical CPUs (one per core here)
 export RAILYARD_TORCH_THREADS=1  # one torch thread per engine: replicas share few cores
 MODEL_DIR=$(python3 -c "from railyard.engine.tiny_model import ensure_tiny_model; print(ensure_tiny_model())")
