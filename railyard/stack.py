@@ -93,17 +93,27 @@ class EngineOptions(_Strict):
 
 
 class Autoscaling(_Strict):
-    """Replica autoscaling on pending work per replica (not GPU utilisation: it dips between steps)."""
+    """Replica autoscaling on pending work per replica (not GPU utilisation: it dips between steps).
+    Each field's description is its reason, written next to it in the rendered serveConfigV2."""
 
-    min_replicas: int = Field(1, ge=0)
+    min_replicas: int = Field(1, ge=0, description="the floor; 0 scales to zero when idle, and the first request "
+                              "then waits for a replica's cold start (it waits, it does not fail)")
     max_replicas: int = Field(..., ge=1)
-    target_pending_per_replica: float = Field(8.0, gt=0)
-    upscale_delay_s: float = Field(30.0, ge=0)
-    downscale_delay_s: float = Field(600.0, ge=0)
-    # The window replicas' pending counts are averaged over, and how often replicas report them; unset: Ray's
-    # defaults (30 s and 10 s), which smooth a burst's first seconds away.
-    look_back_period_s: float | None = Field(None, gt=0)
-    metrics_interval_s: float | None = Field(None, gt=0)
+    target_pending_per_replica: float = Field(
+        8.0, gt=0, description="pending requests (running + waiting in the engine, + queued at handles) one "
+        "replica should carry; more adds replicas (railyard's policy reads the engines' own counts)")
+    upscale_delay_s: float = Field(
+        30.0, ge=0, description="pending work must stay over the target this long before a replica is added: "
+        "short enough that a burst gets its replica while it lasts, long enough that one spike does not buy a GPU")
+    downscale_delay_s: float = Field(
+        600.0, ge=0, description="load must stay low this long before a replica goes: bringing one back costs a "
+        "cold start (weights, KV profiling, CUDA graphs), so lulls between bursts keep it")
+    look_back_period_s: float | None = Field(
+        None, gt=0, description="the window pending counts are averaged over (unset: Ray's 30 s, which averages "
+        "a burst's first seconds away)")
+    metrics_interval_s: float | None = Field(
+        None, gt=0, description="how often replicas and handles report their counts (unset: Ray's 10 s); the "
+        "policy cannot react faster than this")
 
     @model_validator(mode="after")
     def _bounds(self) -> "Autoscaling":
@@ -113,6 +123,23 @@ class Autoscaling(_Strict):
             raise ValueError("look_back_period_s must be longer than metrics_interval_s (Ray's defaults: 30 s and "
                              "10 s): the average needs more than one report")
         return self
+
+
+class Lifecycle(_Strict):
+    """How Ray Serve checks and stops an engine replica (options of its deployment). Each field's description is
+    its reason, written next to it in the rendered serveConfigV2."""
+
+    health_check_period_s: float = Field(
+        5.0, gt=0, description="how often Serve asks the replica whether its engine loop is alive: a dead engine is "
+        "replaced within this period plus the timeout, instead of failing every request routed to it")
+    health_check_timeout_s: float = Field(
+        30.0, gt=0, description="the check answers from the replica's event loop, not the step loop, so a slow "
+        "answer means a starved process: wait this long before declaring it dead, not one long prefill")
+    graceful_shutdown_timeout_s: float = Field(
+        300.0, ge=0, description="scale-down and upgrades drain a replica: its in-flight generations get this long "
+        "to finish (the longest generation at decode speed) before they are cut")
+    graceful_shutdown_wait_loop_s: float = Field(
+        0.5, gt=0, description="how often a draining replica checks whether it is empty: it leaves as soon as it is")
 
 
 class Resources(_Strict):
@@ -154,6 +181,7 @@ class ModelSpec(_Strict):
     tensor_parallel_size: int = Field(1, ge=1)
     num_replicas: int = Field(1, ge=0)
     autoscaling: Autoscaling | None = None
+    lifecycle: Lifecycle = Lifecycle()
     engine: EngineOptions = EngineOptions()
     pools: list[Pool] = []
     resources: Resources = Resources()
@@ -353,6 +381,7 @@ def _deployment(model: ModelSpec, name: str, pool: Pool | None) -> dict[str, Any
         entry["num_replicas"] = replicas
     # Ray's default of 5 would starve continuous batching; admit as many as the engine can run.
     entry["max_ongoing_requests"] = engine["max_num_seqs"]
+    entry.update(model.lifecycle.model_dump())
     tp = model.tensor_parallel_size
     # The replica actor is rank 0; with TP it sits in bundle 0 and ranks 1..tp-1 take the other bundles.
     entry["ray_actor_options"] = {"num_cpus": 1, "num_gpus": 1}
