@@ -93,19 +93,53 @@ class EngineOptions(_Strict):
 
 
 class Autoscaling(_Strict):
-    """Replica autoscaling on pending work per replica (not GPU utilisation: it dips between steps)."""
+    """Replica autoscaling on pending work per replica (not GPU utilisation: it dips between steps).
+    Each field's description is its reason, written next to it in the rendered serveConfigV2."""
 
-    min_replicas: int = Field(1, ge=0)
+    min_replicas: int = Field(1, ge=0, description="the floor; 0 scales to zero when idle, and the first request "
+                              "then waits for a replica's cold start (it waits, it does not fail)")
     max_replicas: int = Field(..., ge=1)
-    target_pending_per_replica: float = Field(8.0, gt=0)
-    upscale_delay_s: float = Field(30.0, ge=0)
-    downscale_delay_s: float = Field(600.0, ge=0)
+    target_pending_per_replica: float = Field(
+        8.0, gt=0, description="pending requests (running + waiting in the engine, + queued at handles) one "
+        "replica should carry; more adds replicas (railyard's policy reads the engines' own counts)")
+    upscale_delay_s: float = Field(
+        30.0, ge=0, description="pending work must stay over the target this long before a replica is added: "
+        "short enough that a burst gets its replica while it lasts, long enough that one spike does not buy a GPU")
+    downscale_delay_s: float = Field(
+        600.0, ge=0, description="load must stay low this long before a replica goes: bringing one back costs a "
+        "cold start (weights, KV profiling, CUDA graphs), so lulls between bursts keep it")
+    look_back_period_s: float | None = Field(
+        None, gt=0, description="the window pending counts are averaged over (unset: Ray's 30 s, which averages "
+        "a burst's first seconds away)")
+    metrics_interval_s: float | None = Field(
+        None, gt=0, description="how often replicas and handles report their counts (unset: Ray's 10 s); the "
+        "policy cannot react faster than this")
 
     @model_validator(mode="after")
     def _bounds(self) -> "Autoscaling":
         if self.max_replicas < self.min_replicas:
             raise ValueError(f"max_replicas ({self.max_replicas}) must be >= min_replicas ({self.min_replicas})")
+        if (self.look_back_period_s or 30.0) <= (self.metrics_interval_s or 10.0):
+            raise ValueError("look_back_period_s must be longer than metrics_interval_s (Ray's defaults: 30 s and "
+                             "10 s): the average needs more than one report")
         return self
+
+
+class Lifecycle(_Strict):
+    """How Ray Serve checks and stops an engine replica (options of its deployment). Each field's description is
+    its reason, written next to it in the rendered serveConfigV2."""
+
+    health_check_period_s: float = Field(
+        5.0, gt=0, description="how often Serve asks the replica whether its engine loop is alive: a dead engine is "
+        "replaced within this period plus the timeout, instead of failing every request routed to it")
+    health_check_timeout_s: float = Field(
+        30.0, gt=0, description="the check answers from the replica's event loop, not the step loop, so a slow "
+        "answer means a starved process: wait this long before declaring it dead, not one long prefill")
+    graceful_shutdown_timeout_s: float = Field(
+        300.0, ge=0, description="scale-down and upgrades drain a replica: its in-flight generations get this long "
+        "to finish (the longest generation at decode speed) before they are cut")
+    graceful_shutdown_wait_loop_s: float = Field(
+        0.5, gt=0, description="how often a draining replica checks whether it is empty: it leaves as soon as it is")
 
 
 class Resources(_Strict):
@@ -147,6 +181,7 @@ class ModelSpec(_Strict):
     tensor_parallel_size: int = Field(1, ge=1)
     num_replicas: int = Field(1, ge=0)
     autoscaling: Autoscaling | None = None
+    lifecycle: Lifecycle = Lifecycle()
     engine: EngineOptions = EngineOptions()
     pools: list[Pool] = []
     resources: Resources = Resources()
@@ -321,7 +356,7 @@ def _model_args(model: ModelSpec) -> dict[str, Any]:
         "pools": pools,
     }
     if model.autoscaling is not None:
-        args["autoscaling"] = model.autoscaling.model_dump()
+        args["autoscaling"] = model.autoscaling.model_dump(exclude_none=True)  # unset: the serve layer's defaults
     return args
 
 
@@ -337,6 +372,7 @@ def _deployment(model: ModelSpec, name: str, pool: Pool | None) -> dict[str, Any
             "target_ongoing_requests": auto.target_pending_per_replica,
             "upscale_delay_s": auto.upscale_delay_s,
             "downscale_delay_s": auto.downscale_delay_s,
+            **auto.model_dump(include={"look_back_period_s", "metrics_interval_s"}, exclude_none=True),
             # railyard's policy: replicas from the engines' own pending counts (a config file's
             # autoscaling_config replaces the one set in code, so the policy must be named here).
             "policy": {"policy_function": "railyard.serve.autoscaling:pending_requests_policy"},
@@ -345,6 +381,7 @@ def _deployment(model: ModelSpec, name: str, pool: Pool | None) -> dict[str, Any
         entry["num_replicas"] = replicas
     # Ray's default of 5 would starve continuous batching; admit as many as the engine can run.
     entry["max_ongoing_requests"] = engine["max_num_seqs"]
+    entry.update(model.lifecycle.model_dump())
     tp = model.tensor_parallel_size
     # The replica actor is rank 0; with TP it sits in bundle 0 and ranks 1..tp-1 take the other bundles.
     entry["ray_actor_options"] = {"num_cpus": 1, "num_gpus": 1}

@@ -6,6 +6,7 @@ import argparse
 import json
 import sys
 
+from railyard.bench.burst_cli import register_burst
 from railyard.bench.serve_cli import register_serve
 from railyard.engine.args import add_engine_args, engine_config_from_args
 
@@ -37,6 +38,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     tp.set_defaults(func=run_throughput_cmd)
 
     register_serve(kinds)
+    register_burst(kinds)
 
 
 def run_throughput_cmd(args: argparse.Namespace) -> int:

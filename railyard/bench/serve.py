@@ -154,22 +154,29 @@ SERVER_COUNTERS = ("railyard:engine_steps_total", "railyard:computed_tokens_tota
                    "vllm:num_preemptions_total")
 
 
-async def scrape_server_counters(cfg: ServeBenchConfig) -> dict[str, float] | None:
-    """SERVER_COUNTERS from the server's /metrics (summed over label sets), or None where it has none."""
+async def scrape_metrics(url: str, names: tuple[str, ...]) -> dict[str, float] | None:
+    """The named samples of a Prometheus exposition at `url` (each summed over its label sets), or None where
+    the server has no such page; a name the page lacks is missing from the dict."""
     from prometheus_client.parser import text_string_to_metric_families
 
     try:
         async with httpx.AsyncClient(timeout=10) as client:
-            resp = await client.get(cfg.url.rstrip("/") + "/metrics")
+            resp = await client.get(url)
         resp.raise_for_status()
         values: dict[str, float] = {}
         for family in text_string_to_metric_families(resp.text):
             for sample in family.samples:
-                if sample.name in SERVER_COUNTERS:
+                if sample.name in names:
                     values[sample.name] = values.get(sample.name, 0.0) + sample.value
-    except Exception:  # noqa: BLE001 -- a server without railyard's metrics: the report just lacks them
+    except Exception:  # noqa: BLE001 -- a server without metrics: the report just lacks them
         return None
-    return values if len(values) == len(SERVER_COUNTERS) else None
+    return values
+
+
+async def scrape_server_counters(cfg: ServeBenchConfig) -> dict[str, float] | None:
+    """SERVER_COUNTERS from the server's /metrics, or None where it has not all of them."""
+    values = await scrape_metrics(cfg.url.rstrip("/") + "/metrics", SERVER_COUNTERS)
+    return values if values is not None and len(values) == len(SERVER_COUNTERS) else None
 
 
 def server_steps(before: dict[str, float] | None, after: dict[str, float] | None, duration_s: float) -> dict | None:

@@ -14,6 +14,7 @@ Why each policy exists:
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from railyard.stack import ModelSpec, Policies, Stack
@@ -27,6 +28,7 @@ HTTP_PORT = 8000
 RAY_METRICS_PORT = 8080
 HEAD_RESOURCES = {"cpu": "2", "memory": "8Gi"}
 RUN_AS_USER = 1000
+WORKER_GRACE_MARGIN_S = 30  # a worker pod's grace beyond its replica's drain: the raylet's own exit
 
 
 def labels(stack: Stack, component: str, model: str | None = None) -> dict[str, str]:
@@ -141,12 +143,13 @@ def _pod(
     gpus: int,
     shm: str | None,
     metrics_port: int,
+    grace_s: int = 60,
 ) -> dict[str, Any]:
     policies = stack.policies
     pod_security, container_security = _security(policies)
     if container_security:
         container["securityContext"] = container_security
-    spec: dict[str, Any] = {"containers": [container], "terminationGracePeriodSeconds": 60}
+    spec: dict[str, Any] = {"containers": [container], "terminationGracePeriodSeconds": grace_s}
     if pod_security:
         spec["securityContext"] = pod_security
     if shm and policies.shm:
@@ -247,6 +250,8 @@ def ray_worker_pod(stack: Stack, model: ModelSpec, component: str) -> dict[str, 
         gpus=model.tensor_parallel_size,
         shm=model.resources.shm,
         metrics_port=RAY_METRICS_PORT,
+        # Kubernetes must not kill a worker pod before Serve has drained its replica's generations.
+        grace_s=math.ceil(model.lifecycle.graceful_shutdown_timeout_s) + WORKER_GRACE_MARGIN_S,
     )
 
 

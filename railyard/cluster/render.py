@@ -6,13 +6,16 @@ The RayService's serveConfigV2 is `to_serve_config(stack)` dumped as YAML: the s
 
 from __future__ import annotations
 
+import re
+import textwrap
 from typing import Any
 
 import yaml
 
 from railyard.cluster import pod
 from railyard.errors import ConfigError
-from railyard.stack import ModelSpec, Stack, replica_pools, resolved_engine, scaling, to_serve_config
+from railyard.stack import (
+    Autoscaling, Lifecycle, ModelSpec, Stack, replica_pools, resolved_engine, scaling, to_serve_config)
 
 MODES = ("rayservice", "deployment")
 
@@ -62,13 +65,43 @@ def ray_service(stack: Stack) -> dict[str, Any]:
         },
         "workerGroupSpecs": groups,
     }
-    serve_yaml = yaml.safe_dump(to_serve_config(stack), sort_keys=False)
+    serve_yaml = annotated_serve_yaml(to_serve_config(stack))
     return {
         "apiVersion": "ray.io/v1",
         "kind": "RayService",
         "metadata": _meta(stack, stack.name, "rayservice"),
         "spec": {"serveConfigV2": serve_yaml, "rayClusterConfig": cluster},
     }
+
+
+def option_reasons() -> dict[str, str]:
+    """Why each autoscaling and lifecycle option of an engine deployment is set: the stack fields' descriptions,
+    under the names Ray Serve gives them."""
+    reasons = {name: field.description for cls in (Autoscaling, Lifecycle)
+               for name, field in cls.model_fields.items() if field.description}
+    reasons["target_ongoing_requests"] = reasons.pop("target_pending_per_replica")
+    reasons["max_ongoing_requests"] = ("Ray's default of 5 would starve continuous batching: a replica admits as "
+                                       "many requests as its engine can batch (max_num_seqs)")
+    return reasons
+
+
+def annotated_serve_yaml(config: dict[str, Any]) -> str:
+    """The Ray Serve config as YAML, each deployment option of option_reasons() under a comment giving its reason
+    where it first appears (comments only: the YAML loads to `config` unchanged)."""
+    reasons = option_reasons()
+    lines, in_deployments, given = [], False, set()
+    for line in yaml.safe_dump(config, sort_keys=False).splitlines():
+        if not in_deployments and re.match(r"^\s*deployments:", line):
+            in_deployments = True
+            lines.append(re.sub(r"\S.*", "# Each option's reason is given where it first appears.", line))
+        match = re.match(r"^(\s*)(- )?(\w+):", line)
+        if in_deployments and match and match.group(3) in reasons and match.group(3) not in given:
+            given.add(match.group(3))
+            indent = match.group(1) + ("  " if match.group(2) else "")
+            lines += textwrap.wrap(reasons[match.group(3)], 110, initial_indent=f"{indent}# ",
+                                   subsequent_indent=f"{indent}# ")
+        lines.append(line)
+    return "\n".join(lines) + "\n"
 
 
 def _single_engine(stack: Stack) -> ModelSpec:

@@ -14,6 +14,9 @@ import math
 from typing import Any
 
 POLICY_IMPORT_PATH = "railyard.serve.autoscaling:pending_requests_policy"
+# By name, for `cluster up --autoscaling-policy`: ours, and Ray Serve's default (ongoing requests per replica,
+# averaged over the look-back window) as the baseline it is measured against.
+POLICIES = {"pending": POLICY_IMPORT_PATH, "ray_default": "ray.serve.autoscaling_policy:default_autoscaling_policy"}
 PENDING_METRIC = "pending"
 
 

@@ -9,6 +9,7 @@ import sys
 import threading
 
 from railyard.errors import ConfigError
+from railyard.serve.autoscaling import POLICIES
 from railyard.serve.spec import ROUTER_NAMES
 
 
@@ -23,6 +24,9 @@ def add_stack_args(p: argparse.ArgumentParser, *, config_required: bool) -> None
     p.add_argument("--router", choices=ROUTER_NAMES, default=None,
                    help="request router of the engine deployments (default: pending_prefix; the others are "
                         "baselines: round_robin, Ray's power_of_two)")
+    p.add_argument("--autoscaling-policy", choices=list(POLICIES), default=None,
+                   help="policy of the autoscaling deployments (default: pending, railyard's pending requests per "
+                        "replica; ray_default is Ray Serve's own, the baseline)")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -61,10 +65,11 @@ def run_stack(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, _interrupt)  # after ray.init, which installs its own handler
     try:
         url = deploy(config, host=args.host, port=args.port, cpu=args.cpu,
-                     router=getattr(args, "router", None), timeout_s=args.deploy_timeout)
+                     router=getattr(args, "router", None),
+                     autoscaling_policy=getattr(args, "autoscaling_policy", None), timeout_s=args.deploy_timeout)
         names = ", ".join(m.name for m in stack.models)
-        print(f"railyard: {names} on Ray Serve at {url} (OpenAI API under {url}/v1, metrics at {url}/metrics); "
-              "Ctrl-C to stop", flush=True)
+        print(f"railyard: {names} on Ray Serve at {url} (OpenAI API under {url}/v1, metrics at {url}/metrics; "
+              f"Ray at {ray.get_runtime_context().gcs_address}); Ctrl-C to stop", flush=True)
         threading.Event().wait()
     except KeyboardInterrupt:
         pass

@@ -109,6 +109,7 @@ class RayRequestStream:
                         if isinstance(item, ReplicaStarted):
                             self.replica = item.replica
                             self.replicas_tried.append(item.replica)
+                            self.client.observe_start(item.replica)
                             continue
                         if isinstance(item, ReplicaReport):
                             self.client.observe_replica(item)
@@ -173,6 +174,8 @@ class RayEngineClient:
         self._ids = itertools.count()
         self._live: dict[str, RayRequestStream] = {}
         self._replica_stats: dict[str, EngineStats] = {}
+        self._replicas_serving: set[str] = set()
+        metrics.REPLICAS_SERVING.labels(model_name)  # exported from the start, at 0 (no replica has served yet)
         self.stats = EngineStats()
         self.listener = None  # a StepListener (the front's metrics), told of every output
 
@@ -194,6 +197,12 @@ class RayEngineClient:
     def observe_output(self, out: RequestOutput) -> None:
         if self.listener is not None:
             self.listener.on_step([out], self.stats, time.monotonic())
+
+    def observe_start(self, replica: str) -> None:
+        """A replica started one of our requests; its first one is counted (the fleet's new capacity at work)."""
+        if replica not in self._replicas_serving:
+            self._replicas_serving.add(replica)
+            metrics.REPLICAS_SERVING.labels(self.model_name).inc()
 
     def observe_replica(self, report: ReplicaReport) -> None:
         """Keep the fleet's stats: the sum over replicas of what each reported with its last finished request."""

@@ -16,7 +16,7 @@ import time
 from typing import Any
 
 from railyard.errors import ConfigError
-from railyard.serve.autoscaling import POLICY_IMPORT_PATH
+from railyard.serve.autoscaling import POLICIES, POLICY_IMPORT_PATH
 
 log = logging.getLogger("railyard.serve")
 
@@ -29,6 +29,18 @@ def with_pending_policy(config: dict[str, Any]) -> dict[str, Any]:
             auto = dep.get("autoscaling_config")
             if auto is not None and "policy" not in auto:
                 auto["policy"] = {"policy_function": POLICY_IMPORT_PATH}
+    return config
+
+
+def with_autoscaling_policy(config: dict[str, Any], policy: str) -> dict[str, Any]:
+    """Every autoscaling deployment scaled by `policy` (a name in railyard.serve.autoscaling.POLICIES)."""
+    if policy not in POLICIES:
+        raise ConfigError(f"autoscaling policy must be one of {', '.join(POLICIES)}, got {policy!r}")
+    config = copy.deepcopy(config)
+    for app in config.get("applications", []):
+        for dep in app.get("deployments", []):
+            if dep.get("autoscaling_config") is not None:
+                dep["autoscaling_config"]["policy"] = {"policy_function": POLICIES[policy]}
     return config
 
 
@@ -59,7 +71,8 @@ def with_router(config: dict[str, Any], router: str) -> dict[str, Any]:
 
 
 def deploy(config: dict[str, Any], *, address: str | None = None, host: str = "127.0.0.1", port: int = 8000,
-           cpu: bool | None = None, router: str | None = None, timeout_s: float = 600.0) -> str:
+           cpu: bool | None = None, router: str | None = None, autoscaling_policy: str | None = None,
+           timeout_s: float = 600.0) -> str:
     """Connect to (or start) Ray, start Serve's HTTP proxy, deploy `config`; returns the base URL once running."""
     import ray
     from ray.serve._private import api as serve_private
@@ -70,6 +83,8 @@ def deploy(config: dict[str, Any], *, address: str | None = None, host: str = "1
     if cpu is None:
         cpu = ray.cluster_resources().get("GPU", 0) == 0
     config = with_pending_policy(config)
+    if autoscaling_policy:
+        config = with_autoscaling_policy(config, autoscaling_policy)
     if router:
         config = with_router(config, router)
     if cpu:

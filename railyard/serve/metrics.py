@@ -25,6 +25,9 @@ REPLICAS = Gauge(
     ["deployment", "state"])
 SCALE_EVENTS = Counter(
     "railyard_serve_scale_events", "Changes of a deployment's running replica count", ["deployment", "direction"])
+REPLICAS_SERVING = Counter(
+    "railyard_serve_replicas_serving", "Engine replicas that have started a request of this ingress: a new replica's "
+    "first request adds one (how long a burst waited for new capacity)", ["model"])
 RETRIES = Counter(
     "railyard_serve_retries", "Requests re-sent to another replica because theirs died before the first token",
     ["model"])

@@ -101,6 +101,32 @@ def test_rayservice_serve_config_is_the_same_config_layer_2_runs():
     assert yaml.safe_load(service["spec"]["serveConfigV2"]) == to_serve_config(stack)
 
 
+def test_the_settings_that_decide_a_burst_are_in_the_serve_config_each_under_its_reason():
+    stack = make_stack(STACKS["two-models"])  # llama3-8b autoscales
+    (service, *_) = render(stack, "rayservice")
+    lines = service["spec"]["serveConfigV2"].splitlines()
+    lines = lines[next(i for i, line in enumerate(lines) if line.strip() == "deployments:"):]  # Ray's options
+    for option, reason in (("upscale_delay_s", "burst gets its replica"), ("health_check_period_s", "dead engine"),
+                           ("graceful_shutdown_timeout_s", "in-flight generations")):
+        (first, *_) = [i for i, line in enumerate(lines) if line.strip().startswith(f"{option}:")]
+        comment = []
+        for line in reversed(lines[:first]):  # the comment block right above the option
+            if not line.strip().startswith("#"):
+                break
+            comment.insert(0, line.strip().lstrip("# "))
+        assert reason in " ".join(comment), (option, comment)
+    deployment = to_serve_config(stack)["applications"][0]["deployments"][0]
+    assert (deployment["health_check_period_s"], deployment["graceful_shutdown_timeout_s"]) == (5.0, 300.0)
+
+
+def test_a_worker_pod_outlives_its_replicas_graceful_shutdown():
+    stack = make_stack(ONE_GPU, models=[{**ONE_GPU["models"][0], "lifecycle": {"graceful_shutdown_timeout_s": 900}}])
+    (service, *_) = render(stack, "rayservice")
+    (group,) = service["spec"]["rayClusterConfig"]["workerGroupSpecs"]
+    assert group["template"]["spec"]["terminationGracePeriodSeconds"] > 900
+    assert to_serve_config(stack)["applications"][0]["deployments"][0]["graceful_shutdown_timeout_s"] == 900
+
+
 def test_one_worker_group_per_deployment_sized_for_one_replica():
     (service, *_) = render(make_stack(STACKS["two-models"]), "rayservice")
     groups = service["spec"]["rayClusterConfig"]["workerGroupSpecs"]

@@ -62,6 +62,19 @@ def test_autoscaling_maps_to_ray_autoscaling_config_on_pending_requests():
     assert dep["autoscaling_config"]["target_ongoing_requests"] == 8.0
 
 
+def test_the_autoscaling_windows_pass_to_ray_only_where_the_stack_sets_them():
+    stack = make_stack(TWO_MODELS)
+    dep = to_serve_config(stack)["applications"][0]["deployments"][2]
+    assert "look_back_period_s" not in dep["autoscaling_config"]  # Ray's own default
+    stack.models[1].autoscaling = stack.models[1].autoscaling.model_copy(
+        update={"look_back_period_s": 5.0, "metrics_interval_s": 1.0})
+    dep = to_serve_config(stack)["applications"][0]["deployments"][2]
+    assert (dep["autoscaling_config"]["look_back_period_s"], dep["autoscaling_config"]["metrics_interval_s"]) == (5, 1)
+    with pytest.raises(ConfigError, match="look_back_period_s must be longer"):
+        parse_stack({"image": "i", "models": [{"name": "m", "model": "/m", "autoscaling": {
+            "max_replicas": 2, "look_back_period_s": 5}}]})
+
+
 def test_max_ongoing_requests_lets_the_engine_batch_max_num_seqs():
     (dep,) = to_serve_config(make_stack(ONE_GPU))["applications"][0]["deployments"]
     assert dep["max_ongoing_requests"] == 256

@@ -10,8 +10,8 @@ from ray.serve.schema import ServeDeploySchema
 
 from railyard.errors import ConfigError
 from railyard.serve.app import autoscaling_config, replica_resources
-from railyard.serve.autoscaling import POLICY_IMPORT_PATH
-from railyard.serve.launch import for_cpu, with_pending_policy, with_router
+from railyard.serve.autoscaling import POLICIES, POLICY_IMPORT_PATH
+from railyard.serve.launch import for_cpu, with_autoscaling_policy, with_pending_policy, with_router
 from railyard.serve.spec import parse_app_args
 from railyard.stack import parse_stack, to_serve_config
 
@@ -83,3 +83,18 @@ def test_the_launched_config_is_a_valid_ray_serve_config_with_our_policy_router_
     assert all(d["ray_actor_options"]["num_gpus"] == 0 for d in app["deployments"])
     assert all(p["engine"]["device"] == "cpu" for m in app["args"]["models"] for p in m["pools"])
     assert app["args"]["router"]["name"] == "round_robin"
+
+
+def test_the_baseline_autoscaling_policy_is_rays_default_with_the_same_bounds_and_delays(tiny_model):
+    ours = to_serve_config(_stack(tiny_model))
+    baseline = with_autoscaling_policy(ours, "ray_default")
+    ServeDeploySchema.model_validate(baseline)
+    for mine, theirs in zip(ours["applications"][0]["deployments"], baseline["applications"][0]["deployments"]):
+        if "autoscaling_config" not in mine:
+            assert "autoscaling_config" not in theirs  # a fixed replica count stays fixed
+            continue
+        assert theirs["autoscaling_config"]["policy"]["policy_function"] == POLICIES["ray_default"]
+        assert ({k: v for k, v in theirs["autoscaling_config"].items() if k != "policy"}
+                == {k: v for k, v in mine["autoscaling_config"].items() if k != "policy"})
+    with pytest.raises(ConfigError, match="autoscaling policy must be one of"):
+        with_autoscaling_policy(ours, "gpu_utilisation")

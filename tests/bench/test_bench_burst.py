@@ -1,0 +1,89 @@
+"""`railyard bench burst`, run as users run it (the CLI in its own process), against a real `railyard serve`
+(uvicorn, the OpenAI app, an engine-core process on the tiny model)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from railyard.bench.burst import BurstTrace, Sample, replica_seconds
+from railyard.errors import ConfigError
+from tests.api.conftest import serve_in_thread, tiny_engine
+
+TRACE = ["--rate", "4", "--burst-factor", "5", "--steady-s", "2", "--burst-s", "2", "--after-s", "2"]
+
+
+@pytest.fixture(scope="module")
+def server(tiny_model):
+    with serve_in_thread(tiny_engine(tiny_model)) as running:
+        yield running
+
+
+def burst(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "railyard.cli", "bench", "burst", *args],
+                          capture_output=True, text=True, timeout=300)
+
+
+def test_the_trace_steps_to_n_times_the_rate_for_the_burst_and_back():
+    trace = BurstTrace(rate=10, burst_factor=4, steady_s=100, burst_s=100, after_s=100)
+    arrivals = trace.arrivals(seed=0)
+    counts = {phase: sum(trace.phase(t) == phase for t in arrivals) for phase in ("before", "burst", "after")}
+    # Poisson counts: mean rate x 100 s, standard deviation its square root (1000 +- 32, 4000 +- 63).
+    assert 900 < counts["before"] < 1100 and 900 < counts["after"] < 1100
+    assert 3800 < counts["burst"] < 4200
+    assert arrivals == sorted(arrivals) and arrivals == trace.arrivals(seed=0)
+
+
+def test_a_trace_without_a_positive_rate_or_burst_is_refused():
+    with pytest.raises(ConfigError, match="--rate"):
+        BurstTrace(rate=0, burst_factor=2, steady_s=1, burst_s=1, after_s=1)
+    with pytest.raises(ConfigError, match="--burst-factor"):
+        BurstTrace(rate=1, burst_factor=0.5, steady_s=1, burst_s=1, after_s=1)
+
+
+def test_replica_seconds_integrate_running_replicas_over_the_samples():
+    samples = [Sample(0.0, 0, 1), Sample(2.0, 5, 3), Sample(3.0, 0, 1), Sample(4.0, 0, 1)]
+    assert replica_seconds(samples) == 1 * 2 + 3 * 1 + 1 * 1
+
+
+def test_bench_burst_records_each_second_and_writes_a_timeline_png(server, tmp_path):
+    plot, output = tmp_path / "burst.png", tmp_path / "burst.json"
+    run = burst("--url", server.url, "--model", server.model, *TRACE, "--input-len", "8-16", "--output-len", "4",
+                "--plot", str(plot), "--output", str(output))
+    assert run.returncode == 0, run.stderr
+    report = json.loads(run.stdout)
+    assert report["failed"] == 0 and report["completed"] == report["requests"] > 0
+    phases = report["phases"]
+    assert sum(p["requests"] for p in phases.values()) == report["requests"]
+    assert phases["burst"]["requests"] > phases["before"]["requests"]  # 20 req/s against 4 (both over 2 s)
+    rows = report["timeline"]
+    assert [r["t"] for r in rows] == list(range(len(rows))) and len(rows) >= 6
+    assert [r["phase"] for r in rows[:6]] == ["before"] * 2 + ["burst"] * 2 + ["after"] * 2
+    assert sum(r["arrivals"] for r in rows) == report["requests"]
+    assert any(r["in_flight"] > 0 for r in rows)
+    for r in rows:
+        if r["arrivals"]:
+            assert 0 < r["ttft_p50_ms"] <= r["ttft_p99_ms"]
+    # No Ray Serve app named, and a server whose /metrics has no replica counts: the fleet is not known.
+    assert all(r["replicas"] is None and r["replicas_serving"] is None for r in rows)
+    assert report["fleet"]["replica_seconds"] is None
+    assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert len(json.loads(output.read_text())["requests"]) == report["requests"]
+    assert "TTFT p99 ms" in run.stderr
+
+
+def test_bench_burst_counts_failures_per_second(server):
+    run = burst("--url", server.url, "--model", "not-served", "--rate", "5", "--steady-s", "0", "--burst-s", "1",
+                "--after-s", "0", "--burst-factor", "1", "--input-len", "4", "--output-len", "2")
+    report = json.loads(run.stdout)
+    assert run.returncode == 1 and report["completed"] == 0 and report["failed"] == report["requests"] > 0
+    assert list(report["error_counts"]) == ["HTTP 404"]
+    assert sum(r["failed"] for r in report["timeline"]) == report["failed"]
+
+
+def test_bench_burst_rejects_an_app_without_its_deployment_with_exit_2(server):
+    run = burst("--url", server.url, "--model", server.model, "--app", "railyard")
+    assert run.returncode == 2 and "--deployment" in run.stderr
