@@ -30,13 +30,14 @@ log = logging.getLogger("railyard.engine")
 
 
 def piecewise_sizes(max_tokens: int) -> list[int]:
-    """Token-count buckets: 16, 32, 64, then powers of two and their 1.5x (<= 33% padding), up to max_tokens."""
+    """Token-count buckets up to max_tokens (always one): 16, 32, then 1x and 1.5x each power of two below 256,
+    where a step reads its weights in about the same time whatever its rows; from 256, where GEMMs are
+    compute-bound and padding costs time, quarter steps (at most 25% padding)."""
     sizes, p = [16, 32], 64
     while p < max_tokens:
-        sizes += [p, p * 3 // 2]
+        sizes += [p, p * 3 // 2] if p < 256 else [p, p * 5 // 4, p * 3 // 2, p * 7 // 4]
         p *= 2
-    sizes = [s for s in sizes if s < max_tokens] + [max_tokens]
-    return sorted(set(sizes))
+    return sorted({s for s in sizes if s < max_tokens} | {max_tokens})
 
 
 class PiecewiseGraphs:

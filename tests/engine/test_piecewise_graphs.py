@@ -32,9 +32,9 @@ STEPS = {
 }
 
 
-def test_buckets_grow_by_at_most_half_and_end_at_the_max():
-    assert piecewise_sizes(8192) == [16, 32, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048, 3072, 4096,
-                                     6144, 8192]
+def test_buckets_pad_by_at_most_half_below_256_tokens_a_quarter_above_and_end_at_the_max():
+    assert piecewise_sizes(2048) == [16, 32, 64, 96, 128, 192, 256, 320, 384, 448, 512, 640, 768, 896, 1024, 1280,
+                                     1536, 1792, 2048]
     assert piecewise_sizes(100) == [16, 32, 64, 96, 100]  # the largest step itself is always a bucket
     assert piecewise_sizes(16) == [16]
 
