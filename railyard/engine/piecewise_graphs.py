@@ -25,6 +25,7 @@ import time
 import torch
 
 from railyard.engine.attention.metadata import AttentionMetadata
+from railyard.engine.cuda_graphs import padded_size, upload
 
 log = logging.getLogger("railyard.engine")
 
@@ -118,12 +119,6 @@ class PiecewiseGraphs:
                  len(self.sizes), self.max_tokens, self.capture_seconds)
 
     # -- one step ---------------------------------------------------------------------------------
-    def padded_size(self, n: int) -> int | None:
-        for s in self.sizes:
-            if s >= n:
-                return s
-        return None
-
     @torch.inference_mode()
     def run(self, input_ids: list[int], positions: list[int], kv_caches: list[torch.Tensor], meta: AttentionMetadata,
             feed: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
@@ -132,20 +127,14 @@ class PiecewiseGraphs:
 
         feed: (rows, ids) on the device, ids that overwrite input_ids[rows] (asynchronous scheduling)."""
         n = len(input_ids)
-        bucket = self.padded_size(n)
+        bucket = padded_size(self.sizes, n)
         mt = self.max_tokens
         h = self.host_ints_np
         h[0:n] = input_ids
         h[mt:mt + n] = positions
         h[n:bucket] = 0
         h[mt + n:mt + bucket] = 0
-        # The host buffer is rewritten next step while this copy may not have run yet (the host runs ahead
-        # of the GPU): wait for the previous step's copy first, which has long finished.
-        if self.copied is not None:
-            self.copied.synchronize()
-        self.ints.copy_(self.host_ints, non_blocking=True)
-        if self.copied is not None:
-            self.copied.record()
+        upload(self.copied, (self.ints, self.host_ints))
         if feed is not None:
             self.ints[feed[0]] = feed[1]
         for i, cache in enumerate(kv_caches):
