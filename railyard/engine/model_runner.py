@@ -2,6 +2,8 @@
 
 Each step: copy swapped blocks, flatten the scheduled tokens (positions, slot mapping, block
 tables, cu_seqlens), run the model once, compute logits only where a token is sampled, sample.
+On one GPU the model runs from CUDA graphs: whole decode steps (cuda_graphs.py), and every other step up
+to 2,048 tokens as graphed pieces around eager attention (piecewise_graphs.py).
 """
 
 from __future__ import annotations

@@ -140,7 +140,9 @@ def test_graph_replay_matches_the_eager_forward_on_gpu(tiny_models, config, step
     assert runner.piecewise is not None and runner.piecewise.graphs, "piecewise graphs were not captured"
     plan = _step(runner, STEPS[step], random.Random(step))
     (ref, ref_caches), (got, pw_caches) = _unsplit_and_piecewise(runner, runner.piecewise, plan)
-    tol = 1e-4 if config["dtype"] == "float32" else 2e-2  # padding changes GEMM shapes, so cuBLAS's kernels
+    # Padding changes the GEMMs' row counts and with them cuBLAS's kernels (rounding, in bf16 and in the FP8
+    # activations' per-token scales); a wrong buffer or piece would be off by O(1).
+    tol = 1e-4 if config["dtype"] == "float32" else 5e-2
     torch.testing.assert_close(got.float(), ref.float(), rtol=tol, atol=tol)
     for a, b in zip(pw_caches, ref_caches):
         torch.testing.assert_close(a.float(), b.float(), rtol=tol, atol=tol)
