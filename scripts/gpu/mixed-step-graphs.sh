@@ -10,7 +10,7 @@
 # Writes $OUT/summary.json, $OUT/summary.txt, $OUT/pytest.txt and $OUT/results.tgz (every JSON and log).
 #   carry: .whl (fastapi, starlette, uvicorn, pydantic(-core), httptools, pyzmq, msgspec, ...)
 #   env: CALL_S (seconds this call may use, default 470), THRESHOLDS (default "256"), RATE_PROMPTS (default
-#        240), SKIP_TESTS, SKIP_WHEELS, MODEL/ENGINE/WORK/OFFLINE_PROMPTS (a dry run on a small model)
+#        200), SKIP_TESTS, SKIP_WHEELS, MODEL/ENGINE/WORK/OFFLINE_PROMPTS (a dry run on a small model)
 set -o pipefail
 export PYTHONUNBUFFERED=1
 cd "$(dirname "$0")/../.."
@@ -19,7 +19,7 @@ cd "$(dirname "$0")/../.."
 export PYTHONPATH=/tmp/site:$PWD PATH=/tmp/site/bin:$PATH
 OUT=${OUT:-/tmp/out}; mkdir -p $OUT
 R=/tmp/results; rm -rf $R; mkdir -p $R; LOG=$R/log.txt
-CALL_S=${CALL_S:-470}; THRESHOLDS=${THRESHOLDS:-"256"}; RATE_PROMPTS=${RATE_PROMPTS:-240}
+CALL_S=${CALL_S:-470}; THRESHOLDS=${THRESHOLDS:-"256"}; RATE_PROMPTS=${RATE_PROMPTS:-200}
 MODEL=${MODEL:-qwen2-7b}; NAME=$(basename $MODEL); PORT=8012; URL=http://127.0.0.1:$PORT
 ENGINE=${ENGINE:-"--max-model-len 4096 --max-num-seqs 256"}
 WORK=${WORK:-"--input-len 100-1024 --output-len 256"}; OFFLINE_PROMPTS=${OFFLINE_PROMPTS:-512}
@@ -77,7 +77,7 @@ python3 -c "import torch, triton, transformers; print(torch.__version__, triton.
 # 1. Correctness through the captured pieces (the HF-equality tests run on CUDA with piecewise graphs on).
 if [ -z "$SKIP_TESTS" ]; then
   say "GPU tests"
-  timeout 170 python3 -m pytest -q -p no:cacheprovider -rs tests/engine/test_piecewise_graphs.py \
+  timeout 160 python3 -m pytest -q -p no:cacheprovider -rs tests/engine/test_piecewise_graphs.py \
     tests/engine/test_hf_equivalence.py > $R/pytest.txt 2>&1
   echo "pytest rc=$? $(tail -1 $R/pytest.txt)" | tee -a $LOG
 fi
