@@ -42,7 +42,7 @@ def build_app(engine: EngineClient, *, served_model_name: str | None = None, api
     """An app serving `engine` (any EngineClient); its lifespan starts the client and shuts the engine down."""
     info = engine.model_info
     name = served_model_name or info.served_model_name
-    metrics = ServerMetrics(name, engine.stats, healthy=lambda: engine.is_running)
+    metrics = ServerMetrics(name, engine.stats, healthy=lambda: engine.is_running, startup=info.startup)
     engine.listener = metrics
     gen = Generation(engine, name)
 

@@ -8,8 +8,10 @@ import json
 import logging
 import os
 import sys
+import time
 
 from railyard.engine.args import add_engine_args, engine_config_from_args
+from railyard.engine.startup import process_start_time
 from railyard.errors import ConfigError
 
 # A client that reuses a pooled connection just as the server closes it as idle loses that request (a POST is
@@ -87,8 +89,13 @@ def run_serve(args: argparse.Namespace) -> int:
         raise ConfigError("--max-waiting-requests, --max-request-bytes and --timeout-keep-alive must be positive")
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     config = engine_config_from_args(args, served_model_name=args.served_model_name)
+    front_ready = time.time()
     engine = start_engine_client(config, engine_process=args.engine_process,
                                  max_waiting_requests=args.max_waiting_requests)
+    engine_ready = time.perf_counter()
+    startup = engine.model_info.startup
+    if startup is not None:
+        startup.add("front_imports", front_ready - process_start_time())
     name = engine.model_info.served_model_name
     app = build_app(engine, served_model_name=name, api_key=args.api_key, max_request_bytes=args.max_request_bytes)
     server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
@@ -99,6 +106,9 @@ def run_serve(args: argparse.Namespace) -> int:
             if server.should_exit:
                 return
             await asyncio.sleep(0.05)
+        if startup is not None:  # reported once, as /metrics has it from now on
+            startup.add("server_start", time.perf_counter() - engine_ready)
+            print(f"railyard serve: {startup.describe()}", flush=True)
         port = server.servers[0].sockets[0].getsockname()[1]
         host = "127.0.0.1" if args.host in ("0.0.0.0", "::", "") else args.host
         base = f"http://{host}:{port}"

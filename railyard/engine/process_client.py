@@ -58,14 +58,18 @@ class EngineProcessClient(CoreClient):
         # Not a daemon: the core spawns its own tensor-parallel workers, which a daemon process may not.
         self.process = spawn.Process(
             target=run_engine_core, name="railyard-engine-core",
-            args=(config, f"ipc://{self._dir}/input", f"ipc://{self._dir}/output", logging.getLogger().level))
+            args=(config, f"ipc://{self._dir}/input", f"ipc://{self._dir}/output", logging.getLogger().level,
+                  time.time()))
         self.process.start()
         # Never leave the core behind: also when this object is forgotten or the interpreter exits.
         self._finalizer = weakref.finalize(self, _stop_process, self.process, self._ctx, self._dir)
         try:
             ready = self._wait_until_ready(start_timeout_s)
             info = ready.model_info
+            started = time.perf_counter()
             tokenizer = load_tokenizer(info.tokenizer) if info.tokenizer else None
+            if info.startup is not None:
+                info.startup.add("front_tokenizer", time.perf_counter() - started)
         except BaseException:
             self._finalizer()
             raise

@@ -18,6 +18,8 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
+from railyard.engine.caches import cache_root
+
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 # ChatML; with `tools`, Qwen2.5's Hermes-style tool prompt, <tool_call> turns and <tool_response> results.
 CHAT_TEMPLATE = (
@@ -70,7 +72,7 @@ _ARCHS = {
 
 
 def default_cache_dir() -> Path:
-    return Path(os.environ.get("RAILYARD_CACHE", Path.home() / ".cache" / "railyard"))
+    return cache_root()
 
 
 def tiny_config(arch: str = DEFAULT_ARCH, **overrides) -> dict:

@@ -10,10 +10,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
 
 from railyard.engine.layers.fp8 import FP8, quantize_rows
 from railyard.engine.models.decoder import CausalLM
+from railyard.engine.models.safetensors_reader import CheckpointReader
 from railyard.engine.parallel import SINGLE, ParallelState
 from railyard.errors import ModelLoadError
 from railyard.model.spec import ModelSpec
@@ -60,14 +60,16 @@ def weight_files(model_dir: Path) -> list[Path]:
     return files
 
 
-def iter_weights(files: list[Path]) -> Iterator[tuple[str, torch.Tensor]]:
-    """Yield tensors one at a time so a rank holds at most one full tensor beside its shards."""
+def iter_weights(files: list[Path], reader: CheckpointReader | None = None) -> Iterator[tuple[str, torch.Tensor]]:
+    """Yield tensors one at a time (on the reader's device; the CPU without one), so a rank holds at most one full
+    tensor beside its shards."""
+    reader = reader or CheckpointReader(torch.device("cpu"))
     for file in files:
         try:
-            with safe_open(str(file), framework="pt") as f:
-                for name in f.keys():
-                    yield name, f.get_tensor(name)
-        except Exception as exc:  # safetensors raises its own error types
+            yield from reader.iter_file(file)
+        except ModelLoadError:
+            raise
+        except OSError as exc:
             raise ModelLoadError(f"cannot read weights from {file}: {exc}") from None
 
 
@@ -88,13 +90,21 @@ def load_model(model_dir: Path, spec: ModelSpec, dtype: torch.dtype, device: tor
                ps: ParallelState = SINGLE) -> CausalLM:
     """Build the model on `device` in `dtype` and fill it from the checkpoint."""
     model = build_empty(spec, dtype, device, backend_cls, ps)
-    loaded = model.load_weights(iter_weights(weight_files(model_dir)))
+    fill_from_checkpoint(model, model_dir)
+    return model
+
+
+def fill_from_checkpoint(model: CausalLM, model_dir: Path) -> int:
+    """Fill a built model's weights from the checkpoint, read straight to the model's device; returns the bytes
+    read. Raises ModelLoadError if the checkpoint lacks any of the model's weights."""
+    reader = CheckpointReader(next(model.parameters()).device)
+    loaded = model.load_weights(iter_weights(weight_files(model_dir), reader))
     expected = {n for n, _ in model.named_parameters()}
     missing = sorted(expected - loaded)
     if missing:
         raise ModelLoadError(f"{model_dir}: checkpoint lacks weights for {', '.join(missing[:5])}"
                              + (f" and {len(missing) - 5} more" if len(missing) > 5 else ""))
-    return model
+    return reader.bytes_read
 
 
 def random_weights(model: CausalLM, seed: int, std: float = 0.02) -> CausalLM:
