@@ -8,6 +8,7 @@ import sys
 
 from railyard.bench.burst_cli import register_burst
 from railyard.bench.serve_cli import register_serve
+from railyard.bench.startup_cli import register_startup
 from railyard.engine.args import add_engine_args, engine_config_from_args
 
 
@@ -39,6 +40,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     register_serve(kinds)
     register_burst(kinds)
+    register_startup(kinds)
 
 
 def run_throughput_cmd(args: argparse.Namespace) -> int:

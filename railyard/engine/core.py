@@ -16,6 +16,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from railyard.engine.background import Background
 from railyard.engine.block_manager import BlockManager
 from railyard.engine.caches import configure_triton_cache
 from railyard.engine.config import EngineConfig, SamplingParams
@@ -82,8 +83,8 @@ class EngineCore:
             tokenizer_path = config.tokenizer
         # The core needs the tokenizer for its EOS id and for grammars (structured outputs); the front
         # detokenises with its own copy.
-        with self.startup.phase("tokenizer"):
-            self.tokenizer = load_tokenizer(tokenizer_path) if tokenizer_path else None
+        # Loaded on a thread while the model loads (importing transformers takes seconds).
+        tokenizer = Background(load_tokenizer, tokenizer_path, name="railyard-tokenizer") if tokenizer_path else None
         self.tokenizer_path = tokenizer_path
         self.model_dir = model_dir
         self.spec = spec
@@ -96,6 +97,8 @@ class EngineCore:
                 self.startup.merge(timed)
             self.startup.add("executor", time.perf_counter() - executor_started - (timed.total_s if timed else 0.0))
         self.executor = executor
+        with self.startup.phase("tokenizer_wait"):  # what of the tokenizer's load the model's did not hide
+            self.tokenizer = tokenizer.result() if tokenizer is not None else None
         bm = BlockManager(self.executor.num_gpu_blocks, self.executor.num_cpu_blocks, config.block_size,
                           config.enable_prefix_caching)
         if bm.gpu.num_blocks * config.block_size < config.max_model_len:

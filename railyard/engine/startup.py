@@ -19,9 +19,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 # The order phases happen in (a phase that did not happen is absent).
-PHASE_ORDER = ("front_imports", "engine_spawn", "imports", "tokenizer", "model_construction", "weight_loading",
-               "kv_profile", "kv_allocation", "cuda_graphs", "executor", "engine_other", "front_tokenizer",
-               "server_start")
+PHASE_ORDER = ("front_imports", "engine_spawn", "imports", "model_construction", "weight_loading", "kv_profile",
+               "kv_allocation", "cuda_graphs", "executor", "tokenizer_wait", "engine_other", "front_tokenizer",
+               "front_imports_wait", "server_start")
 
 
 @dataclass
@@ -46,6 +46,10 @@ class StartupTimes:
             yield
         finally:
             self.add(name, time.perf_counter() - start)
+
+    def add_rest(self, phase: str, since: float) -> None:
+        """Add as `phase` what of the time since `since` (time.time()) no phase accounts for."""
+        self.add(phase, time.time() - since - self.total_s)
 
     def merge(self, other: "StartupTimes") -> None:
         """Add another part's phases and counts (the executor's, into the engine's)."""
@@ -91,13 +95,13 @@ class StartupTimes:
 
 
 def process_start_time() -> float:
-    """When this process started, as time.time() (Linux: /proc; elsewhere: now, which undercounts)."""
+    """When this process started, as time.time() (Linux: its start in clock ticks since boot, against the boot
+    clock; elsewhere: now, which undercounts)."""
     try:
         ticks = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])
-        boot = next(float(line.split()[1]) for line in Path("/proc/stat").read_text().splitlines()
-                    if line.startswith("btime "))
-        return boot + ticks / os.sysconf("SC_CLK_TCK")
-    except (OSError, ValueError, IndexError, StopIteration):
+        age = time.clock_gettime(time.CLOCK_BOOTTIME) - ticks / os.sysconf("SC_CLK_TCK")
+        return time.time() - max(0.0, age)
+    except (OSError, ValueError, IndexError, AttributeError):
         return time.time()
 
 
