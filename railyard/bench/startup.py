@@ -43,6 +43,7 @@ class StartupRun:
     triton_jit_s: float = 0.0
     triton_kernels: int = 0
     triton_compiled: int = 0
+    output_tail: list[str] = field(default_factory=list)  # the server's last lines (its start-up report among them)
 
 
 class ServerFailed(RailyardError):
@@ -106,7 +107,8 @@ def start_once(serve_cmd: list[str], env: dict[str, str], cache: str, files: lis
     finally:
         _stop(proc)
         reader.join(5.0)
-    return StartupRun(cache=cache, wall_s=round(wall, 3), page_cache_resident=resident, **report)
+    return StartupRun(cache=cache, wall_s=round(wall, 3), page_cache_resident=resident,
+                      output_tail=[line.rstrip() for line in lines[-12:]], **report)
 
 
 def _stop(proc: subprocess.Popen) -> None:
