@@ -4,10 +4,13 @@
 # (deliberately: the runs load from the page cache), then starts `railyard serve` on it RUNS times, the first with
 # an empty railyard cache (Triton compiles every kernel), the rest warm, each to its first /health 200, with the
 # server's start-up phases from /metrics. Then issue 7's decode benchmark, unchanged, in the same call.
-# Writes $OUT/startup.json, $OUT/throughput.json, $OUT/log.txt, $OUT/summary.txt.
+# Between them, weight loading both ways the reader can go (scripts/gpu/load_paths.py).
+# Writes $OUT/startup.json, $OUT/load_paths.json, $OUT/throughput.json and $OUT/log.txt (its summary at the end,
+# also on stdout).
 #   carry: .whl (fastapi, starlette, uvicorn, pydantic(-core), httptools, pyzmq, msgspec, ...)
 #   env: CALL_S (seconds this call may use, default 420), RUNS (default 3), SERVE_ARGS (more serve flags),
-#        CKPT (checkpoint dir, default /tmp/qwen2-7b), SKIP_WHEELS
+#        CKPT (checkpoint dir, default /tmp/qwen2-7b: written, and removed at the end; an existing one is kept),
+#        SHAPE (default qwen2-7b), WORK (the decode check's workload: issue 7's by default), SKIP_WHEELS
 set -o pipefail
 export PYTHONUNBUFFERED=1
 cd "$(dirname "$0")/../.."
@@ -16,10 +19,12 @@ OUT=${OUT:-/tmp/out}; mkdir -p $OUT; LOG=$OUT/log.txt
   --target /tmp/site .whl/*.whl 2>&1 | tail -3 || { echo "wheel install failed" | tee -a $LOG; exit 1; }
 export PYTHONPATH=/tmp/site:$PWD PATH=/tmp/site/bin:$PATH
 CALL_S=${CALL_S:-420}; RUNS=${RUNS:-3}; CKPT=${CKPT:-/tmp/qwen2-7b}; SERVE_ARGS=${SERVE_ARGS:-"--log-level info"}
+SHAPE=${SHAPE:-qwen2-7b}; WORK=${WORK:-"--num-prompts 256 --input-len 100-1024 --output-len 256 --max-num-batched-tokens 16384"}
+[ -f $CKPT/config.json ] && KEEP_CKPT=1
 left() { echo $((CALL_S - SECONDS)); }
 say() { echo "== $* (t=${SECONDS}s)" | tee -a $LOG; }
 finish() {
-  python3 - "$OUT" <<'PY' | tee $OUT/summary.txt
+  python3 - "$OUT" <<'PY' | tee -a $LOG
 import json, pathlib, sys
 out = pathlib.Path(sys.argv[1])
 try:
@@ -34,6 +39,12 @@ try:
         print("   ", ", ".join(f"{p} {s:.2f}" for p, s in r["phases_s"].items()))
 except Exception as exc:
     print("startup.json unreadable:", exc)
+try:
+    lp = json.loads((out / "load_paths.json").read_text())
+    print("weight loading (page cache {}):".format(lp["resident"]),
+          "; ".join(f"{r['path']} {r['gb_per_s']} GB/s ({r['seconds']} s, same weights {r['same_weights']})" for r in lp["runs"]))
+except Exception as exc:
+    print("load_paths.json unreadable:", exc)
 try:
     t = json.loads((out / "throughput.json").read_text())
     print(f"decode check (issue 7's 7B command): {t['elapsed_s']:.2f} s, {t['output_tokens_per_s']:.0f} output tok/s, "
@@ -52,15 +63,18 @@ say "reader on the GPU (pinned chunks) against safetensors"
 timeout 120 python3 -m pytest -q tests/engine/models/test_safetensors_reader.py 2>&1 | tail -3 | tee -a $LOG
 
 say "bench startup: write the checkpoint, then $RUNS starts"
-timeout $(( $(left) - 100 )) python3 -m railyard.cli bench startup --model qwen2-7b --checkpoint-dir $CKPT \
+timeout $(( $(left) - 100 )) python3 -m railyard.cli bench startup --model $SHAPE --checkpoint-dir $CKPT \
   --runs $RUNS --page-cache warm --serve-args "$SERVE_ARGS" --timeout 240 --output $OUT/startup.json \
   > /dev/null 2> >(tee -a $LOG >&2)
 echo "bench startup rc=$?" | tee -a $LOG
 
+say "weight loading, staged against mapped (the loader before issue 16), page cache warm"
+timeout 120 python3 scripts/gpu/load_paths.py $CKPT 2 > $OUT/load_paths.json 2> >(tail -5 | tee -a $LOG >&2)
+echo "load_paths rc=$?" | tee -a $LOG
+
 say "decode check: issue 7's 7B benchmark"
-timeout $(( $(left) > 40 ? $(left) - 10 : 30 )) python3 scripts/gpu/cli.py bench throughput --model qwen2-7b \
-  --num-prompts 256 --input-len 100-1024 --output-len 256 --max-num-batched-tokens 16384 \
+timeout $(( $(left) > 40 ? $(left) - 10 : 30 )) python3 scripts/gpu/cli.py bench throughput --model $SHAPE $WORK \
   > $OUT/throughput.json 2> >(grep -E "roofline|start-up|memory profile|Error|error" | tee -a $LOG >&2)
 echo "throughput rc=$?" | tee -a $LOG
-rm -rf $CKPT
+[ -n "$KEEP_CKPT" ] || rm -rf $CKPT
 say done

@@ -1,4 +1,4 @@
-"""Read safetensors files straight to the model's device, at page-cache speed.
+"""Read safetensors files straight to the model's device (a GPU), at page-cache speed.
 
 A safetensors file is an 8-byte little-endian header length, a JSON header (name -> dtype, shape, byte
 offsets) and the tensors' bytes. Reading each tensor with safetensors' `get_tensor` makes a CPU tensor
@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from safetensors import safe_open
 
 from railyard.errors import ModelLoadError
 
@@ -72,42 +73,59 @@ def read_header(path: Path) -> list[TensorEntry]:
 
 
 class CheckpointReader:
-    """Reads whole safetensors files to one device in file order; counts the bytes it read."""
+    """Reads whole safetensors files to one device; counts the bytes it read.
 
-    def __init__(self, device: torch.device, chunk_bytes: int = CHUNK_BYTES) -> None:
+    staged (the default on a GPU): through the pinned chunks, in file order. Unstaged (the default on the CPU):
+    safetensors' own memory-mapped tensors, which the loader copies into the parameters once, straight from the
+    page cache (a staged read would add a copy there)."""
+
+    def __init__(self, device: torch.device, chunk_bytes: int = CHUNK_BYTES, staged: bool | None = None) -> None:
         self.device = device
+        self.staged = device.type == "cuda" if staged is None else staged
         self.bytes_read = 0
         self._staging: list[torch.Tensor] = []
-        self._copied: list = []  # per staging buffer: the event of the last copy out of it
-        if device.type == "cuda":
-            self._staging = [torch.empty(chunk_bytes, dtype=torch.uint8, pin_memory=True) for _ in range(2)]
-            self._copied = [torch.cuda.Event() for _ in range(2)]
+        self._copied: list = []  # per staging buffer: the event of the last copy out of it (GPU only)
+        if self.staged:
+            pin = device.type == "cuda"
+            self._staging = [torch.empty(chunk_bytes, dtype=torch.uint8, pin_memory=pin) for _ in range(2)]
+            self._copied = [torch.cuda.Event() for _ in range(2)] if pin else [None, None]
         self._next = 0
 
     def iter_file(self, path: Path) -> Iterator[tuple[str, torch.Tensor]]:
         """(name, tensor on the device) for each tensor of the file; a tensor is ready on the current stream."""
+        if not self.staged:
+            yield from self._iter_mapped(path)
+            return
         entries = read_header(path)
         with open(path, "rb", buffering=0) as f:
             for e in entries:
                 f.seek(e.start)
-                raw = self._read(f, e.nbytes, path)
+                raw = self._read_staged(f, e.nbytes, path)
                 self.bytes_read += e.nbytes
                 yield e.name, raw.view(e.dtype).view(e.shape)
 
-    def _read(self, f, nbytes: int, path: Path) -> torch.Tensor:
-        if not self._staging:  # the CPU: read into the tensor itself
-            out = torch.empty(nbytes, dtype=torch.uint8)
-            _read_into(f, memoryview(out.numpy()), path)
-            return out
+    def _iter_mapped(self, path: Path) -> Iterator[tuple[str, torch.Tensor]]:
+        try:
+            with safe_open(str(path), framework="pt") as f:
+                for name in f.keys():
+                    tensor = f.get_tensor(name)
+                    self.bytes_read += tensor.numel() * tensor.element_size()
+                    yield name, tensor
+        except Exception as exc:  # safetensors raises its own error types
+            raise ModelLoadError(f"cannot read weights from {path}: {exc}") from None
+
+    def _read_staged(self, f, nbytes: int, path: Path) -> torch.Tensor:
         out = torch.empty(nbytes, dtype=torch.uint8, device=self.device)
         chunk = self._staging[0].numel()
         for offset in range(0, nbytes, chunk):
             i, self._next = self._next, 1 - self._next
-            self._copied[i].synchronize()  # the buffer's previous copy to the device is done
+            if self._copied[i] is not None:
+                self._copied[i].synchronize()  # the buffer's previous copy to the device is done
             n = min(chunk, nbytes - offset)
             _read_into(f, memoryview(self._staging[i].numpy())[:n], path)
             out[offset:offset + n].copy_(self._staging[i][:n], non_blocking=True)
-            self._copied[i].record()
+            if self._copied[i] is not None:
+                self._copied[i].record()
         return out
 
 
