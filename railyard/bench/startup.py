@@ -77,38 +77,54 @@ def startup_report(metrics_text: str) -> dict:
     return out
 
 
+class ServerProcess:
+    """`railyard serve` started now on a free port, its output collected; `wait_healthy` returns the seconds from
+    the start to its first /health 200."""
+
+    def __init__(self, serve_cmd: list[str], env: dict[str, str]) -> None:
+        self.url = f"http://127.0.0.1:{free_port()}"
+        self.lines: list[str] = []
+        self.started = time.perf_counter()
+        self.proc = subprocess.Popen([*serve_cmd, "--port", self.url.rsplit(":", 1)[1]], env=env,
+                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        self._reader = threading.Thread(target=lambda: self.lines.extend(self.proc.stdout), daemon=True)
+        self._reader.start()
+
+    def wait_healthy(self, client: httpx.Client, timeout_s: float) -> float:
+        while True:
+            try:
+                if client.get(f"{self.url}/health").status_code == 200:
+                    return time.perf_counter() - self.started
+            except httpx.TransportError:
+                pass
+            if self.proc.poll() is not None:
+                raise ServerFailed(f"the server exited ({self.proc.returncode}) while starting:\n{self.tail()}")
+            if time.perf_counter() - self.started > timeout_s:
+                raise ServerFailed(f"the server was not healthy within {timeout_s:.0f} s:\n{self.tail()}")
+            time.sleep(0.05)
+
+    def tail(self, n: int = 20) -> str:
+        return "".join(self.lines[-n:])
+
+    def stop(self) -> None:
+        """SIGINT, as Ctrl-C; killed if it does not exit within 30 s."""
+        _stop(self.proc)
+        self._reader.join(5.0)
+
+
 def start_once(serve_cmd: list[str], env: dict[str, str], cache: str, files: list[Path],
                timeout_s: float) -> StartupRun:
-    """Start the server, poll /health until 200, read /metrics, stop it (SIGINT, as Ctrl-C)."""
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
+    """Start the server, poll /health until 200, read /metrics, stop it."""
     resident = resident_fraction(files)
-    start = time.perf_counter()
-    proc = subprocess.Popen([*serve_cmd, "--port", str(port)], env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
-    lines: list[str] = []
-    reader = threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True)
-    reader.start()
+    server = ServerProcess(serve_cmd, env)
     try:
         with httpx.Client(timeout=5.0) as client:
-            while True:
-                try:
-                    if client.get(f"{url}/health").status_code == 200:
-                        break
-                except httpx.TransportError:
-                    pass
-                if proc.poll() is not None:
-                    raise ServerFailed(f"the server exited ({proc.returncode}) while starting:\n{''.join(lines[-20:])}")
-                if time.perf_counter() - start > timeout_s:
-                    raise ServerFailed(f"the server was not healthy within {timeout_s:.0f} s:\n{''.join(lines[-20:])}")
-                time.sleep(0.05)
-            wall = time.perf_counter() - start
-            report = startup_report(client.get(f"{url}/metrics").text)
+            wall = server.wait_healthy(client, timeout_s)
+            report = startup_report(client.get(f"{server.url}/metrics").text)
     finally:
-        _stop(proc)
-        reader.join(5.0)
+        server.stop()
     return StartupRun(cache=cache, wall_s=round(wall, 3), page_cache_resident=resident,
-                      output_tail=[line.rstrip() for line in lines[-12:]], **report)
+                      output_tail=[line.rstrip() for line in server.lines[-12:]], **report)
 
 
 def _stop(proc: subprocess.Popen) -> None:

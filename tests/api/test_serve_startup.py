@@ -5,51 +5,30 @@ wall time this test measures from starting the process to its first /health 200.
 from __future__ import annotations
 
 import os
-import signal
-import subprocess
 import sys
-import threading
-import time
 
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from railyard.bench.startup import free_port
+from railyard.bench.startup import ServerProcess
 
 PHASES = {"front_imports", "engine_spawn", "imports", "model_construction", "weight_loading", "kv_profile",
           "kv_allocation", "cuda_graphs", "front_tokenizer", "server_start"}
 
 
 def test_start_up_phases_add_up_to_at_most_the_wall_time_to_health(tiny_model, tmp_path):
-    port = free_port()
-    start = time.perf_counter()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "railyard.cli", "serve", "--model", tiny_model, "--port", str(port),
-         "--max-model-len", "128", "--num-gpu-blocks", "64"],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        env={**os.environ, "RAILYARD_API_KEY": "", "RAILYARD_CACHE": str(tmp_path)})
-    lines: list[str] = []
-    reader = threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True)
-    reader.start()
+    server = ServerProcess(  # the clock starts as the process is started
+        [sys.executable, "-m", "railyard.cli", "serve", "--model", tiny_model, "--max-model-len", "128",
+         "--num-gpu-blocks", "64"], env={**os.environ, "RAILYARD_API_KEY": "", "RAILYARD_CACHE": str(tmp_path)})
     try:
         with httpx.Client(timeout=5.0) as client:
-            while True:
-                try:
-                    if client.get(f"http://127.0.0.1:{port}/health").status_code == 200:
-                        break
-                except httpx.TransportError:
-                    pass
-                assert proc.poll() is None and time.perf_counter() - start < 180, "".join(lines)
-                time.sleep(0.05)
-            wall = time.perf_counter() - start
-            metrics = client.get(f"http://127.0.0.1:{port}/metrics").text
+            wall = server.wait_healthy(client, timeout_s=180)
+            metrics = client.get(f"{server.url}/metrics").text
     finally:
-        proc.send_signal(signal.SIGINT)
-        proc.wait(30)
-        reader.join(5)
+        server.stop()
     phases = {s.labels["phase"]: s.value for f in text_string_to_metric_families(metrics)
               for s in f.samples if s.name == "railyard:startup_phase_seconds"}
     assert PHASES <= set(phases), phases
     assert all(seconds >= 0.0 for seconds in phases.values()), phases
     assert sum(phases.values()) <= wall, (phases, wall)
-    assert any(line.startswith("railyard serve: start-up: total ") for line in lines), lines
+    assert any(line.startswith("railyard serve: start-up: total ") for line in server.lines), server.lines
