@@ -18,6 +18,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 SHARD_BYTES = 4 * 10**9
+PAGE_CACHE_MODES = ("warm", "drop", "as-is")  # read once before the runs, dropped before each, left alone
 _READ_CHUNK = 64 * 2**20
 
 

@@ -26,7 +26,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from railyard.bench.checkpoint import checkpoint_files, drop_from_page_cache, read_through, resident_fraction
 from railyard.errors import RailyardError
 
-PAGE_CACHE_MODES = ("warm", "drop", "as-is")
+SETTLE_S = 2.0  # between runs: the driver frees the last engine's GPU memory just after its process exits
 
 
 @dataclass
@@ -152,6 +152,8 @@ def run_startup(checkpoint_dir: Path, runs: int, cache_dir: Path, page_cache: st
         report["pre_read"] = read_through(files)  # from disk, or the page cache if it already held the files
     results = []
     for i in range(runs):
+        if i:
+            time.sleep(SETTLE_S)
         if page_cache == "drop":
             drop_from_page_cache(files)
         results.append(start_once(serve_cmd, env, "cold" if i == 0 else "warm", files, timeout_s))

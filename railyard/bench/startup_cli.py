@@ -10,6 +10,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from railyard.bench.checkpoint import PAGE_CACHE_MODES
 from railyard.errors import ConfigError
 
 
@@ -24,7 +25,7 @@ def register_startup(kinds: argparse._SubParsersAction) -> None:
     p.add_argument("--cache-dir", default=None,
                    help="the railyard cache the runs use ($RAILYARD_CACHE); must be empty or absent, so the first run "
                         "is cold (default: a fresh temporary directory, removed afterwards)")
-    p.add_argument("--page-cache", default="warm", choices=("warm", "drop", "as-is"),
+    p.add_argument("--page-cache", default="warm", choices=PAGE_CACHE_MODES,
                    help="the checkpoint's page-cache state: warm: read it once before the first run; drop: drop its "
                         "pages before every run (each load reads the disk); as-is: leave it")
     p.add_argument("--serve-args", default="", help="more `railyard serve` flags, one string (e.g. '--max-model-len 4096')")

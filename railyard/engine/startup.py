@@ -137,13 +137,11 @@ class TritonJitTimer:
 
     def _before(self, **kwargs) -> None:  # returning True would make Triton skip the compile
         self._started.append(time.perf_counter())
-        return None
 
     def _after(self, **kwargs) -> None:
         if self._started:
             self.seconds += time.perf_counter() - self._started.pop()
         self.kernels += 1
-        return None
 
     @property
     def compiled(self) -> int:

@@ -12,13 +12,13 @@ from pathlib import Path
 
 sys.path.insert(0, __file__.rsplit("/scripts/", 1)[0])
 
-import torch  # noqa: E402
+import torch
 
-from railyard.bench.checkpoint import checkpoint_files, read_through, resident_fraction  # noqa: E402
-from railyard.engine.attention import get_backend  # noqa: E402
-from railyard.engine.models.loader import build_empty, iter_weights, weight_files  # noqa: E402
-from railyard.engine.models.safetensors_reader import CheckpointReader  # noqa: E402
-from railyard.model.spec import read_model_spec  # noqa: E402
+from railyard.bench.checkpoint import checkpoint_files, read_through, resident_fraction
+from railyard.engine.attention import get_backend
+from railyard.engine.models.loader import build_empty, iter_weights, weight_files
+from railyard.engine.models.safetensors_reader import CheckpointReader
+from railyard.model.spec import read_model_spec
 
 
 def sync(dev: torch.device) -> None:
