@@ -129,7 +129,7 @@ class ModelRunner:
         self.num_kv_heads, self.head_dim = attn.num_kv_heads, attn.head_dim
         self.block_size = config.block_size
         self.memory: MemoryBudget | None = None  # the start-up report (None when num_gpu_blocks was given)
-        with TritonJitTimer() as jit:  # kernels compile at their first launch: the profile step and graph capture
+        with TritonJitTimer(enabled=self.device.type == "cuda") as jit:  # kernels compile at their first launch: the profile step and graph capture
             with timed("kv_profile"):
                 self.num_gpu_blocks = config.num_gpu_blocks or self._profile_num_blocks()
             with timed("kv_allocation"):

@@ -111,7 +111,8 @@ class TritonJitTimer:
 
     Does nothing where Triton is absent or another tool already holds its hooks."""
 
-    def __init__(self) -> None:
+    def __init__(self, enabled: bool = True) -> None:
+        self.enabled = enabled  # off on the CPU: no Triton to import there
         self.seconds = 0.0
         self.kernels = 0
         self._started: list[float] = []
@@ -121,6 +122,8 @@ class TritonJitTimer:
         self._entries_before = 0
 
     def __enter__(self) -> "TritonJitTimer":
+        if not self.enabled:
+            return self
         try:
             from triton import knobs
         except Exception:  # no Triton (CPU-only installs): nothing compiles
