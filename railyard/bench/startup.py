@@ -9,6 +9,7 @@ measured before each one.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -157,6 +158,7 @@ def run_startup(checkpoint_dir: Path, runs: int, cache_dir: Path, page_cache: st
         if page_cache == "drop":
             drop_from_page_cache(files)
         results.append(start_once(serve_cmd, env, "cold" if i == 0 else "warm", files, timeout_s))
+        print(f"run {i}: " + json.dumps(asdict(results[-1])), file=sys.stderr, flush=True)  # kept if a later run hangs
     report["runs"] = [asdict(r) for r in results]
     warm = [r for r in results if r.cache == "warm"]
     report["summary"] = {
