@@ -18,13 +18,14 @@ from railyard.engine.attention import AttentionMetadata, get_backend
 from railyard.engine.cuda_graphs import DecodeGraphs, padded_block_tables
 from railyard.engine.config import EngineConfig
 from railyard.engine.layers.fp8 import FP8, cache_bits, gemm_path
-from railyard.engine.models.loader import build_empty, load_model, random_weights
+from railyard.engine.models.loader import build_empty, fill_from_checkpoint, random_weights
 from railyard.engine.parallel import SINGLE, ParallelState
 from railyard.engine.piecewise_graphs import PiecewiseGraphs
 from railyard.engine.sampler import (DoneSample, PendingSample, SamplerOutput, SamplingRow, host_tensor, sample_async,
                                     to_device)
 from railyard.engine.scheduler import SchedulerOutput
 from railyard.engine.sequence import PLACEHOLDER
+from railyard.engine.startup import StartupTimes, TritonJitTimer
 from railyard.errors import ConfigError
 from railyard.model.memory import GIB, MemoryBudget, piecewise_tokens, profile_tokens, reserve_bytes
 from railyard.model.spec import ModelSpec
@@ -34,6 +35,12 @@ log = logging.getLogger("railyard.engine")
 # model/precision.py's dtype names (weights, activations, KV-cache elements) -> torch dtypes
 TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "fp8": FP8}
 CPU_KV_CACHE_GIB = 1.0  # KV pool budget when running on the CPU (no device memory to profile)
+
+
+def _synchronize(device: torch.device) -> None:
+    """Wait for the device, so a phase's time includes its queued work."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
 
 
 def resolve_device(name: str) -> torch.device:
@@ -106,10 +113,18 @@ class ModelRunner:
         if self.kv_dtype == FP8:
             backend = _fp8_attention_backend(backend, self.device)
         self.backend_cls = get_backend(backend, self.device.type)
-        if model_dir is None:  # a named shape with random weights (benchmarks): nothing to read from disk
-            self.model = random_weights(build_empty(spec, self.dtype, self.device, self.backend_cls, ps), config.seed)
-        else:
-            self.model = load_model(model_dir, spec, self.dtype, self.device, self.backend_cls, ps)
+        self.startup = StartupTimes()  # where this runner's start-up time went (the engine reports it)
+        timed = self.startup.phase
+        with timed("model_construction"):
+            model = build_empty(spec, self.dtype, self.device, self.backend_cls, ps)
+            _synchronize(self.device)
+        with timed("weight_loading"):
+            if model_dir is None:  # a named shape with random weights (benchmarks): nothing to read from disk
+                self.model = random_weights(model, config.seed)
+            else:
+                self.startup.weight_bytes = fill_from_checkpoint(model, model_dir)
+                self.model = model
+            _synchronize(self.device)
         if self.quantization == "fp8":
             log.info("FP8 weights (per-channel scales, per-token activations); GEMMs: %s",
                      gemm_path(self.device, self.dtype))
@@ -117,19 +132,27 @@ class ModelRunner:
         self.num_kv_heads, self.head_dim = attn.num_kv_heads, attn.head_dim
         self.block_size = config.block_size
         self.memory: MemoryBudget | None = None  # the start-up report (None when num_gpu_blocks was given)
-        # Captured before the memory profile, which counts their buffers and pool (they need no KV cache).
-        self.piecewise = self._capture_piecewise()
-        self.num_gpu_blocks = config.num_gpu_blocks or self._profile_num_blocks()
-        self.num_cpu_blocks = self._num_cpu_blocks()
-        shape = (2, self.num_gpu_blocks, self.block_size, self.num_kv_heads, self.head_dim)
-        self.kv_caches = [torch.zeros(shape, dtype=self.kv_dtype, device=self.device) for _ in range(spec.num_layers)]
-        cpu_shape = (2, self.num_cpu_blocks, self.block_size, self.num_kv_heads, self.head_dim)
-        pin = self.device.type == "cuda"
-        self.cpu_caches = [torch.zeros(cpu_shape, dtype=self.kv_dtype, pin_memory=pin)
-                           for _ in range(spec.num_layers)] if self.num_cpu_blocks else []
-        self._rows: dict[int, SamplingRow] = {}  # per live sequence
-        self._fed: torch.Tensor | None = None  # the last launched step's sampled ids, on the device
-        self.graphs = self._capture_graphs()
+        with TritonJitTimer(enabled=self.device.type == "cuda") as jit:  # kernels compile at their first launch: the profile step and graph capture
+            # Captured before the memory profile, which counts their buffers and pool (they need no KV cache).
+            with timed("cuda_graphs"):
+                self.piecewise = self._capture_piecewise()
+            with timed("kv_profile"):
+                self.num_gpu_blocks = config.num_gpu_blocks or self._profile_num_blocks()
+            with timed("kv_allocation"):
+                self.num_cpu_blocks = self._num_cpu_blocks()
+                shape = (2, self.num_gpu_blocks, self.block_size, self.num_kv_heads, self.head_dim)
+                self.kv_caches = [torch.zeros(shape, dtype=self.kv_dtype, device=self.device)
+                                  for _ in range(spec.num_layers)]
+                cpu_shape = (2, self.num_cpu_blocks, self.block_size, self.num_kv_heads, self.head_dim)
+                pin = self.device.type == "cuda"
+                self.cpu_caches = [torch.zeros(cpu_shape, dtype=self.kv_dtype, pin_memory=pin)
+                                   for _ in range(spec.num_layers)] if self.num_cpu_blocks else []
+                _synchronize(self.device)
+            self._rows: dict[int, SamplingRow] = {}  # per live sequence
+            self._fed: torch.Tensor | None = None  # the last launched step's sampled ids, on the device
+            with timed("cuda_graphs"):
+                self.graphs = self._capture_graphs()
+        jit.record(self.startup)
 
     def _graphs_allowed(self) -> bool:
         """CUDA graphs run on single-GPU Triton runs only (TP collectives and the torch backend run eager)."""
