@@ -78,7 +78,7 @@ python3 -c "import torch, triton, transformers; print(torch.__version__, triton.
 if [ -z "$SKIP_TESTS" ]; then
   say "GPU tests"
   timeout 160 python3 -m pytest -q -p no:cacheprovider -rs tests/engine/test_piecewise_graphs.py \
-    tests/engine/test_hf_equivalence.py > $R/pytest.txt 2>&1
+    tests/engine/test_hf_equivalence.py tests/engine/models/test_safetensors_reader.py > $R/pytest.txt 2>&1
   echo "pytest rc=$? $(tail -1 $R/pytest.txt)" | tee -a $LOG
 fi
 
