@@ -44,6 +44,8 @@ else
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
     .whl/*.whl .whl-ray/*.whl > $R/pip.log 2>&1 || { log "wheel install failed"; tail -5 $R/pip.log | tee -a "$LOG"; }
   export PYTHONPATH=/tmp/site:$PWD PATH=/tmp/site/bin:$PATH
+  # No usage-stats reports (no network there); no OOM killer reading a VM's MemTotal, which starts small and grows.
+  export RAY_USAGE_STATS_ENABLED=0 RAY_memory_monitor_refresh_ms=0
   MODEL=${MODEL:-qwen3-0.6b} BLOCKS=${BLOCKS:-16384} CPU_FLAG= DIRECT_FLAGS=
   MAXLEN=8192 SEQS=256 TOKENS=8192
   # The issue-12 workload: 100-1024 prompt tokens, 256 out (EOS ignored); 4 rounds of each concurrency.
