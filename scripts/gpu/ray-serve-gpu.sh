@@ -70,11 +70,11 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv 2>/dev/null
 python3 -c "import ray, torch; print('ray', ray.__version__, ray.__file__, 'torch', torch.__version__)" 2>&1 | tee -a "$LOG"
 python3 -c "from railyard.engine.tiny_model import ensure_tiny_model; ensure_tiny_model()"  # the shapes' tokenizer
 
-stop() {  # Ctrl-C first (cluster up removes its apps and its local Ray; serve stops its engine), then hard.
-  # On the device, where no other Ray runs, 10 s then `ray stop --force`: Serve's graceful removal of idle
-  # replicas took ~30 s on the CPU, time the call does not have.
+stop() {  # SIGTERM first (cluster up removes its apps and its local Ray; serve stops its engine), then hard; not
+  # SIGINT, which a background job of a script ignores. On the device, where no other Ray runs, at most 10 s,
+  # then `ray stop --force`.
   [ -z "$SERVER" ] && return
-  kill -INT "$SERVER" 2>/dev/null
+  kill -TERM "$SERVER" 2>/dev/null
   local n=60; [ -z "$SMALL" ] && n=20
   for _ in $(seq 1 $n); do kill -0 "$SERVER" 2>/dev/null || break; sleep 0.5; done
   kill -KILL "$SERVER" 2>/dev/null; wait "$SERVER" 2>/dev/null
