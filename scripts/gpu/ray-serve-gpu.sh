@@ -211,17 +211,7 @@ warm() {  # url: Triton JIT and CUDA graphs of both replicas warm, outside the m
 }
 scrape() {  # name url: the fleet's prefix-cache and routing counters from /metrics, as JSON
   curl -s $2/metrics > $R/metrics_$1.txt
-  python3 - $R/metrics_$1.txt > $R/metrics_$1.json <<'PY'
-import json, re, sys
-totals: dict = {}
-for line in open(sys.argv[1]):
-    m = re.match(r"^(vllm:prefix_cache_(?:hits|queries)_total|railyard_serve_routing\w*_total)(\{[^}]*\})? (\S+)$", line)
-    if m:
-        reason = re.search(r'reason="([^"]+)"', m.group(2) or "")
-        key = m.group(1) + (f"[{reason.group(1)}]" if reason else "")
-        totals[key] = totals.get(key, 0) + float(m.group(3))
-print(json.dumps(totals))
-PY
+  python3 scripts/prefix_metrics.py $R/metrics_$1.txt > $R/metrics_$1.json
 }
 prefix_trace() {  # name url: the shared-prefix trace, with /metrics before and after
   scrape $1_before $2; bench $1_prefix $2 $PREFIX; local rc=$?; scrape $1_after $2; return $rc
