@@ -68,6 +68,8 @@ SERVER=
 git log --oneline -1 2>/dev/null | tee -a "$LOG"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv 2>/dev/null | tee -a "$LOG"
 python3 -c "import ray, torch; print('ray', ray.__version__, ray.__file__, 'torch', torch.__version__)" 2>&1 | tee -a "$LOG"
+# The image's versions of what Ray leans on and .whl-ray does not carry (for the record, if Ray fails to start).
+python3 -m pip show aiohttp yarl multidict grpcio 2>/dev/null | grep ^Version | tr '\n' ' ' | tee -a "$LOG"; echo | tee -a "$LOG"
 python3 -c "from railyard.engine.tiny_model import ensure_tiny_model; ensure_tiny_model()"  # the shapes' tokenizer
 
 stop() {  # SIGTERM first (cluster up removes its apps and its local Ray; serve stops its engine), then hard; not
