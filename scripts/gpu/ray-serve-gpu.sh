@@ -13,7 +13,7 @@
 # bench JSON, server and cluster logs, /metrics scrapes), $OUT/burst.png.
 #
 #   carry: .whl (fastapi, uvicorn, pydantic, pyzmq, msgspec, ...) and .whl-ray (scripts/gpu/repack_ray_wheel.py)
-#   command: bash scripts/gpu/ray-serve-gpu.sh
+#   command: COMMIT=<short hash> bash scripts/gpu/ray-serve-gpu.sh   (run's timeout_s 600)
 #   CPU dry run (the embedded tiny model, small numbers, Ray in its own temp dir and ports):
 #     SMALL=1 OUT=/tmp/ray-serve-dry bash scripts/gpu/ray-serve-gpu.sh
 #   env: CALL_S (default 540), BLOCKS (KV blocks per replica, default 16384 = 28 GiB), MODEL, PORT, DIRECT_PORT,
@@ -65,7 +65,7 @@ ENGINE="{max_model_len: $MAXLEN, max_num_seqs: $SEQS, max_num_batched_tokens: $T
 URL=http://127.0.0.1:$PORT DIRECT_URL=http://127.0.0.1:$DIRECT_PORT
 SERVER=
 
-git log --oneline -1 2>/dev/null | tee -a "$LOG"
+git log --oneline -1 2>/dev/null | tee -a "$LOG"; echo "commit ${COMMIT:-unknown}" | tee -a "$LOG"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv 2>/dev/null | tee -a "$LOG"
 python3 -c "import ray, torch; print('ray', ray.__version__, ray.__file__, 'torch', torch.__version__)" 2>&1 | tee -a "$LOG"
 # The image's versions of what Ray leans on and .whl-ray does not carry (for the record, if Ray fails to start).
