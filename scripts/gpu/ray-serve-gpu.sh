@@ -10,7 +10,7 @@
 #   4. `railyard bench burst` on the stack autoscaled 1..2 half-GPU replicas (railyard's pending policy).
 # Each step runs under `timeout`, and none starts once the call's budget (CALL_S) is spent, so a failure or hang
 # costs its own step only. Results: $OUT/summary.json (every figure), $OUT/log.txt, $OUT/results.tgz (each
-# bench JSON, server and cluster logs, /metrics scrapes), $OUT/burst.png.
+# bench JSON, server and cluster logs, /metrics scrapes), $OUT/burst.png, $OUT/ray_logs.tgz (Ray's logs).
 #
 #   carry: .whl (fastapi, uvicorn, pydantic, pyzmq, msgspec, ...) and .whl-ray (scripts/gpu/repack_ray_wheel.py)
 #   command: COMMIT=<short hash> bash scripts/gpu/ray-serve-gpu.sh   (run's timeout_s 600)
@@ -136,6 +136,10 @@ if burst:
 PY
   cp $R/burst.png "$OUT/burst.png" 2>/dev/null
   tar czf "$OUT/results.tgz" -C "$(dirname $R)" "$(basename $R)"
+  # Ray's own logs of every stack (Serve controller, proxy, replicas; the daemons' stderr), files under 4 MB.
+  local ray_tmp=${RAY_TMPDIR:-/tmp}/ray
+  (cd $ray_tmp 2>/dev/null && find session_2*/logs \( -path '*/logs/serve/*' -o -name '*.err' \) -size -4M -type f \
+    | tar czf "$OUT/ray_logs.tgz" -T - 2>/dev/null)
 }
 trap finish EXIT
 
