@@ -38,17 +38,20 @@ def install_openai_routes(app: FastAPI, generation_for: Callable[[str | None], G
 
 
 def build_app(engine: EngineClient, *, served_model_name: str | None = None, api_key: str | None = None,
-              max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES) -> FastAPI:
-    """An app serving `engine` (any EngineClient); its lifespan starts the client and shuts the engine down."""
+              max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES, on_ready: Callable[[], None] | None = None) -> FastAPI:
+    """An app serving `engine` (any EngineClient); its lifespan starts the client (then calls on_ready: the server
+    listens next) and shuts the engine down."""
     info = engine.model_info
     name = served_model_name or info.served_model_name
-    metrics = ServerMetrics(name, engine.stats, healthy=lambda: engine.is_running)
+    metrics = ServerMetrics(name, engine.stats, healthy=lambda: engine.is_running, startup=info.startup)
     engine.listener = metrics
     gen = Generation(engine, name)
 
     @asynccontextmanager
     async def lifespan(_: FastAPI):
         await engine.start()
+        if on_ready is not None:
+            on_ready()
         yield
         await engine.shutdown()
 

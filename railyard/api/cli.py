@@ -8,8 +8,11 @@ import json
 import logging
 import os
 import sys
+import threading
+import time
 
 from railyard.engine.args import add_engine_args, engine_config_from_args
+from railyard.engine.startup import process_start_time
 from railyard.errors import ConfigError
 
 # A client that reuses a pooled connection just as the server closes it as idle loses that request (a POST is
@@ -71,7 +74,7 @@ def start_engine_client(config, *, engine_process: bool = True, **client_args):
     With engine_process (the default) the engine core starts in its own process; this returns once it is
     ready, or raises its start-up error (ConfigError, ModelLoadError) with the core's message.
     """
-    from railyard.engine.models.loader import resolve_model_dir
+    from railyard.engine.models.checkpoint_dir import resolve_model_dir
     from railyard.shapes import is_shape
 
     if not with_shape_tokenizer(config) and not is_shape(config.model):
@@ -85,21 +88,46 @@ def start_engine_client(config, *, engine_process: bool = True, **client_args):
     return InProcessEngineClient.from_config(config, **client_args)
 
 
+def _import_front() -> None:
+    try:
+        import uvicorn  # noqa: F401
+
+        import railyard.api.app  # noqa: F401
+    except Exception:  # imported again where used, which raises it there
+        pass
+
+
 def run_serve(args: argparse.Namespace) -> int:
-    import uvicorn
-
-    from railyard.api.app import build_app
-
     if not 0 <= args.port <= 65535:
         raise ConfigError(f"--port must be in [0, 65535], got {args.port}")
     if args.max_waiting_requests < 1 or args.max_request_bytes < 1 or args.timeout_keep_alive < 1:
         raise ConfigError("--max-waiting-requests, --max-request-bytes and --timeout-keep-alive must be positive")
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     config = engine_config_from_args(args, served_model_name=args.served_model_name)
+    front_ready = time.time()
+    # The HTTP front's imports (FastAPI, uvicorn, transformers, torch) run while the engine starts, not before.
+    front_imports = threading.Thread(target=_import_front, name="railyard-front-imports", daemon=True)
+    front_imports.start()
     engine = start_engine_client(config, engine_process=args.engine_process,
                                  max_waiting_requests=args.max_waiting_requests)
+    waited = time.perf_counter()
+    front_imports.join()
+    import uvicorn
+
+    from railyard.api.app import build_app
+
+    startup = engine.model_info.startup
+    if startup is not None:
+        startup.add("front_imports", front_ready - process_start_time())
+        startup.add("front_imports_wait", time.perf_counter() - waited)  # the part the engine's start did not hide
     name = engine.model_info.served_model_name
-    app = build_app(engine, served_model_name=name, api_key=args.api_key, max_request_bytes=args.max_request_bytes)
+
+    def on_ready() -> None:  # the start-up report is complete: what no phase took since the process started
+        if startup is not None and "server_start" not in startup.phases:
+            startup.add_rest("server_start", process_start_time())
+
+    app = build_app(engine, served_model_name=name, api_key=args.api_key, max_request_bytes=args.max_request_bytes,
+                    on_ready=on_ready)
     server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
                                            timeout_keep_alive=args.timeout_keep_alive, timeout_graceful_shutdown=5))
 
@@ -108,6 +136,8 @@ def run_serve(args: argparse.Namespace) -> int:
             if server.should_exit:
                 return
             await asyncio.sleep(0.05)
+        if startup is not None:  # reported once, as /metrics has it
+            print(f"railyard serve: {startup.describe()}", flush=True)
         port = server.servers[0].sockets[0].getsockname()[1]
         host = "127.0.0.1" if args.host in ("0.0.0.0", "::", "") else args.host
         base = f"http://{host}:{port}"

@@ -4,7 +4,7 @@ Engine-wide gauges and counters are read from the latest EngineStats at scrape t
 owns the counts; nothing is counted twice). `railyard:engine_healthy` says whether the engine is alive;
 once it is not, the load gauges read 0, so autoscalers and dashboards see no phantom load. Per-request latencies are observed from each step's
 outputs, as vLLM does: TTFT at the first token, inter-token latency at every later step, the
-rest when a request finishes.
+rest when a request finishes. The engine's start-up report (`railyard:startup_*`) is read as it stands.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from railyard.engine.outputs import EngineStats, RequestOutput
+from railyard.engine.startup import StartupTimes
 
 _LABELS = ("model_name", "engine")
 _TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
@@ -67,17 +68,50 @@ class _EngineStatsCollector:
             yield family
 
 
+class _StartupCollector:
+    """The engine's start-up report: seconds per phase, weight-load throughput, Triton compiles."""
+
+    def __init__(self, startup: StartupTimes, label_values: list[str]) -> None:
+        self.startup, self.label_values = startup, label_values
+
+    def collect(self):
+        st, labels = self.startup, self.label_values
+        family = GaugeMetricFamily("railyard:startup_phase_seconds",
+                                   "Seconds of each start-up phase (exclusive, they add up to the start-up time).",
+                                   labels=(*_LABELS, "phase"))
+        for phase, seconds in st.ordered():
+            family.add_metric([*labels, phase], seconds)
+        yield family
+        for name, doc, value in (
+            ("railyard:startup_seconds", "Start-up time: the sum of the phases.", st.total_s),
+            ("railyard:startup_weight_bytes", "Bytes of weights read from the checkpoint at start-up.",
+             st.weight_bytes),
+            ("railyard:startup_weights_gb_per_second", "Weight loading throughput at start-up, GB/s (0: none read).",
+             st.weights_gb_per_s or 0.0),
+            ("railyard:startup_triton_jit_seconds",
+             "Seconds Triton spent compiling or loading kernels at start-up (within the phases).", st.triton_jit_s),
+            ("railyard:startup_triton_kernels", "Triton kernels JIT'd at start-up.", st.triton_kernels),
+            ("railyard:startup_triton_compiled", "Of those, kernels compiled anew (Triton cache misses).",
+             st.triton_compiled),
+        ):
+            family = GaugeMetricFamily(name, doc, labels=_LABELS)
+            family.add_metric(labels, value)
+            yield family
+
+
 class ServerMetrics:
     """One server's metrics registry; an engine client's StepListener."""
 
     def __init__(self, model_name: str, stats: EngineStats | None = None,
-                 healthy: Callable[[], bool] | None = None) -> None:
+                 healthy: Callable[[], bool] | None = None, startup: StartupTimes | None = None) -> None:
         self.registry = CollectorRegistry()
         self.label_values = [model_name, "0"]
         self.stats = stats or EngineStats()
         self.healthy = healthy or (lambda: True)
         self._last_token_time: dict[str, float] = {}
         self.registry.register(_EngineStatsCollector(self))
+        if startup is not None:
+            self.registry.register(_StartupCollector(startup, self.label_values))
 
         def histogram(name: str, doc: str, buckets) -> Histogram:
             return Histogram(name, doc, _LABELS, buckets=buckets, registry=self.registry).labels(*self.label_values)

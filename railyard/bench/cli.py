@@ -8,6 +8,7 @@ import sys
 
 from railyard.bench.burst_cli import register_burst
 from railyard.bench.serve_cli import register_serve
+from railyard.bench.startup_cli import register_startup
 from railyard.engine.args import add_engine_args, engine_config_from_args
 
 
@@ -39,6 +40,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     register_serve(kinds)
     register_burst(kinds)
+    register_startup(kinds)
 
 
 def run_throughput_cmd(args: argparse.Namespace) -> int:
@@ -61,6 +63,7 @@ def run_throughput_cmd(args: argparse.Namespace) -> int:
     memory = getattr(getattr(engine.executor, "runner", None), "memory", None)
     if memory is not None:  # the engine's start-up report: how its memory divided into weights and KV blocks
         report["memory"] = memory.as_dict()
+    report["startup"] = engine.core.startup.as_dict()  # the engine's start-up report (in-process: no server phases)
     report.update(roofline_report(engine, args, input_len, output_len, result.elapsed_s))
     print(json.dumps(report, indent=1))
     return 0

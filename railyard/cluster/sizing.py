@@ -2,7 +2,7 @@
 
 KV cache: the engine's own start-up formula (railyard.model.memory), per GPU, with the model description's
 predictions where the engine measures: weights at the precision the replica runs, the activation peak of its
-largest step, the CUDA context, and the decode graphs' and sampler's reserve; what utilization of the GPU's
+largest step, the CUDA context, and the CUDA graphs' (decode and piecewise) and sampler's reserve; what utilization of the GPU's
 memory leaves after them becomes blocks of `block_size` tokens (2 * layers * kv_heads * head_dim * block
 * KV element bytes). With tensor parallelism each GPU holds its shard of the weights and of every block.
 The model is accepted or refused by the engine's own rules, with the engine's message.
@@ -21,7 +21,8 @@ from pathlib import Path
 from typing import Any
 
 from railyard.errors import ConfigError
-from railyard.model.memory import CUDA_CONTEXT_BYTES, MemoryBudget, activation_bytes, profile_tokens, reserve_bytes
+from railyard.model.memory import (CUDA_CONTEXT_BYTES, MemoryBudget, activation_bytes, piecewise_graph_bytes,
+                                   piecewise_tokens, profile_tokens, reserve_bytes)
 from railyard.model.spec import ModelSpec, check_max_model_len, check_tensor_parallel, read_model_spec
 from railyard.shapes import shape_config, shape_names
 
@@ -100,6 +101,7 @@ def size_kv_cache(
     max_num_seqs: int = 256,
     max_num_batched_tokens: int = 8192,
     enforce_eager: bool = False,
+    piecewise_cuda_graphs: bool = True,
     overhead_bytes_per_gpu: int | None = None,
 ) -> KVSizing:
     """How many KV blocks (and tokens, and full-length sequences) one replica holds.
@@ -112,6 +114,9 @@ def size_kv_cache(
         tokens = profile_tokens(max_num_batched_tokens, max_model_len, max_num_seqs)
         activations = activation_bytes(spec, tokens, max_num_seqs, tp)
         other, reserve = CUDA_CONTEXT_BYTES, reserve_bytes(max_num_seqs, spec.vocab_size, enforce_eager)
+        if piecewise_cuda_graphs and not enforce_eager and tp == 1:  # the engine captures them on one GPU only
+            reserve += piecewise_graph_bytes(spec, piecewise_tokens(max_num_batched_tokens, max_model_len,
+                                                                    max_num_seqs))
     else:
         activations, other, reserve = overhead_bytes_per_gpu, 0, 0
     gpu = MemoryBudget(gpu_memory_bytes, gpu_memory_utilization, spec.weight_bytes(tp), activations, other, reserve,

@@ -38,6 +38,8 @@ _HELP = {
     "async_scheduling": "plan the next step while the device runs the current one (--no-async-scheduling: "
                         "one step at a time)",
     "cuda_graph_max_batch_size": "largest decode batch captured as a CUDA graph",
+    "piecewise_cuda_graphs": "steps with prefill tokens replay CUDA graphs of all but attention "
+                             "(--no-piecewise-cuda-graphs: they run eagerly; pure decode steps keep their graphs)",
     "seed": "seed of the random weights a named model shape gets (benchmarks)",
 }
 _SKIP = {"served_model_name"}

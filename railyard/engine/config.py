@@ -52,6 +52,9 @@ class EngineConfig:
     # Plan step N+1 while step N runs on the device (single-process executors; see Engine.step).
     async_scheduling: bool = True
     cuda_graph_max_batch_size: int = 256
+    # Steps that are not pure decode (prefill chunks, mixed steps) replay CUDA graphs of everything but
+    # attention (vLLM v1's piecewise graphs); off: they run eagerly. enforce_eager turns both kinds off.
+    piecewise_cuda_graphs: bool = True
     # JSON constraints allow no whitespace beyond ", " and ": " unless a request says otherwise (vLLM's
     # structured-outputs disable_any_whitespace): weak models can loop on whitespace a grammar allows.
     structured_outputs_disable_any_whitespace: bool = False

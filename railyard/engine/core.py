@@ -16,7 +16,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from railyard.engine.background import Background
 from railyard.engine.block_manager import BlockManager
+from railyard.engine.caches import configure_triton_cache
 from railyard.engine.config import EngineConfig, SamplingParams
 from railyard.engine.model_info import ModelInfo
 from railyard.engine.model_runner import ModelRunner
@@ -25,6 +27,7 @@ from railyard.engine.outputs import EngineStats, SeqDelta
 from railyard.engine.sampler import DoneSample, PendingSample
 from railyard.engine.scheduler import Scheduler
 from railyard.engine.sequence import PLACEHOLDER, Sequence
+from railyard.engine.startup import StartupTimes
 from railyard.engine.structured.manager import Accepted, StructuredOutputManager
 from railyard.engine.tokenizer import load_tokenizer
 from railyard.engine.validation import check_priority, check_prompt_token_ids, check_sampling_params
@@ -54,18 +57,23 @@ class EngineCore:
     """One replica's scheduler, block manager and executor, driven one step at a time."""
 
     @classmethod
-    def from_config(cls, config: EngineConfig) -> "EngineCore":
+    def from_config(cls, config: EngineConfig, startup: StartupTimes | None = None) -> "EngineCore":
         """A core for a checkpoint directory, or, when no such directory exists, for a named shape
         (railyard.shapes: qwen2-7b, ...) with random weights, for benchmarks where no weights travel."""
         from railyard.shapes import is_shape, shape_config
 
         if is_shape(config.model) and not Path(config.model).exists():
             log.warning("model %r is a named shape: random weights, for benchmarking only", config.model)
-            return cls(config, spec=ModelSpec.from_hf_config(shape_config(config.model)))
-        return cls(config)
+            return cls(config, spec=ModelSpec.from_hf_config(shape_config(config.model)), startup=startup)
+        return cls(config, startup=startup)
 
-    def __init__(self, config: EngineConfig, *, spec: ModelSpec | None = None, executor=None) -> None:
+    def __init__(self, config: EngineConfig, *, spec: ModelSpec | None = None, executor=None,
+                 startup: StartupTimes | None = None) -> None:
         self.config = config
+        # Where start-up time went (the engine-core process passes in what it timed before this, its imports).
+        self.startup = startup if startup is not None else StartupTimes()
+        started, timed_before = time.perf_counter(), self.startup.total_s
+        triton_cache = configure_triton_cache()  # before any kernel compiles, here or in tensor-parallel workers
         if spec is None:
             model_dir = resolve_model_dir(config.model)
             spec = read_model_spec(model_dir)
@@ -75,12 +83,22 @@ class EngineCore:
             tokenizer_path = config.tokenizer
         # The core needs the tokenizer for its EOS id and for grammars (structured outputs); the front
         # detokenises with its own copy.
-        self.tokenizer = load_tokenizer(tokenizer_path) if tokenizer_path else None
+        # Loaded on a thread while the model loads (importing transformers takes seconds).
+        tokenizer = Background(load_tokenizer, tokenizer_path, name="railyard-tokenizer") if tokenizer_path else None
         self.tokenizer_path = tokenizer_path
         self.model_dir = model_dir
         self.spec = spec
         config.resolve(spec.max_position_embeddings)
-        self.executor = executor or _make_executor(config, spec, model_dir)
+        if executor is None:
+            executor_started = time.perf_counter()
+            executor = _make_executor(config, spec, model_dir)
+            timed = getattr(executor, "startup", None)  # a local runner's own phases; TP workers' are not broken down
+            if timed is not None:
+                self.startup.merge(timed)
+            self.startup.add("executor", time.perf_counter() - executor_started - (timed.total_s if timed else 0.0))
+        self.executor = executor
+        with self.startup.phase("tokenizer_wait"):  # what of the tokenizer's load the model's did not hide
+            self.tokenizer = tokenizer.result() if tokenizer is not None else None
         bm = BlockManager(self.executor.num_gpu_blocks, self.executor.num_cpu_blocks, config.block_size,
                           config.enable_prefix_caching)
         if bm.gpu.num_blocks * config.block_size < config.max_model_len:
@@ -111,6 +129,8 @@ class EngineCore:
         self.async_scheduling = config.async_scheduling and self.executor.supports_async
         self._in_flight: _InFlight | None = None
         self._num_history_requests = 0  # live requests whose sampling reads their output tokens
+        self.startup.add("engine_other", time.perf_counter() - started - (self.startup.total_s - timed_before))
+        self.startup.triton_cache_dir = self.startup.triton_cache_dir or str(triton_cache)
         log.info("engine ready: %d KV blocks of %d tokens (%d CPU swap blocks); max_model_len %d; "
                  "%d sequences of max_model_len fit at once", bm.gpu.num_blocks, config.block_size,
                  bm.cpu.num_blocks, config.max_model_len, bm.gpu.num_blocks * config.block_size // config.max_model_len)
@@ -125,7 +145,8 @@ class EngineCore:
             eos_token_ids=self.eos_token_ids, block_size=c.block_size, num_gpu_blocks=self.block_manager.gpu.num_blocks,
             num_cpu_blocks=self.block_manager.cpu.num_blocks, max_num_seqs=c.max_num_seqs,
             max_num_batched_tokens=c.max_num_batched_tokens, tensor_parallel_size=c.tensor_parallel_size,
-            scheduling_policy=c.scheduling_policy, created=created, pids=[os.getpid(), *getattr(self.executor, "worker_pids", [])])
+            scheduling_policy=c.scheduling_policy, created=created, pids=[os.getpid(), *getattr(self.executor, "worker_pids", [])],
+            startup=self.startup)
 
     # -- requests --------------------------------------------------------------------------------
     def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams, *,
@@ -381,6 +402,7 @@ class LocalExecutor:
 
     def __init__(self, runner: ModelRunner) -> None:
         self.runner = runner
+        self.startup = runner.startup
         self.num_gpu_blocks = runner.num_gpu_blocks
         self.num_cpu_blocks = runner.num_cpu_blocks
 

@@ -11,12 +11,14 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import time
 import traceback
 
 import zmq
 
 from railyard.engine.config import EngineConfig
 from railyard.engine.exits import exit_when_parent_dies
+from railyard.engine.startup import StartupTimes
 from railyard.engine.wire import (
     Abort, AddRequest, CoreFailed, Ready, RequestRefused, Shutdown, StartupFailed, StepOutputs, StopSequence,
     UTILITY_METHODS, UtilityCall, UtilityResult, encoder, to_core_decoder)
@@ -31,11 +33,18 @@ class _Stop(Exception):
     """SIGTERM or a Shutdown message: leave the loop and shut the executor down."""
 
 
-def run_engine_core(config: EngineConfig, input_address: str, output_address: str, log_level: int) -> None:
-    """Process entry point (spawned): build the core, report Ready or StartupFailed, then serve."""
+def run_engine_core(config: EngineConfig, input_address: str, output_address: str, log_level: int,
+                    spawned_at: float | None = None) -> None:
+    """Process entry point (spawned at time.time() `spawned_at`): build the core, report Ready or StartupFailed,
+    then serve."""
+    startup = StartupTimes()
+    if spawned_at is not None:  # a new interpreter, and the imports this module needs, before we get here
+        startup.add("engine_spawn", time.time() - spawned_at)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, _raise_stop)
     logging.basicConfig(level=log_level, format="%(asctime)s %(levelname)s %(name)s[core]: %(message)s")
+    with startup.phase("imports"):
+        _import_engine()
     _set_torch_threads(config)
     exit_when_parent_dies(grace_s=10.0)  # SIGTERM: the executor stops its tensor-parallel workers first
     ctx = zmq.Context()
@@ -50,7 +59,7 @@ def run_engine_core(config: EngineConfig, input_address: str, output_address: st
         from railyard.engine.core import EngineCore
 
         try:
-            core = EngineCore.from_config(config)
+            core = EngineCore.from_config(config, startup)
         except RailyardError as exc:
             out.send(encoder.encode(StartupFailed(type(exc).__name__, str(exc))))
             return
@@ -133,6 +142,19 @@ def _utility(core, call: UtilityCall) -> UtilityResult:
     if isinstance(value, set | frozenset):
         value = sorted(value)
     return UtilityResult(call.call_id, True, value)
+
+
+def _import_engine() -> None:
+    """Import torch, Triton (where a GPU will use it) and the engine: timed as start-up's `imports` phase."""
+    import torch
+
+    import railyard.engine.core  # noqa: F401  (the model runner, the layers, the attention backends)
+
+    if torch.cuda.is_available():
+        try:
+            import triton  # noqa: F401
+        except ImportError:
+            pass
 
 
 def _set_torch_threads(config: EngineConfig) -> None:

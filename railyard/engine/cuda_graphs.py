@@ -83,10 +83,7 @@ class DecodeGraphs:
                  self.max_batch, time.perf_counter() - start)
 
     def padded_size(self, n: int) -> int | None:
-        for s in self.sizes:
-            if s >= n:
-                return s
-        return None
+        return padded_size(self.sizes, n)
 
     def run(self, input_ids: list[int], positions: list[int], slots: list[int], seq_lens: list[int],
             block_tables: list[list[int]], feed: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
@@ -111,16 +108,30 @@ class DecodeGraphs:
         tables = self.host_tables_np
         for i, t in enumerate(block_tables):
             tables[i, :len(t)] = t
-        # The staging buffers are rewritten next step while this copy may not have run yet (the host
-        # runs ahead of the GPU): wait for the previous step's copy first, which has long finished.
-        self.copied.synchronize()
-        self.ints.copy_(self.host_ints, non_blocking=True)
-        self.block_tables[:n, :width].copy_(self.host_tables[:n, :width], non_blocking=True)
-        self.copied.record()
+        upload(self.copied, (self.ints, self.host_ints),
+               (self.block_tables[:n, :width], self.host_tables[:n, :width]))
         if feed is not None:
             self.ints[feed[0]] = feed[1]
         self.graphs[bs].replay()
         return self.logits[bs][:n]
+
+
+def padded_size(sizes: list[int], n: int) -> int | None:
+    """The smallest captured size that holds n rows (None: none does)."""
+    return next((s for s in sizes if s >= n), None)
+
+
+def upload(copied: torch.cuda.Event | None, *pairs: tuple[torch.Tensor, torch.Tensor]) -> None:
+    """Copy host staging buffers to their device buffers (dst, src) without blocking the host.
+
+    The staging buffers are rewritten next step while this copy may not have run yet (the host runs ahead
+    of the GPU): wait for the previous step's copy first (`copied`, None on the CPU), which has long finished."""
+    if copied is not None:
+        copied.synchronize()
+    for dst, src in pairs:
+        dst.copy_(src, non_blocking=True)
+    if copied is not None:
+        copied.record()
 
 
 def padded_block_tables(tables: list[list[int]]) -> np.ndarray:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from railyard.engine.startup import StartupTimes
+
 
 @dataclass
 class ModelInfo:
@@ -25,3 +27,4 @@ class ModelInfo:
     scheduling_policy: str | None = None  # None where a front stands for several engines
     created: int = 0  # the checkpoint's mtime (the OpenAI model card's "created")
     pids: list[int] = field(default_factory=list)  # the engine core's process and its tensor-parallel workers
+    startup: StartupTimes | None = None  # where one engine's start-up time went (None for a fleet)

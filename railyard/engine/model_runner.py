@@ -2,6 +2,8 @@
 
 Each step: copy swapped blocks, flatten the scheduled tokens (positions, slot mapping, block
 tables, cu_seqlens), run the model once, compute logits only where a token is sampled, sample.
+On one GPU the model runs from CUDA graphs: whole decode steps (cuda_graphs.py), and every other step up
+to 2,048 tokens as graphed pieces around eager attention (piecewise_graphs.py).
 """
 
 from __future__ import annotations
@@ -16,14 +18,16 @@ from railyard.engine.attention import AttentionMetadata, get_backend
 from railyard.engine.cuda_graphs import DecodeGraphs, padded_block_tables
 from railyard.engine.config import EngineConfig
 from railyard.engine.layers.fp8 import FP8, cache_bits, gemm_path
-from railyard.engine.models.loader import build_empty, load_model, random_weights
+from railyard.engine.models.loader import build_empty, fill_from_checkpoint, random_weights
 from railyard.engine.parallel import SINGLE, ParallelState
+from railyard.engine.piecewise_graphs import PiecewiseGraphs
 from railyard.engine.sampler import (DoneSample, PendingSample, SamplerOutput, SamplingRow, host_tensor, sample_async,
                                     to_device)
 from railyard.engine.scheduler import SchedulerOutput
 from railyard.engine.sequence import PLACEHOLDER
+from railyard.engine.startup import StartupTimes, TritonJitTimer
 from railyard.errors import ConfigError
-from railyard.model.memory import GIB, MemoryBudget, profile_tokens, reserve_bytes
+from railyard.model.memory import GIB, MemoryBudget, piecewise_tokens, profile_tokens, reserve_bytes
 from railyard.model.spec import ModelSpec
 
 log = logging.getLogger("railyard.engine")
@@ -31,6 +35,12 @@ log = logging.getLogger("railyard.engine")
 # model/precision.py's dtype names (weights, activations, KV-cache elements) -> torch dtypes
 TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "fp8": FP8}
 CPU_KV_CACHE_GIB = 1.0  # KV pool budget when running on the CPU (no device memory to profile)
+
+
+def _synchronize(device: torch.device) -> None:
+    """Wait for the device, so a phase's time includes its queued work."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
 
 
 def resolve_device(name: str) -> torch.device:
@@ -103,10 +113,18 @@ class ModelRunner:
         if self.kv_dtype == FP8:
             backend = _fp8_attention_backend(backend, self.device)
         self.backend_cls = get_backend(backend, self.device.type)
-        if model_dir is None:  # a named shape with random weights (benchmarks): nothing to read from disk
-            self.model = random_weights(build_empty(spec, self.dtype, self.device, self.backend_cls, ps), config.seed)
-        else:
-            self.model = load_model(model_dir, spec, self.dtype, self.device, self.backend_cls, ps)
+        self.startup = StartupTimes()  # where this runner's start-up time went (the engine reports it)
+        timed = self.startup.phase
+        with timed("model_construction"):
+            model = build_empty(spec, self.dtype, self.device, self.backend_cls, ps)
+            _synchronize(self.device)
+        with timed("weight_loading"):
+            if model_dir is None:  # a named shape with random weights (benchmarks): nothing to read from disk
+                self.model = random_weights(model, config.seed)
+            else:
+                self.startup.weight_bytes = fill_from_checkpoint(model, model_dir)
+                self.model = model
+            _synchronize(self.device)
         if self.quantization == "fp8":
             log.info("FP8 weights (per-channel scales, per-token activations); GEMMs: %s",
                      gemm_path(self.device, self.dtype))
@@ -114,26 +132,57 @@ class ModelRunner:
         self.num_kv_heads, self.head_dim = attn.num_kv_heads, attn.head_dim
         self.block_size = config.block_size
         self.memory: MemoryBudget | None = None  # the start-up report (None when num_gpu_blocks was given)
-        self.num_gpu_blocks = config.num_gpu_blocks or self._profile_num_blocks()
-        self.num_cpu_blocks = self._num_cpu_blocks()
-        shape = (2, self.num_gpu_blocks, self.block_size, self.num_kv_heads, self.head_dim)
-        self.kv_caches = [torch.zeros(shape, dtype=self.kv_dtype, device=self.device) for _ in range(spec.num_layers)]
-        cpu_shape = (2, self.num_cpu_blocks, self.block_size, self.num_kv_heads, self.head_dim)
-        pin = self.device.type == "cuda"
-        self.cpu_caches = [torch.zeros(cpu_shape, dtype=self.kv_dtype, pin_memory=pin)
-                           for _ in range(spec.num_layers)] if self.num_cpu_blocks else []
-        self._rows: dict[int, SamplingRow] = {}  # per live sequence
-        self._fed: torch.Tensor | None = None  # the last launched step's sampled ids, on the device
-        self.graphs = self._capture_graphs()
+        with TritonJitTimer(enabled=self.device.type == "cuda") as jit:  # kernels compile at their first launch: the profile step and graph capture
+            # Captured before the memory profile, which counts their buffers and pool (they need no KV cache).
+            with timed("cuda_graphs"):
+                self.piecewise = self._capture_piecewise()
+            with timed("kv_profile"):
+                self.num_gpu_blocks = config.num_gpu_blocks or self._profile_num_blocks()
+            with timed("kv_allocation"):
+                self.num_cpu_blocks = self._num_cpu_blocks()
+                shape = (2, self.num_gpu_blocks, self.block_size, self.num_kv_heads, self.head_dim)
+                self.kv_caches = [torch.zeros(shape, dtype=self.kv_dtype, device=self.device)
+                                  for _ in range(spec.num_layers)]
+                cpu_shape = (2, self.num_cpu_blocks, self.block_size, self.num_kv_heads, self.head_dim)
+                pin = self.device.type == "cuda"
+                self.cpu_caches = [torch.zeros(cpu_shape, dtype=self.kv_dtype, pin_memory=pin)
+                                   for _ in range(spec.num_layers)] if self.num_cpu_blocks else []
+                _synchronize(self.device)
+            self._rows: dict[int, SamplingRow] = {}  # per live sequence
+            self._fed: torch.Tensor | None = None  # the last launched step's sampled ids, on the device
+            with timed("cuda_graphs"):
+                self.graphs = self._capture_graphs()
+        jit.record(self.startup)
+
+    def _graphs_allowed(self) -> bool:
+        """CUDA graphs run on single-GPU Triton runs only (TP collectives and the torch backend run eager)."""
+        return (not self.config.enforce_eager and self.device.type == "cuda" and self.ps.world_size == 1
+                and self.backend_cls.name == "triton")
 
     def _capture_graphs(self) -> DecodeGraphs | None:
-        """Decode CUDA graphs: single-GPU Triton runs only (TP collectives and the torch backend run eager)."""
-        c = self.config
-        if (c.enforce_eager or self.device.type != "cuda" or self.ps.world_size > 1
-                or self.backend_cls.name != "triton"):
+        """Whole-step CUDA graphs (attention included) for pure decode steps."""
+        if not self._graphs_allowed():
             return None
+        c = self.config
         max_batch = min(c.cuda_graph_max_batch_size, c.max_num_seqs)
         return DecodeGraphs(self.model, self.kv_caches, max_batch, c.max_model_len, self.block_size, self.device)
+
+    def _capture_piecewise(self) -> PiecewiseGraphs | None:
+        """CUDA graphs of everything but attention, for every other step (prefill chunks, mixed steps);
+        sets their memory (static buffers and pool) in `piecewise_bytes`."""
+        self.piecewise_bytes = 0
+        c = self.config
+        if not (c.piecewise_cuda_graphs and self._graphs_allowed()):
+            return None
+        torch.cuda.empty_cache()
+        before = torch.cuda.memory_reserved(self.device)
+        graphs = PiecewiseGraphs(self.model, piecewise_tokens(c.max_num_batched_tokens, c.max_model_len,
+                                                              c.max_num_seqs), self.device)
+        torch.cuda.empty_cache()
+        self.piecewise_bytes = torch.cuda.memory_reserved(self.device) - before
+        log.info("piecewise CUDA graphs hold %.2f GiB (static buffers %.2f GiB, pool and graphs the rest)",
+                 self.piecewise_bytes / GIB, graphs.static_bytes / GIB)
+        return graphs
 
     # -- sizing ----------------------------------------------------------------------------------
     @property
@@ -157,12 +206,14 @@ class ModelRunner:
         n = profile_tokens(c.max_num_batched_tokens, c.max_model_len, c.max_num_seqs)
         scratch_bytes = self._dummy_forward(n)
         torch.cuda.synchronize(self.device)
-        peak = torch.cuda.max_memory_allocated(self.device) - scratch_bytes
+        static = self.piecewise.static_bytes if self.piecewise is not None else 0  # counted in piecewise_bytes
+        peak = torch.cuda.max_memory_allocated(self.device) - scratch_bytes - static
         free, total = torch.cuda.mem_get_info(self.device)
         # Memory used by others on this GPU (other processes, the CUDA context) counts against our share.
         used_elsewhere = total - free - torch.cuda.memory_reserved(self.device)
         self.memory = MemoryBudget(total, c.gpu_memory_utilization, weights, peak - weights, max(0, used_elsewhere),
-                                   reserve_bytes(c.max_num_seqs, self.spec.vocab_size, c.enforce_eager),
+                                   reserve_bytes(c.max_num_seqs, self.spec.vocab_size, c.enforce_eager)
+                                   + self.piecewise_bytes,
                                    self.block_bytes)
         if self.memory.num_blocks < 1:
             raise ConfigError(
@@ -302,11 +353,14 @@ class ModelRunner:
             return self.graphs.run(plan.input_ids, plan.positions, plan.slot_mapping, plan.seq_lens,
                                    plan.block_tables, feed)
         meta = self.to_metadata(plan)
-        ids = host_tensor(plan.input_ids, torch.long, self.device)
-        if feed is not None:
-            ids[feed[0]] = feed[1]
-        pos = host_tensor(plan.positions, torch.long, self.device)
-        hidden = self.model(ids, pos, self.kv_caches, meta)
+        if self.piecewise is not None and n <= self.piecewise.max_tokens:  # graphs around eager attention
+            hidden = self.piecewise.run(plan.input_ids, plan.positions, self.kv_caches, meta, feed)
+        else:
+            ids = host_tensor(plan.input_ids, torch.long, self.device)
+            if feed is not None:
+                ids[feed[0]] = feed[1]
+            pos = host_tensor(plan.positions, torch.long, self.device)
+            hidden = self.model(ids, pos, self.kv_caches, meta)
         if not plan.sample_indices:
             return None
         idx = host_tensor(plan.sample_indices, torch.long, self.device)

@@ -18,11 +18,13 @@ import shutil
 import tempfile
 import time
 import weakref
+from pathlib import Path
 from typing import Any
 
 import zmq
 import zmq.asyncio
 
+from railyard.engine.background import Background
 from railyard.engine.client import CoreClient
 from railyard.engine.config import EngineConfig, SamplingParams
 from railyard.engine.core_process import run_engine_core
@@ -58,14 +60,19 @@ class EngineProcessClient(CoreClient):
         # Not a daemon: the core spawns its own tensor-parallel workers, which a daemon process may not.
         self.process = spawn.Process(
             target=run_engine_core, name="railyard-engine-core",
-            args=(config, f"ipc://{self._dir}/input", f"ipc://{self._dir}/output", logging.getLogger().level))
+            args=(config, f"ipc://{self._dir}/input", f"ipc://{self._dir}/output", logging.getLogger().level,
+                  time.time()))
         self.process.start()
         # Never leave the core behind: also when this object is forgotten or the interpreter exits.
         self._finalizer = weakref.finalize(self, _stop_process, self.process, self._ctx, self._dir)
+        prefetch = _TokenizerPrefetch(config)  # loads while the core starts: off the start-up's critical path
         try:
             ready = self._wait_until_ready(start_timeout_s)
             info = ready.model_info
-            tokenizer = load_tokenizer(info.tokenizer) if info.tokenizer else None
+            started = time.perf_counter()
+            tokenizer = prefetch.result(info.tokenizer)
+            if info.startup is not None:
+                info.startup.add("front_tokenizer", time.perf_counter() - started)
         except BaseException:
             self._finalizer()
             raise
@@ -208,6 +215,27 @@ class EngineProcessClient(CoreClient):
             if not future.done():
                 future.set_exception(self.dead or EngineDeadError("the engine was shut down"))
         self._calls.clear()
+
+
+class _TokenizerPrefetch:
+    """The front's tokenizer, loaded on a thread from where the core will say it is (the --tokenizer directory,
+    else the checkpoint directory), while the core starts."""
+
+    def __init__(self, config: EngineConfig) -> None:
+        self.path = config.tokenizer or (config.model if Path(config.model).is_dir() else None)
+        self._load = Background(load_tokenizer, self.path, name="railyard-tokenizer") if self.path else None
+
+    def result(self, path: str | None):
+        """The tokenizer at `path` (the core's): the prefetched one if it is that, else loaded now (and an error
+        raised here, not on the thread)."""
+        if path is None:
+            return None
+        if self._load is not None and Path(path).resolve() == Path(self.path).resolve():
+            try:
+                return self._load.result()
+            except Exception:
+                pass
+        return load_tokenizer(path)
 
 
 def _stop_process(process: multiprocessing.Process, ctx: zmq.Context, directory: str) -> None:

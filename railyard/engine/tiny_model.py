@@ -18,6 +18,8 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
+from railyard.engine.caches import cache_root
+
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 # ChatML; with `tools`, Qwen2.5's Hermes-style tool prompt, <tool_call> turns and <tool_response> results.
 CHAT_TEMPLATE = (
@@ -70,7 +72,7 @@ _ARCHS = {
 
 
 def default_cache_dir() -> Path:
-    return Path(os.environ.get("RAILYARD_CACHE", Path.home() / ".cache" / "railyard"))
+    return cache_root()
 
 
 def tiny_config(arch: str = DEFAULT_ARCH, **overrides) -> dict:
@@ -79,7 +81,7 @@ def tiny_config(arch: str = DEFAULT_ARCH, **overrides) -> dict:
     return {**_BASE, **_ARCHS[arch], **overrides}
 
 
-def _weight_shapes(cfg: dict) -> dict[str, tuple[int, ...]]:
+def weight_shapes(cfg: dict) -> dict[str, tuple[int, ...]]:
     h, inter, v = cfg["hidden_size"], cfg["intermediate_size"], cfg["vocab_size"]
     nh, nkv = cfg["num_attention_heads"], cfg["num_key_value_heads"]
     d = cfg.get("head_dim") or h // nh
@@ -120,7 +122,7 @@ def _tokenizer_config() -> dict:
     }
 
 
-def _write_tokenizer(path: Path) -> None:
+def write_tokenizer(path: Path) -> None:
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
     alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
@@ -141,7 +143,7 @@ def write_tiny_checkpoint(path: str | Path, arch: str = DEFAULT_ARCH, seed: int 
     (path / "config.json").write_text(json.dumps(cfg, indent=1))
     (path / "generation_config.json").write_text(json.dumps({"eos_token_id": cfg["eos_token_id"],
                                                              "bos_token_id": cfg["bos_token_id"]}))
-    tensors = {n: random_tensor(n, s, seed, std) for n, s in _weight_shapes(cfg).items()}
+    tensors = {n: random_tensor(n, s, seed, std) for n, s in weight_shapes(cfg).items()}
     names = sorted(tensors)
     if num_shards == 1:
         save_file(tensors, str(path / "model.safetensors"), metadata={"format": "pt"})
@@ -153,7 +155,7 @@ def write_tiny_checkpoint(path: str | Path, arch: str = DEFAULT_ARCH, seed: int 
             save_file(part, str(path / fname), metadata={"format": "pt"})
             weight_map.update({n: fname for n in part})
         (path / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
-    _write_tokenizer(path)
+    write_tokenizer(path)
     return path
 
 

@@ -25,6 +25,29 @@ def profile_tokens(max_num_batched_tokens: int, max_model_len: int, max_num_seqs
     return min(max_num_batched_tokens, max_model_len * max_num_seqs)
 
 
+# Piecewise CUDA graphs cover steps up to this many tokens. Beyond it a step's GPU work (~35 ms on a 7B model at
+# 2,048 tokens) outlasts its eager launches (~15 ms), which the host issues while the device still runs, and
+# padding to a bucket would only add GEMM work: such steps run eagerly.
+MAX_PIECEWISE_TOKENS = 2048
+
+
+def piecewise_tokens(max_num_batched_tokens: int, max_model_len: int, max_num_seqs: int) -> int:
+    """The largest step the piecewise CUDA graphs are captured for."""
+    return min(profile_tokens(max_num_batched_tokens, max_model_len, max_num_seqs), MAX_PIECEWISE_TOKENS)
+
+
+def piecewise_graph_bytes(spec: ModelSpec, num_tokens: int) -> int:
+    """A prediction of what the piecewise CUDA graphs hold (single GPU): their static buffers (ids and
+    positions, q, k, v, attention output, residual, hidden) and one memory pool as large as one piece's
+    temporaries at the largest token count (the MLP's gate/up output and SiLU product, or the attention
+    side's QKV and rotated q/k, beside the residual stream)."""
+    b, t, h, inter = spec.dtype_bytes, num_tokens, spec.hidden_size, spec.intermediate_size
+    q, kv = spec.num_heads * spec.head_dim, spec.num_kv_heads * spec.head_dim
+    static = t * 16 + t * (2 * q + 2 * kv + 2 * h) * b
+    pool = max(t * (3 * h + 3 * inter), t * (2 * h + (q + 2 * kv) + 2 * (q + kv))) * b
+    return static + pool
+
+
 def reserve_bytes(max_num_seqs: int, vocab_size: int, enforce_eager: bool) -> int:
     """Memory that the decode CUDA graphs and the sampler's float32 logits take outside the profiled step."""
     return 0 if enforce_eager else max_num_seqs * vocab_size * _RESERVE_BYTES_PER_LOGIT + GIB

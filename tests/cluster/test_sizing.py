@@ -136,3 +136,19 @@ def test_a_replica_short_of_cpus_says_so_rather_than_blaming_gpus():
     nodes = [RayNode("w0", "g", "n0", 2, 1)]
     (placed,) = place_replicas([Replica("g", 0, 2, 2, True)], nodes, head_running=True)
     assert placed.message.endswith("fits no Ray node: needs 2 CPU(s) beside its GPUs, the most free is 1")
+
+
+def test_single_gpu_replicas_reserve_the_piecewise_cuda_graphs_memory():
+    from railyard.model.memory import piecewise_graph_bytes
+
+    def blocks(**kw):
+        return size_kv_cache(SHAPES["qwen2-7b"], gpu_memory_bytes=140 * GIB, gpu_memory_utilization=0.9,
+                             block_size=16, dtype="bfloat16", max_model_len=4096, max_num_batched_tokens=8192, **kw)
+
+    on, off = blocks(tensor_parallel_size=1), blocks(tensor_parallel_size=1, piecewise_cuda_graphs=False)
+    # The engine captures them up to 2,048 tokens: their buffers and pool leave that much less for KV blocks.
+    assert on.kv_cache_bytes == off.kv_cache_bytes - piecewise_graph_bytes(SHAPES["qwen2-7b"], 2048)
+    assert blocks(tensor_parallel_size=1, enforce_eager=True).overhead_bytes < off.overhead_bytes
+    # Tensor-parallel replicas run eagerly apart from their decode graphs: nothing to reserve.
+    tp_on, tp_off = blocks(tensor_parallel_size=2), blocks(tensor_parallel_size=2, piecewise_cuda_graphs=False)
+    assert tp_on.num_blocks == tp_off.num_blocks

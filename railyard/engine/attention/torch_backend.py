@@ -40,7 +40,16 @@ class TorchAttentionBackend:
         self.k_scale = self.v_scale = 1.0  # an FP8 cache's per-layer scales (a checkpoint may set them)
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor,
-                meta: AttentionMetadata) -> torch.Tensor:
+                meta: AttentionMetadata, out: torch.Tensor | None = None) -> torch.Tensor:
+        """out: where to write the result [T, H, D] (as the Triton backend takes it), else a new tensor."""
+        result = self._forward(q, k, v, kv_cache, meta)
+        if out is None:
+            return result
+        out.copy_(result)
+        return out
+
+    def _forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor,
+                 meta: AttentionMetadata) -> torch.Tensor:
         fp8 = kv_cache.dtype == FP8
         write_kv(kv_cache, k, v, meta.slot_mapping, self.k_scale, self.v_scale)
         scale = self.scale * self.k_scale if fp8 else self.scale

@@ -32,12 +32,13 @@ class TritonAttentionBackend:
         self.k_scale = self.v_scale = 1.0  # an FP8 cache's per-layer scales (a checkpoint may set them)
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor,
-                meta: AttentionMetadata) -> torch.Tensor:
+                meta: AttentionMetadata, out: torch.Tensor | None = None) -> torch.Tensor:
+        """out: where to write the result [T, H, D] (a static buffer of piecewise CUDA graphs), else a new tensor."""
         scales = dict(k_scale=self.k_scale, v_scale=self.v_scale)
         store_kv(kv_cache, k, v, meta.slot_mapping, **scales)
         if meta.decode_only:
             splits = decode_splits(q.shape[0], self.num_kv_heads, meta.max_seq_len,
                                    _num_sms(q.device.index or 0))
-            return paged_decode(q, kv_cache, meta.block_tables, meta.seq_lens, self.scale, splits, **scales)
+            return paged_decode(q, kv_cache, meta.block_tables, meta.seq_lens, self.scale, splits, out, **scales)
         return paged_prefill(q, kv_cache, meta.block_tables, meta.seq_lens, meta.query_start_loc,
-                             meta.max_query_len, self.scale, **scales)
+                             meta.max_query_len, self.scale, out, **scales)

@@ -27,6 +27,9 @@ _KV_SCALE = re.compile(r"layers\.(\d+)\.self_attn\.(?:(k|v)_scale|(k|v)_proj\.ou
 
 
 class Attention(nn.Module):
+    """Projections around the paged attention backend; the decoder layer calls them in turn (project, attn,
+    o_proj) so that the pieces a CUDA graph can hold stay apart from attention."""
+
     def __init__(self, spec: ModelSpec, rotary: RotaryEmbedding, backend_cls, ps: ParallelState) -> None:
         super().__init__()
         quant = spec.quantization
@@ -41,8 +44,8 @@ class Attention(nn.Module):
         self.rotary = rotary
         self.attn = backend_cls(self.num_heads, self.num_kv_heads, self.head_dim, spec.head_dim ** -0.5)
 
-    def forward(self, positions: torch.Tensor, x: torch.Tensor, kv_cache: torch.Tensor,
-                meta: AttentionMetadata) -> torch.Tensor:
+    def project(self, positions: torch.Tensor, x: torch.Tensor):
+        """Everything before attention: QKV projection, q/k norm, rotary -> q [T, H, D], k, v [T, Hk, D]."""
         qkv = self.qkv_proj(x)
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = q.view(-1, self.num_heads, self.head_dim)
@@ -51,8 +54,7 @@ class Attention(nn.Module):
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = self.rotary(positions, q, k)
-        out = self.attn.forward(q, k, v, kv_cache, meta)
-        return self.o_proj(out.reshape(-1, self.q_size))
+        return q, k, v
 
 
 class MLP(nn.Module):
@@ -74,15 +76,25 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
 
-    def forward(self, positions, x, residual, kv_cache, meta):
+    def pre_attention(self, positions, x, residual):
+        """Input norm (adding the residual first, except in layer 0) and the attention's projections:
+        (q, k, v, residual). Together with post_attention, all of the layer that a CUDA graph can hold."""
         if residual is None:
             residual = x
             x = self.input_layernorm(x)
         else:
             x, residual = self.input_layernorm(x, residual)
-        x = self.self_attn(positions, x, kv_cache, meta)
+        return (*self.self_attn.project(positions, x), residual)
+
+    def post_attention(self, attn_out, residual):
+        """Output projection, residual add + norm and the MLP: (x, residual) for the next layer."""
+        x = self.self_attn.o_proj(attn_out.reshape(-1, self.self_attn.q_size))
         x, residual = self.post_attention_layernorm(x, residual)
         return self.mlp(x), residual
+
+    def forward(self, positions, x, residual, kv_cache, meta):
+        q, k, v, residual = self.pre_attention(positions, x, residual)
+        return self.post_attention(self.self_attn.attn.forward(q, k, v, kv_cache, meta), residual)
 
 
 class DecoderModel(nn.Module):
@@ -99,6 +111,25 @@ class DecoderModel(nn.Module):
         x, residual = self.embed_tokens(input_ids), None
         for layer, cache in zip(self.layers, kv_caches):
             x, residual = layer(positions, x, residual, cache, meta)
+        x, _ = self.norm(x, residual)
+        return x
+
+    # The forward pass split at each layer's attention into num_layers + 1 pieces (piecewise CUDA graphs):
+    # piece 0 embeds and runs layer 0 up to its attention; piece i runs layer i-1 after its attention and
+    # layer i up to its attention; piece num_layers runs the last layer after attention and the final norm.
+    # Each piece is row-wise (token by token), so padded rows never change real ones.
+    def first_piece(self, input_ids, positions):
+        """-> (q, k, v, residual) of layer 0."""
+        return self.layers[0].pre_attention(positions, self.embed_tokens(input_ids), None)
+
+    def middle_piece(self, i: int, positions, attn_out, residual):
+        """Layer i-1 after attention (its output attn_out), layer i up to attention -> (q, k, v, residual)."""
+        x, residual = self.layers[i - 1].post_attention(attn_out, residual)
+        return self.layers[i].pre_attention(positions, x, residual)
+
+    def last_piece(self, attn_out, residual):
+        """The last layer after attention and the final norm -> hidden states."""
+        x, residual = self.layers[-1].post_attention(attn_out, residual)
         x, _ = self.norm(x, residual)
         return x
 

@@ -1,73 +1,35 @@
 """Load an HF-format checkpoint directory: config.json + safetensors (single file or sharded index).
 
 Only local directories: weights are never downloaded at run time. safetensors only (no pickle).
+Which files those are is railyard.engine.models.checkpoint_dir's job (torch-free, for the front).
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
 
 from railyard.engine.layers.fp8 import FP8, quantize_rows
+from railyard.engine.models.checkpoint_dir import resolve_model_dir, weight_files  # noqa: F401 (re-exported)
 from railyard.engine.models.decoder import CausalLM
+from railyard.engine.models.safetensors_reader import CheckpointReader
 from railyard.engine.parallel import SINGLE, ParallelState
 from railyard.errors import ModelLoadError
 from railyard.model.spec import ModelSpec
 
 
-def resolve_model_dir(model: str) -> Path:
-    """The local checkpoint directory for a path (or the embedded model's name, tiny-qwen2-seed0), with a clear
-    error for a hub id or a bad path."""
-    if not model:
-        raise ModelLoadError("no model given: pass a local checkpoint directory (e.g. --model /models/qwen2-7b)")
-    path = Path(model).expanduser()
-    if not path.exists():
-        from railyard.engine.tiny_model import embedded_model_dir
-
-        embedded = embedded_model_dir(model)  # the name the server and README give the embedded model
-        if embedded is not None:
-            return embedded
-        looks_like_hub_id = "/" in model and not model.startswith(("/", ".", "~")) and model.count("/") == 1
-        hint = (" It looks like a Hugging Face hub id: railyard never downloads weights at run time; "
-                "download the checkpoint first and pass its local directory.") if looks_like_hub_id else ""
-        raise ModelLoadError(f"model directory {model!r} does not exist.{hint}")
-    if not path.is_dir():
-        raise ModelLoadError(f"model path {model!r} is not a directory (expected an HF checkpoint directory)")
-    if not (path / "config.json").is_file():
-        raise ModelLoadError(f"{path} has no config.json: not an HF-format checkpoint directory")
-    return path
-
-
-def weight_files(model_dir: Path) -> list[Path]:
-    index = model_dir / "model.safetensors.index.json"
-    if index.is_file():
-        try:
-            names = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-        except (json.JSONDecodeError, KeyError) as exc:
-            raise ModelLoadError(f"{index} is malformed: {exc}") from None
-        files = [model_dir / n for n in names]
-        missing = [str(f.name) for f in files if not f.is_file()]
-        if missing:
-            raise ModelLoadError(f"{model_dir} is missing weight shards listed in its index: {', '.join(missing)}")
-        return files
-    files = sorted(model_dir.glob("*.safetensors"))
-    if not files:
-        raise ModelLoadError(f"{model_dir} has no *.safetensors weights (pickled .bin weights are not loaded)")
-    return files
-
-
-def iter_weights(files: list[Path]) -> Iterator[tuple[str, torch.Tensor]]:
-    """Yield tensors one at a time so a rank holds at most one full tensor beside its shards."""
+def iter_weights(files: list[Path], reader: CheckpointReader | None = None) -> Iterator[tuple[str, torch.Tensor]]:
+    """Yield tensors one at a time (on the reader's device; the CPU without one), so a rank holds at most one full
+    tensor beside its shards."""
+    reader = reader or CheckpointReader(torch.device("cpu"))
     for file in files:
         try:
-            with safe_open(str(file), framework="pt") as f:
-                for name in f.keys():
-                    yield name, f.get_tensor(name)
-        except Exception as exc:  # safetensors raises its own error types
+            yield from reader.iter_file(file)
+        except ModelLoadError:
+            raise
+        except OSError as exc:
             raise ModelLoadError(f"cannot read weights from {file}: {exc}") from None
 
 
@@ -88,13 +50,21 @@ def load_model(model_dir: Path, spec: ModelSpec, dtype: torch.dtype, device: tor
                ps: ParallelState = SINGLE) -> CausalLM:
     """Build the model on `device` in `dtype` and fill it from the checkpoint."""
     model = build_empty(spec, dtype, device, backend_cls, ps)
-    loaded = model.load_weights(iter_weights(weight_files(model_dir)))
+    fill_from_checkpoint(model, model_dir)
+    return model
+
+
+def fill_from_checkpoint(model: CausalLM, model_dir: Path) -> int:
+    """Fill a built model's weights from the checkpoint, read straight to the model's device; returns the bytes
+    read. Raises ModelLoadError if the checkpoint lacks any of the model's weights."""
+    reader = CheckpointReader(next(model.parameters()).device)
+    loaded = model.load_weights(iter_weights(weight_files(model_dir), reader))
     expected = {n for n, _ in model.named_parameters()}
     missing = sorted(expected - loaded)
     if missing:
         raise ModelLoadError(f"{model_dir}: checkpoint lacks weights for {', '.join(missing[:5])}"
                              + (f" and {len(missing) - 5} more" if len(missing) > 5 else ""))
-    return model
+    return reader.bytes_read
 
 
 def random_weights(model: CausalLM, seed: int, std: float = 0.02) -> CausalLM:

@@ -1,0 +1,171 @@
+"""Where an engine's start-up time goes: phase durations, weight-load throughput, Triton JIT compiles.
+
+A replica is useless until it is ready, and on a GPU most of that wait is imports, weight loading,
+the KV memory profile, CUDA-graph capture and Triton compiling its kernels (vllm #19824). The engine
+times each phase as it starts (`StartupTimes`), the server adds its own and reports them once in the
+log and as `railyard:startup_phase_seconds{phase=...}`; `railyard bench startup` reads them back.
+
+Phases are exclusive and in start-up order, so they add up to at most the wall time. Triton's JIT runs
+inside some of them (the profile step and graph capture launch every kernel first): its seconds are
+reported beside the phases (`triton_jit_s`), as a part of them, not added to them.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+# The order phases happen in (a phase that did not happen is absent).
+PHASE_ORDER = ("front_imports", "engine_spawn", "imports", "model_construction", "weight_loading", "kv_profile",
+               "kv_allocation", "cuda_graphs", "executor", "tokenizer_wait", "engine_other", "front_tokenizer",
+               "front_imports_wait", "server_start")
+
+
+@dataclass
+class StartupTimes:
+    """Seconds per start-up phase (exclusive, PHASE_ORDER), and what the weights and Triton did in them."""
+
+    phases: dict[str, float] = field(default_factory=dict)
+    weight_bytes: int = 0
+    triton_jit_s: float = 0.0  # within kv_profile and cuda_graphs: Triton compiling or loading kernels
+    triton_kernels: int = 0  # kernel specialisations JIT'd during start-up (compiled, or loaded from the cache)
+    triton_compiled: int = 0  # of those, compiled anew: entries added to the Triton cache (its misses)
+    triton_cache_dir: str | None = None
+
+    def add(self, phase: str, seconds: float) -> None:
+        self.phases[phase] = self.phases.get(phase, 0.0) + max(0.0, seconds)
+
+    @contextmanager
+    def phase(self, name: str):
+        """Time the block as `name` (added to what the phase already has)."""
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.add(name, time.perf_counter() - start)
+
+    def add_rest(self, phase: str, since: float) -> None:
+        """Add as `phase` what of the time since `since` (time.time()) no phase accounts for."""
+        self.add(phase, time.time() - since - self.total_s)
+
+    def merge(self, other: "StartupTimes") -> None:
+        """Add another part's phases and counts (the executor's, into the engine's)."""
+        for name, seconds in other.phases.items():
+            self.add(name, seconds)
+        self.weight_bytes += other.weight_bytes
+        self.triton_jit_s += other.triton_jit_s
+        self.triton_kernels += other.triton_kernels
+        self.triton_compiled += other.triton_compiled
+        self.triton_cache_dir = self.triton_cache_dir or other.triton_cache_dir
+
+    @property
+    def total_s(self) -> float:
+        return sum(self.phases.values())
+
+    @property
+    def weights_gb_per_s(self) -> float | None:
+        seconds = self.phases.get("weight_loading", 0.0)
+        return self.weight_bytes / seconds / 1e9 if self.weight_bytes and seconds > 0 else None
+
+    def ordered(self) -> list[tuple[str, float]]:
+        known = [(p, self.phases[p]) for p in PHASE_ORDER if p in self.phases]
+        return known + sorted((p, s) for p, s in self.phases.items() if p not in PHASE_ORDER)
+
+    def describe(self) -> str:
+        """The one start-up log line."""
+        parts = [f"{name} {seconds:.2f}" for name, seconds in self.ordered()]
+        line = f"start-up: total {self.total_s:.2f} s = " + " + ".join(parts)
+        rate = self.weights_gb_per_s
+        if rate is not None:
+            line += f"; weights {self.weight_bytes / 1e9:.2f} GB at {rate:.2f} GB/s"
+        if self.triton_kernels or self.triton_cache_dir:
+            line += (f"; Triton JIT {self.triton_jit_s:.2f} s (within the phases) for {self.triton_kernels} kernels, "
+                     f"{self.triton_compiled} compiled anew, cache {self.triton_cache_dir}")
+        return line
+
+    def as_dict(self) -> dict:
+        rate = self.weights_gb_per_s
+        return {"total_s": round(self.total_s, 3), "phases_s": {p: round(s, 3) for p, s in self.ordered()},
+                "weight_bytes": self.weight_bytes, "weights_gb_per_s": None if rate is None else round(rate, 3),
+                "triton_jit_s": round(self.triton_jit_s, 3), "triton_kernels": self.triton_kernels,
+                "triton_compiled": self.triton_compiled, "triton_cache_dir": self.triton_cache_dir}
+
+
+def process_start_time() -> float:
+    """When this process started, as time.time() (Linux: its start in clock ticks since boot, against the boot
+    clock; elsewhere: now, which undercounts)."""
+    try:
+        ticks = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])
+        age = time.clock_gettime(time.CLOCK_BOOTTIME) - ticks / os.sysconf("SC_CLK_TCK")
+        return time.time() - max(0.0, age)
+    except (OSError, ValueError, IndexError, AttributeError):
+        return time.time()
+
+
+class TritonJitTimer:
+    """Times Triton's JIT while installed: from its cache hook (before it compiles or loads a kernel) to its
+    post-compile hook, and counts the kernels it compiled anew as the new entries of its cache directory.
+
+    Does nothing where Triton is absent or another tool already holds its hooks."""
+
+    def __init__(self, enabled: bool = True) -> None:
+        self.enabled = enabled  # off on the CPU: no Triton to import there
+        self.seconds = 0.0
+        self.kernels = 0
+        self._started: list[float] = []
+        self._installed = False
+        self._knobs = None
+        self.cache_dir: Path | None = None
+        self._entries_before = 0
+
+    def __enter__(self) -> "TritonJitTimer":
+        if not self.enabled:
+            return self
+        try:
+            from triton import knobs
+        except Exception:  # no Triton (CPU-only installs): nothing compiles
+            return self
+        rt = knobs.runtime
+        if rt.jit_cache_hook is not None or rt.jit_post_compile_hook is not None:
+            return self
+        self._knobs = rt
+        rt.jit_cache_hook, rt.jit_post_compile_hook = self._before, self._after
+        self._installed = True
+        self.cache_dir = Path(knobs.cache.dir)
+        self._entries_before = _count_entries(self.cache_dir)
+        return self
+
+    def _before(self, **kwargs) -> None:  # returning True would make Triton skip the compile
+        self._started.append(time.perf_counter())
+
+    def _after(self, **kwargs) -> None:
+        if self._started:
+            self.seconds += time.perf_counter() - self._started.pop()
+        self.kernels += 1
+
+    @property
+    def compiled(self) -> int:
+        return max(0, _count_entries(self.cache_dir) - self._entries_before) if self.cache_dir else 0
+
+    def __exit__(self, *exc) -> None:
+        if self._installed:
+            self._knobs.jit_cache_hook = self._knobs.jit_post_compile_hook = None
+            self._installed = False
+
+    def record(self, times: StartupTimes) -> None:
+        times.triton_jit_s += self.seconds
+        times.triton_kernels += self.kernels
+        times.triton_compiled += self.compiled
+        if self.cache_dir is not None:
+            times.triton_cache_dir = str(self.cache_dir)
+
+
+def _count_entries(cache_dir: Path) -> int:
+    """Compiled kernels in a Triton cache: one directory (named by the kernel's hash) each."""
+    try:
+        return sum(1 for entry in os.scandir(cache_dir) if entry.is_dir())
+    except OSError:
+        return 0

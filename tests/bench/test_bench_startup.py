@@ -1,0 +1,51 @@
+"""`railyard bench startup`: starts `railyard serve` on a checkpoint, first with an empty railyard cache and then
+warm, and reports each start's wall time to /health and the server's own phases; it writes a random-weight
+checkpoint that HF transformers loads, and refuses what would make its first run not cold."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file
+
+from railyard.bench.checkpoint import write_random_checkpoint
+from railyard.cli import main
+from railyard.engine.tiny_model import tiny_config
+
+
+def test_runs_are_cold_then_warm_and_each_reports_its_phases_within_its_wall_time(tiny_model, capsys):
+    assert main(["bench", "startup", "--checkpoint-dir", tiny_model, "--runs", "2",
+                 "--serve-args", "--max-model-len 128 --num-gpu-blocks 64"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    tensors = load_file(str(Path(tiny_model) / "model.safetensors"))
+    assert [r["cache"] for r in report["runs"]] == ["cold", "warm"]
+    assert report["pre_read"]["bytes"] == report["checkpoint_bytes"] > 0
+    for run in report["runs"]:
+        assert 0 < run["total_s"] <= run["wall_s"]
+        assert {"weight_loading", "kv_profile", "cuda_graphs", "server_start"} <= set(run["phases_s"])
+        assert run["weight_bytes"] == sum(t.numel() * t.element_size() for t in tensors.values())
+        assert run["page_cache_resident"] == 1.0  # read through before the first run
+
+
+def test_written_random_checkpoint_loads_in_hf_transformers(tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    config = tiny_config("qwen2", torch_dtype="bfloat16")
+    written = write_random_checkpoint(config, tmp_path / "ckpt", seed=1, shard_bytes=50_000, device="cpu")
+    assert written.files > 1 and (tmp_path / "ckpt" / "model.safetensors.index.json").is_file()
+    model = AutoModelForCausalLM.from_pretrained(tmp_path / "ckpt", dtype=torch.bfloat16)
+    params = sum(p.numel() * p.element_size() for p in model.parameters())
+    assert written.bytes == params and model.model.norm.weight.eq(1).all()
+
+
+def test_a_directory_without_a_checkpoint_needs_a_shape(tmp_path, capsys):
+    assert main(["bench", "startup", "--checkpoint-dir", str(tmp_path / "none")]) == 2
+    assert "give --model SHAPE" in capsys.readouterr().err
+
+
+def test_a_cache_dir_that_is_not_empty_is_refused(tiny_model, tmp_path, capsys):
+    (tmp_path / "triton").mkdir()
+    assert main(["bench", "startup", "--checkpoint-dir", tiny_model, "--cache-dir", str(tmp_path)]) == 2
+    assert "is not empty" in capsys.readouterr().err

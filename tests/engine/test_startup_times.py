@@ -1,0 +1,50 @@
+"""An engine times its start-up by phase: every phase it went through is there, none is negative, the weights'
+bytes are the checkpoint's, and the report crosses the EngineClient interface in ModelInfo."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import msgspec
+import pytest
+from safetensors.torch import load_file
+
+from railyard.engine.config import EngineConfig
+from railyard.engine.core import EngineCore
+from railyard.engine.model_info import ModelInfo
+from railyard.engine.startup import StartupTimes
+
+CORE_PHASES = {"model_construction", "weight_loading", "kv_profile", "kv_allocation", "cuda_graphs", "executor",
+               "tokenizer_wait", "engine_other"}
+
+
+@pytest.fixture(scope="module")
+def core(tiny_model):
+    core = EngineCore(EngineConfig(model=tiny_model, device="cpu", max_model_len=128, num_gpu_blocks=64))
+    yield core
+    core.shutdown()
+
+
+def test_every_engine_phase_is_timed_and_none_is_negative(core):
+    startup = core.model_info().startup
+    assert CORE_PHASES <= set(startup.phases)
+    assert all(seconds >= 0.0 for seconds in startup.phases.values())
+    assert startup.total_s == pytest.approx(sum(startup.phases.values()))
+
+
+def test_weight_bytes_are_the_checkpoints_and_give_a_rate(core, tiny_model):
+    tensors = load_file(str(Path(tiny_model) / "model.safetensors"))
+    startup = core.model_info().startup
+    assert startup.weight_bytes == sum(t.numel() * t.element_size() for t in tensors.values())
+    assert startup.weights_gb_per_s > 0
+
+
+def test_the_report_survives_the_engine_process_wire(core):
+    info = core.model_info()
+    decoded = msgspec.msgpack.decode(msgspec.msgpack.encode(info), type=ModelInfo)
+    assert isinstance(decoded.startup, StartupTimes) and decoded.startup.phases == info.startup.phases
+
+
+def test_the_log_line_names_each_phase_and_the_total(core):
+    line = core.model_info().startup.describe()
+    assert line.startswith("start-up: total ") and all(phase in line for phase in CORE_PHASES)
