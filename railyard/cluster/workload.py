@@ -7,7 +7,6 @@ requests, tolerations and affinities `kubectl apply` would submit.
 from __future__ import annotations
 
 import math
-
 from dataclasses import dataclass, field
 from typing import Any
 

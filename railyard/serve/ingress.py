@@ -16,9 +16,9 @@ from ray import serve
 from railyard.engine.models.loader import resolve_model_dir
 from railyard.engine.tokenizer import load_tokenizer
 from railyard.model.spec import ModelSpec, read_model_spec
-from railyard.shapes import is_shape, shape_config
 from railyard.serve.client import Pool, RayEngineClient
 from railyard.serve.metrics import ReplicaWatcher
+from railyard.shapes import is_shape, shape_config
 
 log = logging.getLogger("railyard.serve")
 
@@ -31,7 +31,8 @@ def make_clients(routes: list[dict[str, Any]], handles: dict[str, Any]) -> dict[
         if is_shape(route["model"]) and not Path(route["model"]).exists():
             # A named shape with random weights (GPU benchmarks): its replicas speak the embedded model's
             # byte-level tokenizer unless the pool names one (railyard.api.cli.with_shape_tokenizer).
-            from railyard.engine.tiny_model import ensure_tiny_model  # torch: only for this case
+            # torch, imported only for this case
+            from railyard.engine.tiny_model import ensure_tiny_model
 
             spec = ModelSpec.from_hf_config(shape_config(route["model"]))
             tokenizer_dir = tokenizer_dir or ensure_tiny_model()
