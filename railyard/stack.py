@@ -77,6 +77,9 @@ class EngineOptions(_Strict):
     quantization: str | None = None
     kv_cache_dtype: str | None = None
     enable_prefix_caching: bool | None = None
+    # The KV pool in blocks instead of the profiled share of gpu_memory_utilization: replicas sharing a GPU
+    # (gpu_fraction < 1) need it, since each engine's profile counts the other's memory as used.
+    num_gpu_blocks: int | None = Field(None, ge=1)
 
     @field_validator("quantization")
     @classmethod
@@ -187,6 +190,10 @@ class ModelSpec(_Strict):
     resources: Resources = Resources()
     gpu_product: str | None = None
     shape: str | None = None  # named model shape for sizing when the checkpoint is not on this machine
+    gpu_fraction: float = Field(
+        1.0, gt=0, le=1, description="the share of one GPU each replica asks Ray for: below 1 (e.g. 0.5) several "
+        "replicas of a small model share a GPU; tensor_parallel_size 1 only, and engine.num_gpu_blocks sizes each "
+        "one's KV cache. Rendered pods still hold whole GPUs")
 
     @field_validator("name")
     @classmethod
@@ -212,6 +219,15 @@ class ModelSpec(_Strict):
                 f"resources.cpu ({self.resources.cpu}) must be at least tensor_parallel_size "
                 f"({self.tensor_parallel_size}): each STRICT_PACK bundle of a replica takes one CPU"
             )
+        if self.gpu_fraction < 1:
+            if self.tensor_parallel_size > 1:
+                raise ValueError("gpu_fraction below 1 needs tensor_parallel_size 1: each rank takes a whole GPU")
+            unsized = [p.name for p in self.pools if (p.engine.num_gpu_blocks or self.engine.num_gpu_blocks) is None]
+            if (not self.pools and self.engine.num_gpu_blocks is None) or unsized:
+                raise ValueError(
+                    "gpu_fraction below 1 needs engine.num_gpu_blocks (each replica's KV cache in blocks): replicas "
+                    "sharing a GPU start together, and each engine's memory profile would count the others' memory"
+                    + (f" (pools without it: {', '.join(unsized)})" if unsized else ""))
         limits = [p.max_prompt_tokens for p in self.pools if p.max_prompt_tokens is not None]
         if limits != sorted(set(limits)):
             raise ValueError(f"pool max_prompt_tokens must increase strictly, got {limits}")
@@ -384,7 +400,7 @@ def _deployment(model: ModelSpec, name: str, pool: Pool | None) -> dict[str, Any
     entry.update(model.lifecycle.model_dump())
     tp = model.tensor_parallel_size
     # The replica actor is rank 0; with TP it sits in bundle 0 and ranks 1..tp-1 take the other bundles.
-    entry["ray_actor_options"] = {"num_cpus": 1, "num_gpus": 1}
+    entry["ray_actor_options"] = {"num_cpus": 1, "num_gpus": model.gpu_fraction if tp == 1 else 1}
     if tp > 1:
         entry["placement_group_bundles"] = [{"GPU": 1, "CPU": 1} for _ in range(tp)]
         entry["placement_group_strategy"] = "STRICT_PACK"

@@ -54,6 +54,19 @@ def curl_example(base_url: str, model: str, api_key: str | None) -> str:
     return f"curl -s {base_url}/v1/chat/completions -H 'Content-Type: application/json'{auth} -d '{body}'"
 
 
+def with_shape_tokenizer(config) -> bool:
+    """A named shape (random weights) without a tokenizer gets the embedded model's byte-level one (ids < 259
+    fit every vocabulary), so it speaks text; True when `config` was such a shape."""
+    from railyard.shapes import is_shape
+
+    if not is_shape(config.model) or config.tokenizer is not None:
+        return False
+    from railyard.engine.tiny_model import ensure_tiny_model
+
+    config.tokenizer = str(ensure_tiny_model())
+    return True
+
+
 def start_engine_client(config, *, engine_process: bool = True, **client_args):
     """An engine client for a checkpoint dir, or for a named shape with random weights (GPU serving benchmarks),
     which then speaks through the embedded model's byte-level tokenizer (ids < 259 fit every vocabulary).
@@ -64,11 +77,7 @@ def start_engine_client(config, *, engine_process: bool = True, **client_args):
     from railyard.engine.models.checkpoint_dir import resolve_model_dir
     from railyard.shapes import is_shape
 
-    if is_shape(config.model) and config.tokenizer is None:
-        from railyard.engine.tiny_model import ensure_tiny_model
-
-        config.tokenizer = str(ensure_tiny_model())
-    elif not is_shape(config.model):
+    if not with_shape_tokenizer(config) and not is_shape(config.model):
         resolve_model_dir(config.model)  # a missing directory fails here, before any process starts
     if engine_process:
         from railyard.engine.process_client import EngineProcessClient

@@ -6,6 +6,7 @@ requests, tolerations and affinities `kubectl apply` would submit.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -146,7 +147,8 @@ def replicas_from_objects(objects: list[dict[str, Any]], at_max: bool = False) -
                     cpus = int(sum(b.get("CPU", 0) for b in bundles))
                 else:
                     actor = dep.get("ray_actor_options") or {}
-                    gpus, cpus = int(actor.get("num_gpus", 0)), int(actor.get("num_cpus", 1))
+                    # A fractional replica (gpu_fraction < 1) is planned as a whole GPU: pods hold whole GPUs.
+                    gpus, cpus = math.ceil(actor.get("num_gpus", 0)), int(actor.get("num_cpus", 1))
                 strict = dep.get("placement_group_strategy") == "STRICT_PACK"
                 out += [Replica(dep["name"], i, gpus, cpus, strict) for i in range(count)]
     return out

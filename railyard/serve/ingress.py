@@ -8,15 +8,17 @@ replicas per deployment, scale events) are appended to /metrics.
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 from typing import Any
 
 from ray import serve
 
 from railyard.engine.models.loader import resolve_model_dir
 from railyard.engine.tokenizer import load_tokenizer
-from railyard.model.spec import read_model_spec
+from railyard.model.spec import ModelSpec, read_model_spec
 from railyard.serve.client import Pool, RayEngineClient
 from railyard.serve.metrics import ReplicaWatcher
+from railyard.shapes import is_shape, shape_config
 
 log = logging.getLogger("railyard.serve")
 
@@ -25,9 +27,19 @@ def make_clients(routes: list[dict[str, Any]], handles: dict[str, Any]) -> dict[
     """One engine client per served model, its pools in prompt-length order."""
     clients = {}
     for route in routes:
-        model_dir = resolve_model_dir(route["model"])
-        spec = read_model_spec(model_dir)
-        tokenizer_dir = next((p["tokenizer"] for p in route["pools"] if p.get("tokenizer")), None) or model_dir
+        tokenizer_dir = next((p["tokenizer"] for p in route["pools"] if p.get("tokenizer")), None)
+        if is_shape(route["model"]) and not Path(route["model"]).exists():
+            # A named shape with random weights (GPU benchmarks): its replicas speak the embedded model's
+            # byte-level tokenizer unless the pool names one (railyard.api.cli.with_shape_tokenizer).
+            # torch, imported only for this case
+            from railyard.engine.tiny_model import ensure_tiny_model
+
+            spec = ModelSpec.from_hf_config(shape_config(route["model"]))
+            tokenizer_dir = tokenizer_dir or ensure_tiny_model()
+        else:
+            model_dir = resolve_model_dir(route["model"])
+            spec = read_model_spec(model_dir)
+            tokenizer_dir = tokenizer_dir or model_dir
         pools = [Pool(p["name"], p["max_prompt_tokens"], handles[p["deployment"]],
                       p.get("max_model_len") or spec.max_position_embeddings) for p in route["pools"]]
         clients[route["name"]] = RayEngineClient(

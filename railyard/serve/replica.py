@@ -17,6 +17,7 @@ from collections.abc import AsyncIterator
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from railyard.api.cli import with_shape_tokenizer
 from railyard.engine.client import EngineClient
 from railyard.engine.config import EngineConfig, SamplingParams
 from railyard.engine.outputs import EngineStats, RequestOutput
@@ -70,6 +71,7 @@ class EngineReplica:
         from ray import serve
 
         config = EngineConfig(**engine)
+        await asyncio.to_thread(with_shape_tokenizer, config)  # a named shape speaks text as in `railyard serve`
         if config.tensor_parallel_size > 1 and config.device != "cpu":
             # The ranks are processes spawned here: they need every GPU the placement group reserved.
             await asyncio.to_thread(expose_reserved_gpus, config.tensor_parallel_size)

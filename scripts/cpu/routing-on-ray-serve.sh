@@ -34,17 +34,7 @@ run() {  # name router
     > "$OUT/bench_$name.json" 2> "$OUT/bench_$name.err"
   echo "rc=$?" | tee -a "$OUT/log.txt" >&2
   curl -s "$URL/metrics" > "$OUT/metrics_$name.txt"
-  python3 - "$OUT/metrics_$name.txt" > "$OUT/metrics_$name.json" <<'PY'
-import json, re, sys
-totals: dict = {}
-for line in open(sys.argv[1]):
-    m = re.match(r"^(vllm:prefix_cache_(?:hits|queries)_total|railyard_serve_routing\w*_total)(\{[^}]*\})? (\S+)$", line)
-    if m:
-        reason = re.search(r'reason="([^"]+)"', m.group(2) or "")
-        key = m.group(1) + (f"[{reason.group(1)}]" if reason else "")
-        totals[key] = totals.get(key, 0) + float(m.group(3))
-print(json.dumps(totals))
-PY
+  python3 scripts/prefix_metrics.py "$OUT/metrics_$name.txt" > "$OUT/metrics_$name.json"
   stop_server
   ARGS+=("runs.$name.router=$router" "runs.$name.load_avg_before=$load" "runs.$name.bench@=$OUT/bench_$name.json"
          "runs.$name.metrics@=$OUT/metrics_$name.json")

@@ -215,3 +215,14 @@ def test_deployment_mode_refuses_several_models():
 def test_yaml_output_round_trips_to_the_same_objects():
     objects = render(make_stack(STACKS["two-models"]), "rayservice")
     assert list(yaml.safe_load_all(to_yaml(objects))) == objects
+
+
+def test_a_fractional_gpu_stack_renders_whole_gpu_pods_that_the_planner_counts_whole():
+    from railyard.cluster.workload import replicas_from_objects
+
+    model = {"name": "m", "model": "/m", "num_replicas": 2, "gpu_fraction": 0.5, "engine": {"num_gpu_blocks": 64}}
+    objects = render(make_stack(ONE_GPU, models=[model]), "rayservice")
+    _assert_valid(objects)
+    (pod,) = _gpu_pods(objects)
+    assert pod["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == 1
+    assert [r.gpus for r in replicas_from_objects(objects)] == [1, 1]

@@ -118,6 +118,31 @@ def test_only_the_last_pool_may_omit_its_prompt_limit():
         parse_stack(dict(ONE_GPU, models=[{"name": "m", "model": "/m", "pools": pools}]))
 
 
+def test_a_fractional_replica_asks_ray_for_its_share_of_a_gpu_with_its_kv_blocks():
+    model = {"name": "m", "model": "/m", "num_replicas": 2, "gpu_fraction": 0.5, "engine": {"num_gpu_blocks": 4096}}
+    app = to_serve_config(parse_stack(dict(ONE_GPU, models=[model])))["applications"][0]
+    (dep,) = app["deployments"]
+    assert dep["ray_actor_options"] == {"num_cpus": 1, "num_gpus": 0.5}
+    assert app["args"]["models"][0]["pools"][0]["engine"]["num_gpu_blocks"] == 4096
+
+
+def test_a_fractional_replica_without_num_gpu_blocks_is_rejected():
+    # Two engines profiling one GPU at once would each count the other's memory as used.
+    model = {"name": "m", "model": "/m", "gpu_fraction": 0.5}
+    with pytest.raises(ConfigError, match="gpu_fraction below 1 needs engine.num_gpu_blocks"):
+        parse_stack(dict(ONE_GPU, models=[model]))
+    pools = [{"name": "short", "max_prompt_tokens": 512, "engine": {"num_gpu_blocks": 64}}, {"name": "long"}]
+    with pytest.raises(ConfigError, match="pools without it: long"):
+        parse_stack(dict(ONE_GPU, models=[dict(model, pools=pools)]))
+
+
+def test_a_fractional_replica_cannot_be_tensor_parallel():
+    model = {"name": "m", "model": "/m", "gpu_fraction": 0.5, "tensor_parallel_size": 2,
+             "engine": {"num_gpu_blocks": 64}}
+    with pytest.raises(ConfigError, match="needs tensor_parallel_size 1"):
+        parse_stack(dict(ONE_GPU, models=[model]))
+
+
 def test_missing_stack_file_is_a_config_error(tmp_path):
     with pytest.raises(ConfigError, match="not found"):
         load_stack(tmp_path / "nope.yaml")

@@ -98,3 +98,25 @@ def test_the_baseline_autoscaling_policy_is_rays_default_with_the_same_bounds_an
                 == {k: v for k, v in mine["autoscaling_config"].items() if k != "policy"})
     with pytest.raises(ConfigError, match="autoscaling policy must be one of"):
         with_autoscaling_policy(ours, "gpu_utilisation")
+
+
+def test_a_named_shape_is_served_with_its_vocabulary_and_the_embedded_tokenizer(tiny_model):
+    # A shape (random weights, GPU benchmarks) has no checkpoint: its replicas speak the embedded model's
+    # byte-level tokenizer, as `railyard serve --model qwen3-0.6b` does.
+    from railyard.api.cli import with_shape_tokenizer
+    from railyard.engine.config import EngineConfig
+    from railyard.engine.tiny_model import ensure_tiny_model
+    from railyard.serve.ingress import make_clients
+    from railyard.shapes import shape_config
+
+    routes = [{"name": "q", "model": "qwen3-0.6b",
+               "pools": [{"name": "default", "deployment": "engine-q-default", "max_prompt_tokens": None,
+                          "max_model_len": 4096, "tokenizer": None}]}]
+    (client,) = make_clients(routes, {"engine-q-default": "a deployment handle"}).values()
+    assert client.vocab_size == shape_config("qwen3-0.6b")["vocab_size"]
+    assert client.max_model_len == 4096
+    assert client.model_info.tokenizer == str(ensure_tiny_model())
+    config = EngineConfig(model="qwen3-0.6b")
+    assert with_shape_tokenizer(config) and config.tokenizer == str(ensure_tiny_model())
+    checkpoint = EngineConfig(model=str(tiny_model))
+    assert not with_shape_tokenizer(checkpoint) and checkpoint.tokenizer is None

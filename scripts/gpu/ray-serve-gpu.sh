@@ -1,0 +1,268 @@
+#!/bin/bash
+# Issue 16 item 4, one device call on one H200 (< 9 minutes): railyard's serve layer on Ray Serve with a GPU engine.
+#   1. The Ray Serve stack (`railyard cluster up`): two engine replicas of the qwen3-0.6b shape (random weights)
+#      sharing the GPU (gpu_fraction 0.5, each BLOCKS KV blocks), railyard's pending_prefix router; served tok/s
+#      through Ray Serve's proxy at 64 and 256 concurrent streams, then a shared-prefix trace.
+#   2. One `railyard serve` on the same GPU with the same total KV (2 x BLOCKS blocks): the same 64 / 256 streams
+#      (target: the proxy path >= 90% of this) and the same shared-prefix trace.
+#   3. The stack again with Ray's power_of_two router, then round_robin: the shared-prefix trace each (fleet
+#      prefix-cache hit rate from /metrics, TTFT p50/p99).
+#   4. `railyard bench burst` on the stack autoscaled 1..2 half-GPU replicas (railyard's pending policy).
+# Each step runs under `timeout`, and none starts once the call's budget (CALL_S) is spent, so a failure or hang
+# costs its own step only. Results: $OUT/summary.json (every figure), $OUT/log.txt, $OUT/results.tgz (each
+# bench JSON, server and cluster logs, /metrics scrapes), $OUT/burst.png, $OUT/ray_logs.tgz (Ray's logs).
+#
+#   carry: .whl (fastapi, uvicorn, pydantic, pyzmq, msgspec, ...) and .whl-ray (scripts/gpu/repack_ray_wheel.py)
+#   command: COMMIT=<short hash> bash scripts/gpu/ray-serve-gpu.sh   (run's timeout_s 600)
+#   CPU dry run (the embedded tiny model, small numbers, Ray in its own temp dir and ports):
+#     SMALL=1 OUT=/tmp/ray-serve-dry bash scripts/gpu/ray-serve-gpu.sh
+#   env: CALL_S (default 540), BLOCKS (KV blocks per replica, default 16384 = 28 GiB), MODEL, PORT, DIRECT_PORT,
+#        PHASES (default "pp direct p2 rr burst": a second call can run what the first had no time for)
+set -o pipefail
+export PYTHONUNBUFFERED=1
+cd "$(dirname "$0")/../.."
+OUT=${OUT:-/tmp/ray-serve-gpu}
+mkdir -p "$OUT"
+R=/tmp/ray-serve-results; rm -rf $R; mkdir -p $R
+LOG=$OUT/log.txt; : > "$LOG"
+CALL_S=${CALL_S:-540}
+PHASES=" ${PHASES:-pp direct p2 rr burst} "
+phase() { [[ $PHASES == *" $1 "* ]]; }
+PORT=${PORT:-8031} DIRECT_PORT=${DIRECT_PORT:-8032}
+log() { echo "== $* (t=${SECONDS}s)" | tee -a "$LOG"; }
+left() { echo $(( CALL_S - SECONDS )); }
+
+if [ -n "$SMALL" ]; then  # CPU dry run: every step, tiny sizes
+  MODEL=${MODEL:-$(python3 -c "from railyard.engine.tiny_model import ensure_tiny_model; print(ensure_tiny_model())")}
+  BLOCKS=${BLOCKS:-256} CPU_FLAG=--cpu DIRECT_FLAGS="--device cpu --dtype float32"
+  export RAY_TMPDIR=${RAY_TMPDIR:-/tmp/ray-serve-dry-ray} RAILYARD_TORCH_THREADS=1
+  mkdir -p "$RAY_TMPDIR"
+  MAXLEN=1024 SEQS=32 TOKENS=2048
+  TPUT="--input-len 16-64 --output-len 8"; C_LOW=4 C_HIGH=16 N_LOW=16 N_HIGH=16
+  PREFIX="--num-prompts 24 --prefix-groups 4 --shared-prefix-len 128 --input-len 16-64 --output-len 4 --request-rate 4"
+  BURST="--rate 0.5 --burst-factor 4 --steady-s 4 --burst-s 10 --after-s 4 --input-len 16-64 --output-len 8"
+  T_UP=240 T_BENCH=120
+else
+  # The wheels carried in .whl and .whl-ray (Ray 2.60 for Python 3.12 and what ray[serve] needs beyond the image).
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
+    .whl/*.whl .whl-ray/*.whl > $R/pip.log 2>&1 || { log "wheel install failed"; tail -5 $R/pip.log | tee -a "$LOG"; }
+  export PYTHONPATH=/tmp/site:$PWD PATH=/tmp/site/bin:$PATH
+  # No usage-stats reports (no network there); no OOM killer reading a VM's MemTotal, which starts small and grows.
+  export RAY_USAGE_STATS_ENABLED=0 RAY_memory_monitor_refresh_ms=0
+  MODEL=${MODEL:-qwen3-0.6b} BLOCKS=${BLOCKS:-16384} CPU_FLAG= DIRECT_FLAGS=
+  MAXLEN=8192 SEQS=256 TOKENS=8192
+  # The issue-12 workload: 100-1024 prompt tokens, 256 out (EOS ignored); 6 and 3 rounds of the streams.
+  TPUT="--input-len 100-1024 --output-len 256"; C_LOW=64 C_HIGH=256 N_LOW=384 N_HIGH=768
+  # 64 documents of 2048 tokens shared by the requests (Poisson 24 req/s): 131k prefix tokens, half of one
+  # replica's KV pool, so a router that scatters a prefix over both replicas pays its prefill twice.
+  PREFIX="--num-prompts 384 --prefix-groups 64 --shared-prefix-len 2048 --input-len 32-512 --output-len 64 --request-rate 24"
+  # A second replica's start (engine, CUDA graphs) must fit in the burst for the fleet to answer it.
+  BURST="--rate 4 --burst-factor 8 --steady-s 10 --burst-s 45 --after-s 10 --input-len 100-1024 --output-len 256"
+  T_UP=150 T_BENCH=100
+fi
+export PYTHONPATH=${PYTHONPATH:-$PWD}
+ENGINE="{max_model_len: $MAXLEN, max_num_seqs: $SEQS, max_num_batched_tokens: $TOKENS, num_gpu_blocks: $BLOCKS}"
+URL=http://127.0.0.1:$PORT DIRECT_URL=http://127.0.0.1:$DIRECT_PORT
+SERVER=
+
+git log --oneline -1 2>/dev/null | tee -a "$LOG"; echo "commit ${COMMIT:-unknown}" | tee -a "$LOG"
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv 2>/dev/null | tee -a "$LOG"
+python3 -c "import ray, torch; print('ray', ray.__version__, ray.__file__, 'torch', torch.__version__)" 2>&1 | tee -a "$LOG"
+# The image's versions of what Ray leans on and .whl-ray does not carry (for the record, if Ray fails to start).
+python3 -m pip show aiohttp yarl multidict grpcio 2>/dev/null | grep ^Version | tr '\n' ' ' | tee -a "$LOG"; echo | tee -a "$LOG"
+python3 -c "from railyard.engine.tiny_model import ensure_tiny_model; ensure_tiny_model()"  # the shapes' tokenizer
+
+stop() {  # SIGTERM first (cluster up removes its apps and its local Ray; serve stops its engine), then hard; not
+  # SIGINT, which a background job of a script ignores. On the device, where no other Ray runs, at most 10 s,
+  # then `ray stop --force`.
+  [ -z "$SERVER" ] && return
+  kill -TERM "$SERVER" 2>/dev/null
+  local n=60; [ -z "$SMALL" ] && n=20
+  for _ in $(seq 1 $n); do kill -0 "$SERVER" 2>/dev/null || break; sleep 0.5; done
+  kill -KILL "$SERVER" 2>/dev/null; wait "$SERVER" 2>/dev/null
+  SERVER=
+  [ -z "$SMALL" ] && { ray stop --force > /dev/null 2>&1; sleep 2; }
+}
+finish() {
+  stop
+  python3 - "$R" "$OUT/summary.json" "$BLOCKS" "$MODEL" <<'PY' | tee -a "$LOG"
+import json, pathlib, sys
+R, out = pathlib.Path(sys.argv[1]), sys.argv[2]
+def load(name):
+    try:
+        return json.loads((R / f"{name}.json").read_text())
+    except (OSError, ValueError):
+        return None
+def bench(d):
+    if not d or "output_token_throughput" not in d:
+        return None
+    return {"completed": d["completed"], "failed": d["failed"], "duration_s": d["duration_s"],
+            "output_tok_s": round(d["output_token_throughput"], 1),
+            "ttft_p50_ms": d["ttft_ms"]["p50"], "ttft_p99_ms": d["ttft_ms"]["p99"],
+            "tpot_p50_ms": d["tpot_ms"]["p50"], "itl_p99_ms": d["itl_ms"]["p99"]}
+def hit_rate(name):
+    before, after = load(f"metrics_{name}_before"), load(f"metrics_{name}_after")
+    if not after:
+        return None
+    before = before or {}
+    q = after.get("vllm:prefix_cache_queries_total", 0) - before.get("vllm:prefix_cache_queries_total", 0)
+    h = after.get("vllm:prefix_cache_hits_total", 0) - before.get("vllm:prefix_cache_hits_total", 0)
+    return {"queried_tokens": q, "hit_tokens": h, "hit_rate": round(h / q, 4) if q else None,
+            "routing": {k: after[k] - before.get(k, 0) for k in after if k.startswith("railyard_serve_routing")}}
+summary = {"model": sys.argv[4], "kv_blocks_per_replica": int(sys.argv[3]), "throughput": {}, "routing": {}}
+for c in ("low", "high"):
+    ray, direct = bench(load(f"ray_pp_c{c}")), bench(load(f"direct_c{c}"))
+    row = {"ray_proxy": ray, "direct": direct}
+    if ray and direct and direct["output_tok_s"]:
+        row["ray_over_direct"] = round(ray["output_tok_s"] / direct["output_tok_s"], 3)
+    summary["throughput"][c] = row
+for name in ("ray_pp", "ray_p2", "ray_rr", "direct"):
+    summary["routing"][name] = {"bench": bench(load(f"{name}_prefix")), "prefix_cache": hit_rate(name)}
+burst = load("burst")
+if burst:
+    summary["burst"] = {k: burst.get(k) for k in ("trace", "requests", "failed", "error_counts", "phases", "fleet")}
+summary["steps"] = (R / "steps.txt").read_text().splitlines() if (R / "steps.txt").exists() else []
+pathlib.Path(out).write_text(json.dumps(summary, indent=1))
+for c, row in summary["throughput"].items():
+    r, d = row["ray_proxy"], row["direct"]
+    print(f"{c:5s} ray {r and r['output_tok_s']} tok/s  direct {d and d['output_tok_s']} tok/s  "
+          f"ratio {row.get('ray_over_direct')}")
+for name, row in summary["routing"].items():
+    b, p = row["bench"], row["prefix_cache"]
+    print(f"{name:7s} hit rate {p and p['hit_rate']}  TTFT p50/p99 {b and b['ttft_p50_ms']}/{b and b['ttft_p99_ms']} "
+          f"failed {b and b['failed']}")
+if burst:
+    print("burst", json.dumps(summary["burst"]["fleet"]), "failed", burst.get("failed"))
+PY
+  cp $R/burst.png "$OUT/burst.png" 2>/dev/null
+  tar czf "$OUT/results.tgz" -C "$(dirname $R)" "$(basename $R)"
+  # Ray's own logs of every stack (Serve controller, proxy, replicas; the daemons' stderr), files under 4 MB.
+  local ray_tmp=${RAY_TMPDIR:-/tmp}/ray
+  (cd $ray_tmp 2>/dev/null && find session_2*/logs \( -path '*/logs/serve/*' -o -name '*.err' \) -size -4M -type f \
+    | tar czf "$OUT/ray_logs.tgz" -T - 2>/dev/null)
+}
+trap finish EXIT
+
+# step NAME MAX_S CMD...: CMD (a program or an exported function) under timeout min(MAX_S, what is left);
+# skipped when under 20 s (a server start: 60 s) are left. A server start (up, direct) runs in this shell, which must hold its PID:
+# it bounds its own wait by MAX_S instead.
+step() {
+  local name=$1 max=$2; shift 2
+  local l need=20; l=$(left)
+  case $3 in up|direct) need=60 ;; esac  # a server start with no time left to measure anything is skipped
+  if (( l < need )); then log "$name SKIPPED (budget spent)"; echo "$name skipped" >> $R/steps.txt; return 1; fi
+  local t=$(( max < l ? max : l ))
+  log "$name (timeout ${t}s)"
+  local s=$SECONDS rc
+  case $1 in
+    up|direct) WAIT_S=$t "$@" ;;
+    *) timeout "$t" bash -c '"$@"' _ "$@" ;;
+  esac
+  rc=$?
+  log "   $name rc=$rc in $(( SECONDS - s ))s"
+  echo "$name rc=$rc $(( SECONDS - s ))s" >> $R/steps.txt
+  return $rc
+}
+
+stack() {  # name autoscaling(yes|no) -> a stack file
+  local scaling="num_replicas: 2"
+  [ "$2" = yes ] && scaling="autoscaling: {min_replicas: 1, max_replicas: 2, target_pending_per_replica: 8,
+                  upscale_delay_s: 3, downscale_delay_s: 60, look_back_period_s: 5, metrics_interval_s: 1}"
+  cat > $R/stack_$1.yaml <<EOF
+name: gpu
+image: railyard:local
+models:
+  - name: qwen3
+    model: $MODEL
+    gpu_fraction: 0.5
+    $scaling
+    engine: $ENGINE
+EOF
+  echo $R/stack_$1.yaml
+}
+
+up() {  # name router stack: `railyard cluster up` in the background; returns once it serves (or died)
+  python3 -m railyard.cli cluster up -c "$3" --router "$2" --port $PORT $CPU_FLAG > $R/cluster_$1.log 2>&1 &
+  SERVER=$!
+  for _ in $(seq 1 $(( WAIT_S * 2 ))); do
+    grep -q "Ctrl-C to stop" $R/cluster_$1.log && break
+    kill -0 $SERVER 2>/dev/null || { tail -20 $R/cluster_$1.log; return 1; }
+    sleep 0.5
+  done
+  grep -q "Ctrl-C to stop" $R/cluster_$1.log || return 1
+  RAY_GCS=$(grep -o "Ray at [^)]*" $R/cluster_$1.log | cut -d' ' -f3)
+  grep "Ray at" $R/cluster_$1.log | tail -1
+}
+
+direct() {  # one `railyard serve` with both replicas' KV
+  python3 scripts/gpu/cli.py serve --model $MODEL --served-model-name qwen3 --port $DIRECT_PORT \
+    --max-model-len $MAXLEN --max-num-seqs $SEQS --max-num-batched-tokens $TOKENS --num-gpu-blocks $(( 2 * BLOCKS )) \
+    $DIRECT_FLAGS > $R/server_direct.log 2>&1 &
+  SERVER=$!
+  for _ in $(seq 1 $(( WAIT_S * 2 ))); do
+    curl -sf $DIRECT_URL/health > /dev/null && return 0
+    kill -0 $SERVER 2>/dev/null || { tail -20 $R/server_direct.log; return 1; }
+    sleep 0.5
+  done
+  return 1
+}
+
+bench() {  # name url flags...: one `railyard bench serve`
+  local name=$1 url=$2; shift 2
+  python3 -m railyard.cli bench serve --url $url --model qwen3 --seed 0 "$@" > $R/$name.json 2> $R/$name.err
+}
+warm() {  # url: Triton JIT and CUDA graphs of both replicas warm, outside the measurements
+  python3 -m railyard.cli bench serve --url $1 --model qwen3 --num-prompts 32 --input-len 64-512 --output-len 16 \
+    --max-concurrency 16 --seed 99 > /dev/null 2>&1
+}
+scrape() {  # name url: the fleet's prefix-cache and routing counters from /metrics, as JSON
+  curl -s $2/metrics > $R/metrics_$1.txt
+  python3 scripts/prefix_metrics.py $R/metrics_$1.txt > $R/metrics_$1.json
+}
+prefix_trace() {  # name url: the shared-prefix trace, with /metrics before and after
+  scrape $1_before $2; bench $1_prefix $2 $PREFIX; local rc=$?; scrape $1_after $2; return $rc
+}
+burst() {  # the burst trace on the autoscaled stack; RAY_AUTH_MODE=token: it joins the token-authenticated
+  # local Ray at an explicit address to read serve.status()
+  RAY_AUTH_MODE=token python3 -m railyard.cli bench burst --url $URL --model qwen3 $BURST --seed 0 --app gpu \
+    --deployment engine-qwen3-default --ray-address "$RAY_GCS" --plot $R/burst.png > $R/burst.json 2> $R/burst.err
+}
+export -f bench warm scrape prefix_trace burst
+export R PREFIX URL BURST
+
+# 1. The Ray Serve stack, two half-GPU replicas, railyard's router: throughput through the proxy, prefix trace.
+FIXED=$(stack fixed no)
+if phase pp && step "ray up (pending_prefix)" $T_UP up pp pending_prefix $FIXED; then
+  step "warm-up" 60 warm $URL
+  step "ray c$C_LOW" $T_BENCH bench ray_pp_clow $URL $TPUT --num-prompts $N_LOW --max-concurrency $C_LOW
+  step "ray c$C_HIGH" $T_BENCH bench ray_pp_chigh $URL $TPUT --num-prompts $N_HIGH --max-concurrency $C_HIGH
+  step "ray prefix trace (pending_prefix)" $T_BENCH prefix_trace ray_pp $URL
+fi
+stop
+
+# 2. One railyard serve with the same total KV: the same benchmarks.
+if phase direct && step "direct up" $T_UP direct; then
+  step "warm-up" 60 warm $DIRECT_URL
+  step "direct c$C_LOW" $T_BENCH bench direct_clow $DIRECT_URL $TPUT --num-prompts $N_LOW --max-concurrency $C_LOW
+  step "direct c$C_HIGH" $T_BENCH bench direct_chigh $DIRECT_URL $TPUT --num-prompts $N_HIGH --max-concurrency $C_HIGH
+  step "direct prefix trace" $T_BENCH prefix_trace direct $DIRECT_URL
+fi
+stop
+
+# 3. Ray's power-of-two router and round robin on the same trace.
+for pair in "p2 power_of_two" "rr round_robin"; do
+  set -- $pair
+  if phase $1 && step "ray up ($2)" $T_UP up $1 $2 $FIXED; then
+    step "warm-up" 60 warm $URL
+    step "ray prefix trace ($2)" $T_BENCH prefix_trace ray_$1 $URL
+  fi
+  stop
+done
+
+# 4. A burst on the autoscaled stack: 1 replica steady, a second half-GPU replica when the burst's pending work asks.
+if phase burst && step "ray up (autoscaling 1..2)" $T_UP up burst pending_prefix "$(stack burst yes)"; then
+  step "warm-up" 60 warm $URL
+  export RAY_GCS
+  step "burst" 200 burst
+fi
+log done
