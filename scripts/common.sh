@@ -10,9 +10,10 @@ SERVER=
 
 log() { echo "== $* $(date +%T)" | tee -a "$OUT/log.txt" >&2; }
 
-stop_server() {  # Ctrl-C first (railyard serve and cluster up clean up on it), then the hard way
+stop_server() {  # SIGTERM first (railyard serve and cluster up clean up on it; a background job of a script
+  # ignores SIGINT, so Ctrl-C's signal would only wait for the KILL), then the hard way
   [ -z "$SERVER" ] && return
-  kill -INT "$SERVER" 2>/dev/null
+  kill -TERM "$SERVER" 2>/dev/null
   for _ in $(seq 1 60); do kill -0 "$SERVER" 2>/dev/null || break; sleep 1; done
   kill -KILL "$SERVER" 2>/dev/null
   wait "$SERVER" 2>/dev/null
