@@ -42,7 +42,9 @@ EXTRA_WHEELS = [
     ("google-auth", "2.63.0"), ("googleapis-common-protos", "1.76.0"), ("proto-plus", None),
     ("opentelemetry-sdk", "1.45.2"), ("opentelemetry-exporter-prometheus", "0.66b2"),
     ("opentelemetry-proto", "1.45.2"), ("opentelemetry-semantic-conventions", "0.66b2"),
-    ("smart-open", "9.0.4"), ("colorful", "0.5.8"), ("aiohttp-cors", "0.8.1"), ("grpcio-reflection", "1.85.1"),
+    ("smart-open", "9.0.4"), ("colorful", "0.5.8"), ("aiohttp-cors", "0.8.1"),
+    # Its generated code refuses an older grpcio: match the image's grpcio 1.84.0 (seen there 2026-12-03).
+    ("grpcio-reflection", "1.84.0"),
     ("mmh3", "5.3.1"), ("watchfiles", "1.3.0"), ("websockets", None), ("python-dotenv", None),
     # The image has a protobuf of unknown version; opentelemetry-proto's generated code needs a recent one.
     ("protobuf", "7.36.2"),
