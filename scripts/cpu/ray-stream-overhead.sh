@@ -5,6 +5,10 @@
 # output tokens and 64 concurrent streams, so the stream-item rate (not the engine) decides the Ray path.
 # Ray runs in a private temp dir; each Ray start costs ~20 s on 2 cores.
 #
+# STREAM_INTERVAL_S sets the model's stream_interval_s in the stack (unset: the serve layer's default). On 2
+# cores the engine shares the CPU with the Ray processes and slows to ~20 tokens/s per stream behind Ray, so
+# at the default 0.05 s few outputs merge; the GPU engine runs ~10x faster per stream.
+#
 # Prints {"runs": {"direct1": bench serve JSON, "ray1": ..., ...}} on stdout.
 #   bash scripts/cpu/ray-stream-overhead.sh    # RUNS=2 CONCURRENCY=64 NUM_PROMPTS=128 OUTPUT_LEN=256
 source "$(dirname "$0")/../common.sh"
@@ -25,6 +29,7 @@ models:
     num_replicas: 1
     engine: {$ENGINE}
 YAML
+[ -n "${STREAM_INTERVAL_S:-}" ] && echo "    stream_interval_s: $STREAM_INTERVAL_S" >> "$OUT/stack.yaml"
 
 wait_ready() {  # log pattern
   for _ in $(seq 1 300); do
