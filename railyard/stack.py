@@ -194,6 +194,11 @@ class ModelSpec(_Strict):
         1.0, gt=0, le=1, description="the share of one GPU each replica asks Ray for: below 1 (e.g. 0.5) several "
         "replicas of a small model share a GPU; tensor_parallel_size 1 only, and engine.num_gpu_blocks sizes each "
         "one's KV cache. Rendered pods still hold whole GPUs")
+    stream_interval_s: float | None = Field(
+        None, ge=0, description="a replica sends a stream's first tokens at once, then what was generated at most "
+        "once per this interval, and the end at once: each Ray stream item costs the replica, ingress and proxy "
+        "CPU, so one item per token caps the Ray path far below the engine (unset: the serve layer's 0.05 s, Ray "
+        "Serve LLM's stream batching interval; 0: one item per engine step)")
 
     @field_validator("name")
     @classmethod
@@ -373,6 +378,8 @@ def _model_args(model: ModelSpec) -> dict[str, Any]:
     }
     if model.autoscaling is not None:
         args["autoscaling"] = model.autoscaling.model_dump(exclude_none=True)  # unset: the serve layer's defaults
+    if model.stream_interval_s is not None:
+        args["stream_interval_s"] = model.stream_interval_s
     return args
 
 

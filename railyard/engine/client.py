@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import abc
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -69,15 +70,22 @@ class EngineClient(Protocol):
 class RequestStream:
     """One request's outputs, as an async iterator. Delta outputs that arrive while the reader is busy
     are merged into one (so a slow reader gets fewer, larger chunks, never a backlog); cumulative ones
-    replace each other."""
+    replace each other.
 
-    def __init__(self, request_id: str, client: CoreClient, merge_deltas: bool) -> None:
+    With an `interval_s`, the first output is handed over at once and later ones at most once per interval
+    (what arrives meanwhile merges), the final output or an error at once: a hop that costs per item (a Ray
+    stream, vLLM's --stream-interval, Ray Serve LLM's stream batching) carries several tokens per item instead
+    of one, while TTFT and the end of the request are not delayed."""
+
+    def __init__(self, request_id: str, client: CoreClient, merge_deltas: bool, interval_s: float = 0.0) -> None:
         self.request_id = request_id
         self._client = client
         self._merge = merge_deltas
+        self._interval_s = interval_s
         self._latest: RequestOutput | None = None
         self._error: BaseException | None = None
         self._ready = asyncio.Event()
+        self._urgent = asyncio.Event()  # the final output or an error is waiting: no holding back
         self.finished = False
 
     def _put(self, output: RequestOutput) -> None:
@@ -86,28 +94,43 @@ class RequestStream:
         else:
             self._latest = output
         self._ready.set()
+        if output.finished:
+            self._urgent.set()
 
     def _fail(self, error: BaseException) -> None:
         self._error = error
         self._ready.set()
+        self._urgent.set()
 
     def __aiter__(self) -> AsyncIterator[RequestOutput]:
         return self._iterate()
 
     async def _iterate(self) -> AsyncIterator[RequestOutput]:
+        last_yield: float | None = None
         try:
             while not self.finished:
                 await self._ready.wait()
+                if last_yield is not None and self._interval_s > 0:
+                    await self._hold_until(last_yield + self._interval_s)
                 self._ready.clear()
                 if self._latest is not None:
                     out, self._latest = self._latest, None
                     self.finished = out.finished
                     yield out
+                    last_yield = time.monotonic()
                 elif self._error is not None:
                     raise self._error
         finally:
             if not self.finished:  # cancelled, closed early or failed: free the request's blocks now
                 self.abort()
+
+    async def _hold_until(self, deadline: float) -> None:
+        """Let outputs merge until `deadline`, unless the final output or an error arrives first."""
+        wait = deadline - time.monotonic()
+        if wait > 0 and not self._urgent.is_set():
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(wait):
+                    await self._urgent.wait()
 
     def abort(self) -> None:
         """Stop the request (idempotent); its KV blocks are freed before the engine's next step."""
@@ -121,9 +144,13 @@ class CoreClient(abc.ABC):
     subclasses carry requests to the core and its deltas back (a thread, or a process)."""
 
     def __init__(self, model_info: ModelInfo, tokenizer, *, max_waiting_requests: int = 1024,
-                 retry_after_s: int = 1, listener: StepListener | None = None) -> None:
+                 retry_after_s: int = 1, listener: StepListener | None = None, stream_interval_s: float = 0.0) -> None:
+        """stream_interval_s: the least time between two outputs of one stream (see RequestStream); 0: every step."""
         if max_waiting_requests < 1:
             raise ConfigError(f"max_waiting_requests must be at least 1, got {max_waiting_requests}")
+        if stream_interval_s < 0:
+            raise ConfigError(f"stream_interval_s must be >= 0, got {stream_interval_s}")
+        self.stream_interval_s = stream_interval_s
         self.model_info = model_info
         self.tokenizer = tokenizer
         self.max_waiting_requests = max_waiting_requests
@@ -203,7 +230,8 @@ class CoreClient(abc.ABC):
         check_sampling_params(params, vocab_size=info.vocab_size)
         check_priority(priority, info.scheduling_policy)
         arrival = arrival_time if arrival_time is not None else time.monotonic()
-        stream = RequestStream(request_id, self, merge_deltas=params.output_kind == "delta")
+        stream = RequestStream(request_id, self, merge_deltas=params.output_kind == "delta",
+                               interval_s=self.stream_interval_s)
         self._streams[request_id] = stream
         self.processor.add_request(request_id, prompt, ids, params, arrival)
         self._num_sent += 1

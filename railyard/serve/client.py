@@ -111,9 +111,9 @@ class RayRequestStream:
                             self.replicas_tried.append(item.replica)
                             self.client.observe_start(item.replica)
                             continue
-                        if isinstance(item, ReplicaReport):
+                        if isinstance(item, ReplicaReport):  # the final output, with the replica's stats
                             self.client.observe_replica(item)
-                            continue
+                            item = item.output
                         started = True
                         self.finished = item.finished
                         self.client.observe_output(item)

@@ -2,7 +2,8 @@
 
 The replica's engine core runs in its own process (EngineProcessClient, with the tensor-parallel ranks
 it spawns), so the replica's event loop (Ray's streaming, detokenisation) never shares a GIL with the
-step loop. It streams delta RequestOutputs back through Ray Serve (merged while Ray's reader is behind),
+step loop. It streams delta RequestOutputs back through Ray Serve (merged over a stream interval, since every Ray item
+costs CPU on three processes),
 reports its EngineStats to the request router (`record_routing_stats`) and to the autoscaler
 (`record_autoscaling_stats`), and fails its health check once its engine has died, so the Serve
 controller replaces it.
@@ -41,10 +42,12 @@ class ReplicaStarted:
 
 @dataclass(frozen=True)
 class ReplicaReport:
-    """Sent just before a request's final output: the replica's EngineStats (fleet metrics at the front)."""
+    """The last item of every stream: its final output with the replica's EngineStats (fleet metrics at the
+    front), one item rather than two."""
 
     replica: str
     stats: EngineStats
+    output: RequestOutput
 
 
 @dataclass
@@ -66,7 +69,7 @@ class EngineReplica:
     """One engine replica of one model and length pool."""
 
     async def __init__(self, engine: dict[str, Any], *, max_waiting_requests: int = 1024,
-                       engine_process: bool = True) -> None:
+                       engine_process: bool = True, stream_interval_s: float = 0.0) -> None:
         import ray
         from ray import serve
 
@@ -79,7 +82,8 @@ class EngineReplica:
             from railyard.engine.process_client import EngineProcessClient
 
             self.client: EngineClient = await asyncio.to_thread(
-                EngineProcessClient, config, max_waiting_requests=max_waiting_requests)
+                EngineProcessClient, config, max_waiting_requests=max_waiting_requests,
+                stream_interval_s=stream_interval_s)
         else:
             from railyard.engine.inproc_client import InProcessEngineClient
 
@@ -89,7 +93,8 @@ class EngineReplica:
 
                 torch.set_num_threads(int(threads))
             self.client = await asyncio.to_thread(InProcessEngineClient.from_config, config,
-                                                  max_waiting_requests=max_waiting_requests)
+                                                  max_waiting_requests=max_waiting_requests,
+                                                  stream_interval_s=stream_interval_s)
         context = serve.get_replica_context()
         self.replica_id = context.replica_id.unique_id
         self.deployment = context.deployment
@@ -101,15 +106,16 @@ class EngineReplica:
 
     # -- requests ----------------------------------------------------------------------------------
     async def generate(self, request: dict[str, Any]) -> AsyncIterator[ReplicaStarted | ReplicaReport | RequestOutput]:
-        """Stream a request's outputs; cancelling the stream (client gone) aborts it in the engine."""
+        """Stream a request's outputs; cancelling the stream (client gone) aborts it in the engine.
+
+        Items: ReplicaStarted, then the outputs (the first at once, later ones merged over the client's
+        stream interval), the final one inside a ReplicaReport: about output tokens / tokens per interval + 2."""
         yield ReplicaStarted(self.replica_id, self.node_id)
         stream = await self.client.add_request(
             request["request_id"], request.get("prompt"), request["params"],
             prompt_token_ids=request["prompt_token_ids"], priority=request.get("priority", 0))
         async for out in stream:
-            if out.finished:
-                yield ReplicaReport(self.replica_id, self.client.stats)
-            yield out
+            yield ReplicaReport(self.replica_id, self.client.stats, out) if out.finished else out
 
     async def abort(self, request_id: str) -> None:
         self.client.abort(request_id)

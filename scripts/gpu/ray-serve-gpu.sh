@@ -17,7 +17,8 @@
 #   CPU dry run (the embedded tiny model, small numbers, Ray in its own temp dir and ports):
 #     SMALL=1 OUT=/tmp/ray-serve-dry bash scripts/gpu/ray-serve-gpu.sh
 #   env: CALL_S (default 540), BLOCKS (KV blocks per replica, default 16384 = 28 GiB), MODEL, PORT, DIRECT_PORT,
-#        PHASES (default "pp direct p2 rr burst": a second call can run what the first had no time for)
+#        PHASES (default "pp direct p2 rr burst": a second call can run what the first had no time for),
+#        STREAM_INTERVAL_S (the stack's stream_interval_s; unset: the serve layer's 0.05 s)
 set -o pipefail
 export PYTHONUNBUFFERED=1
 cd "$(dirname "$0")/../.."
@@ -177,6 +178,7 @@ models:
     gpu_fraction: 0.5
     $scaling
     engine: $ENGINE
+    ${STREAM_INTERVAL_S:+stream_interval_s: $STREAM_INTERVAL_S}
 EOF
   echo $R/stack_$1.yaml
 }

@@ -13,7 +13,7 @@ from railyard.engine.config import EngineConfig, SamplingParams
 from railyard.engine.inproc_client import InProcessEngineClient
 from railyard.engine.llm import LLM
 from railyard.engine.process_client import EngineProcessClient
-from railyard.errors import EngineOverloadedError, InvalidRequestError
+from railyard.errors import ConfigError, EngineOverloadedError, InvalidRequestError
 
 ENGINE = dict(max_model_len=128, num_gpu_blocks=64, max_num_seqs=4)
 
@@ -149,3 +149,31 @@ def test_a_full_waiting_queue_refuses_with_retry_after(tiny_model):
     refused = [r for r in results if isinstance(r, EngineOverloadedError)]
     assert refused and all(r.retry_after_s == 3 for r in refused)
     assert len(refused) < len(results)
+
+
+def test_a_stream_interval_sends_the_first_token_at_once_merges_the_rest_and_does_not_delay_the_end(tiny_model):
+    # An interval far longer than the whole generation: the first output is alone (TTFT unchanged), every later
+    # token arrives merged into the final output, which does not wait for the interval to pass.
+    interval_s = 600.0
+
+    async def main():
+        client = make_client("in-process", tiny_model, stream_interval_s=interval_s)
+        await client.start()
+        stream = await client.add_request("paced", "hello", SamplingParams(
+            temperature=0.0, max_tokens=24, ignore_eos=True, logprobs=1, output_kind="delta"))
+        outs = [out async for out in stream]
+        await client.shutdown()
+        return outs
+
+    outs = asyncio.run(asyncio.wait_for(main(), timeout=60))  # far less than the interval
+    offline = LLM(tiny_model, **ENGINE).generate(["hello"], SamplingParams(
+        temperature=0.0, max_tokens=24, ignore_eos=True, logprobs=1), use_tqdm=False)[0].outputs[0]
+    assert len(outs) == 2 and not outs[0].finished and outs[1].finished
+    assert outs[0].outputs[0].token_ids + outs[1].outputs[0].token_ids == offline.token_ids
+    assert outs[0].outputs[0].text + outs[1].outputs[0].text == offline.text
+    assert len(outs[0].outputs[0].logprobs) + len(outs[1].outputs[0].logprobs) == 24  # one entry per token
+
+
+def test_a_negative_stream_interval_is_a_config_error(tiny_model):
+    with pytest.raises(ConfigError, match="stream_interval_s"):
+        make_client("in-process", tiny_model, stream_interval_s=-1.0)

@@ -12,7 +12,7 @@ from railyard.errors import ConfigError
 from railyard.serve.app import autoscaling_config, replica_resources
 from railyard.serve.autoscaling import POLICIES, POLICY_IMPORT_PATH
 from railyard.serve.launch import for_cpu, with_autoscaling_policy, with_pending_policy, with_router
-from railyard.serve.spec import parse_app_args
+from railyard.serve.spec import DEFAULT_STREAM_INTERVAL_S, parse_app_args
 from railyard.stack import parse_stack, to_serve_config
 
 
@@ -37,6 +37,16 @@ def test_the_stacks_args_become_one_deployment_per_model_and_pool(tiny_model):
     assert chat.pools[0].engine["max_num_batched_tokens"] == 2048
     assert chat.pools[1].engine["max_num_batched_tokens"] == 8192
     assert chat.pools[0].autoscaling.target_pending_per_replica == 8
+
+
+def test_a_models_stream_interval_reaches_its_replicas_and_defaults_to_ray_serve_llms_50_ms(tiny_model):
+    stack = _stack(tiny_model)
+    stack.models[1].stream_interval_s = 0.2
+    spec = parse_app_args(to_serve_config(stack)["applications"][0]["args"])
+    assert [m.stream_interval_s for m in spec.models] == [DEFAULT_STREAM_INTERVAL_S, 0.2]
+    assert DEFAULT_STREAM_INTERVAL_S == 0.05
+    with pytest.raises(ConfigError, match=r"models\[0\].stream_interval_s"):
+        parse_app_args({"models": [{"name": "m", "model": tiny_model, "stream_interval_s": -1}]})
 
 
 def test_bad_args_are_config_errors_that_name_the_field(tiny_model):
