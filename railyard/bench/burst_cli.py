@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
-import sys
 
 from railyard.errors import ConfigError
 
@@ -35,7 +33,7 @@ def register_burst(kinds: argparse._SubParsersAction) -> None:
 
 def run_burst_cmd(args: argparse.Namespace) -> int:
     from railyard.bench.burst import BurstTrace, ServeReplicas, format_burst_table, run_burst, summarize_burst
-    from railyard.bench.serve import ServeBenchConfig, results_to_dicts
+    from railyard.bench.serve import ServeBenchConfig, emit_report
     from railyard.bench.workload import LengthRange
 
     trace = BurstTrace(args.rate, args.burst_factor, args.steady_s, args.burst_s, args.after_s)
@@ -56,9 +54,4 @@ def run_burst_cmd(args: argparse.Namespace) -> int:
         from railyard.bench.plot import plot_burst_timeline
 
         report["plot"] = str(plot_burst_timeline(report, args.plot))
-    print(format_burst_table(report), file=sys.stderr)
-    print(json.dumps(report, indent=1))
-    if args.output:
-        with open(args.output, "w") as f:
-            json.dump({**report, "requests": results_to_dicts(run.results)}, f, indent=1)
-    return 0 if report["completed"] else 1
+    return emit_report(report, format_burst_table(report), run.results, args.output)

@@ -17,6 +17,7 @@ import asyncio
 import json
 import math
 import random
+import sys
 import time
 from collections import Counter
 from dataclasses import asdict, dataclass, field
@@ -293,3 +294,14 @@ def format_table(summary: dict) -> str:
 
 def results_to_dicts(results: list[RequestResult]) -> list[dict]:
     return [{**asdict(r), "tpot": r.tpot} for r in results]
+
+
+def emit_report(report: dict, table: str, results: list[RequestResult], output: str | None) -> int:
+    """What every client benchmark command ends with: the table on stderr, the JSON on stdout, with `output` the
+    JSON plus per-request results in that file; exit code 0 if any request completed, else 1."""
+    print(table, file=sys.stderr)
+    print(json.dumps(report, indent=1))
+    if output:
+        with open(output, "w") as f:
+            json.dump({**report, "requests": results_to_dicts(results)}, f, indent=1)
+    return 0 if report["completed"] else 1

@@ -6,7 +6,6 @@ import argparse
 import asyncio
 import json
 import math
-import sys
 
 from railyard.errors import ConfigError
 
@@ -39,7 +38,7 @@ def register_serve(kinds: argparse._SubParsersAction) -> None:
 
 def run_serve_bench_cmd(args: argparse.Namespace) -> int:
     from railyard.bench.serve import (
-        ServeBenchConfig, format_table, results_to_dicts, run_serve_bench, scrape_server_counters, server_steps,
+        ServeBenchConfig, emit_report, format_table, run_serve_bench, scrape_server_counters, server_steps,
         summarize)
     from railyard.bench.workload import LengthRange
 
@@ -64,12 +63,7 @@ def run_serve_bench_cmd(args: argparse.Namespace) -> int:
         from railyard.bench.plot import plot_latency_over_time
 
         summary["plot"] = str(plot_latency_over_time(results, args.plot))
-    print(format_table(summary), file=sys.stderr)
-    print(json.dumps(summary, indent=1))
-    if args.output:
-        with open(args.output, "w") as f:
-            json.dump({**summary, "requests": results_to_dicts(results)}, f, indent=1)
-    return 0 if summary["completed"] else 1
+    return emit_report(summary, format_table(summary), results, args.output)
 
 
 def _structured_outputs(value: str | None, unique: bool) -> dict | None:
