@@ -4,22 +4,13 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
-
-import pytest
 
 from tests.api.conftest import serve_in_thread, tiny_engine
-
-
-@pytest.fixture(scope="module")
-def server(tiny_model):
-    with serve_in_thread(tiny_engine(tiny_model)) as running:
-        yield running
+from tests.bench.conftest import run_bench
 
 
 def bench(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "railyard.cli", "bench", "serve", *args],
-                          capture_output=True, text=True, timeout=300)
+    return run_bench("serve", *args)
 
 
 def test_bench_serve_reports_latency_percentiles_and_throughput(server, tmp_path):
