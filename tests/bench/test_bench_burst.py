@@ -5,26 +5,18 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 
 import pytest
 
 from railyard.bench.burst import BurstTrace, Sample, replica_seconds
 from railyard.errors import ConfigError
-from tests.api.conftest import serve_in_thread, tiny_engine
+from tests.bench.conftest import run_bench
 
 TRACE = ["--rate", "4", "--burst-factor", "5", "--steady-s", "2", "--burst-s", "2", "--after-s", "2"]
 
 
-@pytest.fixture(scope="module")
-def server(tiny_model):
-    with serve_in_thread(tiny_engine(tiny_model)) as running:
-        yield running
-
-
 def burst(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "railyard.cli", "bench", "burst", *args],
-                          capture_output=True, text=True, timeout=300)
+    return run_bench("burst", *args)
 
 
 def test_the_trace_steps_to_n_times_the_rate_for_the_burst_and_back():
@@ -51,7 +43,9 @@ def test_replica_seconds_integrate_running_replicas_over_the_samples():
 
 def test_bench_burst_records_each_second_and_writes_a_timeline_png(server, tmp_path):
     plot, output = tmp_path / "burst.png", tmp_path / "burst.json"
-    run = burst("--url", server.url, "--model", server.model, *TRACE, "--input-len", "8-16", "--output-len", "4",
+    # 64 output tokens: long enough that requests are in flight at the once-a-second samples (with 4 they often
+    # all finished between two samples, and the in-flight column read 0 throughout)
+    run = burst("--url", server.url, "--model", server.model, *TRACE, "--input-len", "8-16", "--output-len", "64",
                 "--plot", str(plot), "--output", str(output))
     assert run.returncode == 0, run.stderr
     report = json.loads(run.stdout)
