@@ -20,3 +20,13 @@ stop_server() {  # SIGTERM first (railyard serve and cluster up clean up on it; 
   SERVER=
 }
 trap stop_server EXIT
+
+wait_ready() {  # LOG PATTERN: wait (up to 300 s) until the server in $SERVER has written PATTERN to LOG; 1 if it
+  # exited or never did
+  for _ in $(seq 1 300); do
+    grep -q "$2" "$1" && return 0
+    kill -0 "$SERVER" 2>/dev/null || return 1
+    sleep 1
+  done
+  return 1
+}

@@ -43,11 +43,7 @@ up() {  # name policy stack: start `railyard cluster up`, wait until it serves; 
   log "$1: railyard cluster up --autoscaling-policy $2"
   python3 -m railyard.cli cluster up -c "$3" --cpu --autoscaling-policy "$2" --port "$PORT" > "$OUT/cluster_$1.log" 2>&1 &
   SERVER=$!
-  for _ in $(seq 1 300); do
-    grep -q "Ctrl-C to stop" "$OUT/cluster_$1.log" && break
-    kill -0 "$SERVER" 2>/dev/null || break
-    sleep 1
-  done
+  wait_ready "$OUT/cluster_$1.log" "Ctrl-C to stop"
   RAY_GCS=$(grep -o "Ray at [^)]*" "$OUT/cluster_$1.log" | cut -d' ' -f3)
 }
 

@@ -9,7 +9,8 @@
 # cores the engine shares the CPU with the Ray processes and slows to ~20 tokens/s per stream behind Ray, so
 # at the default 0.05 s few outputs merge; the GPU engine runs ~10x faster per stream.
 #
-# Prints {"runs": {"direct1": bench serve JSON, "ray1": ..., ...}} on stdout.
+# Prints {"runs": {"direct1": bench serve JSON, "ray1": ..., ...}} on stdout (scripts/merge_json.py: null for a run
+# whose JSON is missing, the reason on stderr).
 #   bash scripts/cpu/ray-stream-overhead.sh    # RUNS=2 CONCURRENCY=64 NUM_PROMPTS=128 OUTPUT_LEN=256
 source "$(dirname "$0")/../common.sh"
 RUNS=${RUNS:-2}
@@ -30,15 +31,6 @@ models:
     engine: {$ENGINE}
 YAML
 [ -n "${STREAM_INTERVAL_S:-}" ] && echo "    stream_interval_s: $STREAM_INTERVAL_S" >> "$OUT/stack.yaml"
-
-wait_ready() {  # log pattern
-  for _ in $(seq 1 300); do
-    grep -q "$2" "$1" && return 0
-    kill -0 "$SERVER" 2>/dev/null || return 1
-    sleep 1
-  done
-  return 1
-}
 
 bench() {  # name
   timeout 300 python3 -m railyard.cli bench serve --url "$URL" --model tiny --num-prompts "$NUM_PROMPTS" \
@@ -63,14 +55,4 @@ for run in $(seq 1 "$RUNS"); do
   wait_ready "$OUT/ray$run.log" "Ctrl-C to stop" && bench "ray$run"
   stop_server
 done
-python3 - "${ARGS[@]}" <<'PY'
-import json, sys
-runs = {}
-for arg in sys.argv[1:]:
-    key, path = arg.split("@=")
-    try:
-        runs[key.split(".")[1]] = json.load(open(path))
-    except (OSError, ValueError) as exc:
-        runs[key.split(".")[1]] = {"error": str(exc)}
-print(json.dumps({"runs": runs}, indent=1))
-PY
+python3 scripts/merge_json.py "${ARGS[@]}"

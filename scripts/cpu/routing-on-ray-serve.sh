@@ -22,11 +22,7 @@ run() {  # name router
   log "$name: railyard cluster up --router $router"
   python3 -m railyard.cli cluster up -c "$STACK" --cpu --router "$router" --port "$PORT" > "$OUT/cluster_$name.log" 2>&1 &
   SERVER=$!
-  for _ in $(seq 1 300); do
-    grep -q "Ctrl-C to stop" "$OUT/cluster_$name.log" && break
-    kill -0 "$SERVER" 2>/dev/null || break
-    sleep 1
-  done
+  wait_ready "$OUT/cluster_$name.log" "Ctrl-C to stop"
   local load
   load=$(cut -d' ' -f1 /proc/loadavg)
   timeout 300 python3 -m railyard.cli bench serve --url "$URL" --model tiny --num-prompts "${NUM_PROMPTS:-96}" \
