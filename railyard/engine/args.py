@@ -18,6 +18,9 @@ _HELP = {
     "max_num_seqs": "most sequences in one batch",
     "max_num_batched_tokens": "token budget of one step (prefill chunks + decodes) (default: max(2048, "
                               "--max-num-seqs) with chunked prefill, else max(--max-model-len, --max-num-seqs))",
+    "long_prefill_token_threshold": "with chunked prefill, most prompt tokens of one request per step (0: off)",
+    "max_prefill_tokens_with_decodes": "with chunked prefill, most prompt tokens in all per step while the step "
+                                       "also runs decodes: bounds inter-token gaps under arriving prompts (0: off)",
     "max_model_len": "longest prompt + output, in tokens (default: the model's max_position_embeddings)",
     "gpu_memory_utilization": "fraction of GPU memory this engine may use",
     "num_gpu_blocks": "KV blocks to allocate (default: as many as --gpu-memory-utilization leaves room for)",

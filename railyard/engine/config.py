@@ -39,6 +39,10 @@ class EngineConfig:
     # With chunked prefill, at most this many prompt tokens of one request per step (0: up to the budget), as
     # vLLM's option of the same name: a long prompt joining running decodes then lengthens their step little.
     long_prefill_token_threshold: int = 0
+    # With chunked prefill, at most this many prompt tokens in all per step while the step also carries decodes
+    # (0: off): what bounds a running stream's inter-token gap when prompts keep arriving (Sarathi-Serve's
+    # stall-free batching); a step without decodes still takes the whole budget.
+    max_prefill_tokens_with_decodes: int = 0
     scheduling_policy: SchedulingPolicy = "fcfs"
     preemption_mode: PreemptionMode = "recompute"
     tensor_parallel_size: int = 1
@@ -70,6 +74,9 @@ class EngineConfig:
         if not isinstance(self.long_prefill_token_threshold, int) or self.long_prefill_token_threshold < 0:
             raise ConfigError(f"long_prefill_token_threshold must be an integer >= 0 (0: off), got "
                               f"{self.long_prefill_token_threshold!r}")
+        if not isinstance(self.max_prefill_tokens_with_decodes, int) or self.max_prefill_tokens_with_decodes < 0:
+            raise ConfigError(f"max_prefill_tokens_with_decodes must be an integer >= 0 (0: off), got "
+                              f"{self.max_prefill_tokens_with_decodes!r}")
         if self.max_model_len is not None:
             _positive("max_model_len", self.max_model_len)
         if not 0.0 < self.gpu_memory_utilization <= 1.0:

@@ -55,6 +55,9 @@ class Scheduler:
         # The most prompt tokens one sequence computes per step (chunked prefill); None: the budget's.
         self.chunk_cap = config.long_prefill_token_threshold if self.chunked and config.long_prefill_token_threshold \
             else None
+        # The most prompt tokens in all of a step that also carries decodes; None: no such limit.
+        self.mixed_prefill_cap = config.max_prefill_tokens_with_decodes \
+            if self.chunked and config.max_prefill_tokens_with_decodes else None
         self.priority_mode = config.scheduling_policy == "priority"
         self.waiting: list[Sequence] = []
         self.running: list[Sequence] = []
@@ -105,22 +108,31 @@ class Scheduler:
     def schedule(self) -> SchedulerOutput:
         out = SchedulerOutput()
         budget = self.budget
+        # Prompt tokens (prefill chunks, recomputes) this step may still take: capped while decodes run.
+        prefill_left = self.mixed_prefill_cap if self.mixed_prefill_cap and any(map(_is_decoding, self.running)) \
+            else budget
         i = 0
         while i < len(self.running) and budget > 0:
             seq = self.running[i]
             if seq.num_placeholders and seq.reaches_length_limit(self.max_model_len):
                 i += 1  # finishes once its token in flight arrives: another step would be wasted
                 continue
-            num_new = self._chunk(seq.num_uncomputed_tokens, budget)
+            prefill = not _is_decoding(seq)
+            if prefill and prefill_left <= 0:
+                i += 1  # its next chunk waits for a step with prefill room
+                continue
+            num_new = self._chunk(seq.num_uncomputed_tokens, min(budget, prefill_left) if prefill else budget)
             if self._make_room(seq, num_new, i, out):
                 out.scheduled.append(ScheduledSequence(seq, num_new, seq.num_computed_tokens + num_new == seq.num_tokens))
                 budget -= num_new
+                if prefill:
+                    prefill_left -= num_new
                 i += 1
         if out.preempted:
             return out  # blocks are short: admit nothing new this step
         budget = self._schedule_swapped(out, budget)
-        if not self.swapped:
-            self._schedule_waiting(out, budget)
+        if not self.swapped and prefill_left > 0:
+            self._schedule_waiting(out, min(budget, prefill_left))
         return out
 
     def _chunk(self, num_uncomputed: int, budget: int) -> int:
@@ -202,3 +214,8 @@ class Scheduler:
             seq.num_computed_tokens = after = before + item.num_new_tokens
             if caching and after // bs > before // bs:  # a block filled up
                 self.bm.cache_full_blocks(seq)
+
+
+def _is_decoding(seq: Sequence) -> bool:
+    """Whether a running sequence's next work is one decode token (not a prompt chunk or a recompute)."""
+    return seq.num_computed_tokens > 0 and seq.num_uncomputed_tokens <= 1

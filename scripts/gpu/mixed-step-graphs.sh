@@ -4,13 +4,16 @@
 #     captured pieces (tests/engine/test_piecewise_graphs.py, tests/engine/test_hf_equivalence.py);
 #  2. `railyard serve` (qwen2-7b shape, random bf16 weights) at Poisson 8 req/s, prompts 100-1024, 256 output
 #     tokens, EOS ignored: piecewise graphs ON, OFF (--no-piecewise-cuda-graphs), and ON with
-#     --long-prefill-token-threshold for each of THRESHOLDS; ITL / TTFT / TPOT percentiles, output tok/s, and
-#     the server's capture time and graph memory from its log;
+#     --long-prefill-token-threshold for each of THRESHOLDS, and ON with --max-prefill-tokens-with-decodes for each
+#     of MIXED_CAPS; ITL / TTFT / TPOT percentiles, output tok/s, and the server's capture time and graph memory
+#     from its log;
 #  3. `railyard bench throughput` offline (512 prompts 100-1024 -> 256, default budget), ON against OFF.
 # Writes $OUT/summary.json, $OUT/summary.txt, $OUT/pytest.txt and $OUT/results.tgz (every JSON and log).
 #   carry: .whl (fastapi, starlette, uvicorn, pydantic(-core), httptools, pyzmq, msgspec, ...)
-#   env: CALL_S (seconds this call may use, default 470), THRESHOLDS (default "256"), RATE_PROMPTS (default
-#        200), SKIP_TESTS, SKIP_WHEELS, MODEL/ENGINE/WORK/OFFLINE_PROMPTS (a dry run on a small model)
+#   env: CALL_S (seconds this call may use, default 470), THRESHOLDS (default "256"), MIXED_CAPS (default
+#        "128 192 256"), SKIP_OFF (no run with the pieces off), RATE_PROMPTS (default 200), PREEMPT_CHECK=1 (first: scripts/gpu/preempt_recompute_check.py
+#        with the pieces off and on, into $OUT/preempt_check.txt), SKIP_TESTS, SKIP_WHEELS,
+#        MODEL/ENGINE/WORK/OFFLINE_PROMPTS (a dry run on a small model)
 set -o pipefail
 export PYTHONUNBUFFERED=1
 cd "$(dirname "$0")/../.."
@@ -19,7 +22,8 @@ cd "$(dirname "$0")/../.."
 export PYTHONPATH=/tmp/site:$PWD PATH=/tmp/site/bin:$PATH
 OUT=${OUT:-/tmp/out}; mkdir -p $OUT
 R=/tmp/results; rm -rf $R; mkdir -p $R; LOG=$R/log.txt
-CALL_S=${CALL_S:-470}; THRESHOLDS=${THRESHOLDS:-"256"}; RATE_PROMPTS=${RATE_PROMPTS:-200}
+CALL_S=${CALL_S:-470}; THRESHOLDS=${THRESHOLDS:-"256"}; MIXED_CAPS=${MIXED_CAPS-"128 192 256"}
+RATE_PROMPTS=${RATE_PROMPTS:-200}
 MODEL=${MODEL:-qwen2-7b}; NAME=$(basename $MODEL); PORT=8012; URL=http://127.0.0.1:$PORT
 ENGINE=${ENGINE:-"--max-model-len 4096 --max-num-seqs 256"}
 WORK=${WORK:-"--input-len 100-1024 --output-len 256"}; OFFLINE_PROMPTS=${OFFLINE_PROMPTS:-512}
@@ -74,6 +78,16 @@ nvidia-smi --query-gpu=name,driver_version,memory.used --format=csv | tee -a $LO
 python3 -c "import torch, triton, transformers; print(torch.__version__, triton.__version__, transformers.__version__)" \
   2>&1 | tee -a $LOG
 
+# 0. The one HF-equality failure of the last call (qwen3, recompute preemption), pieces off then on.
+if [ -n "$PREEMPT_CHECK" ]; then
+  say "preempt-recompute check"
+  for P in 0 1; do
+    CUDA_LAUNCH_BLOCKING=1 timeout 90 python3 scripts/gpu/preempt_recompute_check.py $P >> $OUT/preempt_check.txt 2>&1
+    echo "piecewise=$P rc=$?" >> $OUT/preempt_check.txt
+  done
+  tail -4 $OUT/preempt_check.txt | tee -a $LOG
+fi
+
 # 1. Correctness through the captured pieces (the HF-equality tests run on CUDA with piecewise graphs on).
 if [ -z "$SKIP_TESTS" ]; then
   say "GPU tests"
@@ -109,7 +123,8 @@ poisson() {  # name, serve flags...
   stop
 }
 poisson poisson8_on
-poisson poisson8_off --no-piecewise-cuda-graphs
+[ -n "$SKIP_OFF" ] || poisson poisson8_off --no-piecewise-cuda-graphs
+for M in $MIXED_CAPS; do poisson poisson8_on_m$M --max-prefill-tokens-with-decodes $M; done
 for T in $THRESHOLDS; do poisson poisson8_on_t$T --long-prefill-token-threshold $T; done
 
 # 3. Offline, the default budget: ON against OFF (run only as a pair).

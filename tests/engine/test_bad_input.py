@@ -129,6 +129,8 @@ def test_checkpoint_missing_weights_names_them(tmp_path, tiny_model):
     (dict(gpu_memory_utilization=1.5), "gpu_memory_utilization"),
     (dict(preemption_mode="drop"), "preemption_mode"),
     (dict(dtype="float8"), "dtype must be one of"),
+    (dict(long_prefill_token_threshold=-1), "long_prefill_token_threshold must be an integer >= 0"),
+    (dict(max_prefill_tokens_with_decodes=-5), "max_prefill_tokens_with_decodes must be an integer >= 0"),
 ])
 def test_bad_engine_options_are_refused(kwargs, fragment):
     with pytest.raises(ConfigError, match=fragment):

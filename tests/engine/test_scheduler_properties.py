@@ -25,6 +25,7 @@ config_st = st.fixed_dictionaries({
     "scheduling_policy": st.sampled_from(["fcfs", "priority"]),
     "enable_prefix_caching": st.booleans(),
     "num_cpu_blocks": st.integers(0, 16),
+    "max_prefill_tokens_with_decodes": st.sampled_from([0, 1, 5, 16]),
 })
 op_st = st.one_of(
     st.tuples(st.just("add"), st.integers(1, 40), st.integers(1, 20), st.integers(0, 3), st.integers(0, 5)),
@@ -178,6 +179,38 @@ def test_long_prefill_token_threshold_caps_each_prompts_chunk_and_the_budget_tak
         [("a", 12, False), ("b", 8, True)]
 
 
+def _decode_one_token(sched: Scheduler, out) -> None:
+    """What the engine does after a step: computed counts advance, each sampled row gets its token."""
+    sched.mark_computed(out)
+    for item in out.scheduled:
+        if item.sample:
+            item.seq.output_token_ids.append(0)
+
+
+def test_prefill_tokens_with_decodes_cap_the_prompt_tokens_of_steps_that_carry_decodes_only():
+    sched, _ = _make(dict(block_size=8, max_num_seqs=4, max_num_batched_tokens=64, num_gpu_blocks=32,
+                          preemption_mode="recompute", scheduling_policy="fcfs", enable_prefix_caching=False,
+                          num_cpu_blocks=0, max_prefill_tokens_with_decodes=10))
+    sched.add(Sequence(0, "a", 0, [3] * 6, SamplingParams(max_tokens=20), 0.0))
+    sched.add(Sequence(1, "b", 0, [4] * 7, SamplingParams(max_tokens=20), 1.0))
+    first = sched.schedule()  # nothing decodes yet: the whole budget is prompt tokens
+    assert [(s.seq.request_id, s.num_new_tokens) for s in first.scheduled] == [("a", 6), ("b", 7)]
+    _decode_one_token(sched, first)
+    sched.add(Sequence(2, "c", 0, [5] * 30, SamplingParams(max_tokens=1), 2.0))
+    sched.add(Sequence(3, "d", 0, [6] * 30, SamplingParams(max_tokens=1), 3.0))
+    steps = []
+    for _ in range(4):
+        out = sched.schedule()
+        steps.append([(s.seq.request_id, s.num_new_tokens) for s in out.scheduled])
+        _decode_one_token(sched, out)
+    # a and b decode every step; c's and d's prompts share 10 prompt tokens a step, c first (FCFS); once c's
+    # prompt is done it decodes too.
+    assert steps == [[("a", 1), ("b", 1), ("c", 10)],
+                     [("a", 1), ("b", 1), ("c", 10)],
+                     [("a", 1), ("b", 1), ("c", 10)],
+                     [("a", 1), ("b", 1), ("c", 1), ("d", 10)]]
+
+
 def test_capped_prefill_chunks_give_the_same_tokens(tiny_model):
     from railyard import LLM
 
@@ -187,3 +220,6 @@ def test_capped_prefill_chunks_give_the_same_tokens(tiny_model):
     capped = LLM(tiny_model, block_size=8, long_prefill_token_threshold=16).generate(
         prompt_token_ids=prompts, sampling_params=params, use_tqdm=False)
     assert [o.outputs[0].token_ids for o in capped] == [o.outputs[0].token_ids for o in plain]
+    mixed = LLM(tiny_model, block_size=8, max_prefill_tokens_with_decodes=8).generate(
+        prompt_token_ids=prompts, sampling_params=params, use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in mixed] == [o.outputs[0].token_ids for o in plain]
