@@ -94,6 +94,7 @@ class DecodeGraphs:
         n = len(input_ids)
         bs = self.padded_size(n)
         mb = self.max_batch
+        staging_free(self.copied)
         h = self.host_ints_np
         h[0:n] = input_ids
         h[mb:mb + n] = positions
@@ -121,13 +122,19 @@ def padded_size(sizes: list[int], n: int) -> int | None:
     return next((s for s in sizes if s >= n), None)
 
 
-def upload(copied: torch.cuda.Event | None, *pairs: tuple[torch.Tensor, torch.Tensor]) -> None:
-    """Copy host staging buffers to their device buffers (dst, src) without blocking the host.
+def staging_free(copied: torch.cuda.Event | None) -> None:
+    """Wait until the last copy out of a host staging buffer has run, before the host rewrites the buffer.
 
-    The staging buffers are rewritten next step while this copy may not have run yet (the host runs ahead
-    of the GPU): wait for the previous step's copy first (`copied`, None on the CPU), which has long finished."""
+    The host runs ahead of the GPU (asynchronous scheduling keeps a step queued behind the running one), so
+    that copy may not have run yet: writing first would hand the GPU the next step's ids, positions or slots,
+    or a half-written mix (seen on the H200 as a device-side assert in an index op). None: on the CPU."""
     if copied is not None:
         copied.synchronize()
+
+
+def upload(copied: torch.cuda.Event | None, *pairs: tuple[torch.Tensor, torch.Tensor]) -> None:
+    """Copy host staging buffers to their device buffers (dst, src) without blocking the host, recording
+    `copied` after them (callers wait on it with `staging_free` before their next write to the sources)."""
     for dst, src in pairs:
         dst.copy_(src, non_blocking=True)
     if copied is not None:

@@ -25,7 +25,7 @@ import time
 import torch
 
 from railyard.engine.attention.metadata import AttentionMetadata
-from railyard.engine.cuda_graphs import padded_size, upload
+from railyard.engine.cuda_graphs import padded_size, staging_free, upload
 
 log = logging.getLogger("railyard.engine")
 
@@ -129,6 +129,7 @@ class PiecewiseGraphs:
         n = len(input_ids)
         bucket = padded_size(self.sizes, n)
         mt = self.max_tokens
+        staging_free(self.copied)
         h = self.host_ints_np
         h[0:n] = input_ids
         h[mt:mt + n] = positions
