@@ -215,3 +215,57 @@ def test_ids_past_the_tokenizer_are_never_allowed(tiny_model):
             assert manager.accept(Seq, min(allowed[-1])) is Accepted.OK
     assert allowed == [set(tokenizer.encode("a")), set(tokenizer.encode("b")), {258}]
     assert manager.accept(Seq, 258) is Accepted.TERMINATED
+
+
+def test_a_constrained_steps_mask_is_filled_off_the_step_loop_and_its_sampling_queued_just_before_the_next_forward(
+        tiny_model, monkeypatch):
+    """With asynchronous scheduling the bitmask is filled on the manager's thread while the loop returns outputs and
+    schedules, and a step's sampling goes to the device right before the next step's forward pass, with no wait
+    for the device between the two (the device runs them back to back)."""
+    import xgrammar as xgr
+
+    events: list[str] = []
+    fill = xgr.BatchGrammarMatcher.batch_fill_next_token_bitmask
+
+    def recording_fill(self, *args, **kwargs):  # xgrammar's own fill, watched for the thread it runs on
+        events.append("fill@" + threading.current_thread().name.split("_")[0])
+        return fill(self, *args, **kwargs)
+
+    monkeypatch.setattr(xgr.BatchGrammarMatcher, "batch_fill_next_token_bitmask", recording_fill)
+    engine = Engine(EngineConfig(model=tiny_model, device="cpu", structured_outputs_disable_any_whitespace=True))
+    inner = engine.core.executor
+
+    class Recording:  # the engine's executor, each launch and wait recorded
+        supports_async = True
+
+        def launch_forward(self, out):
+            events.append("forward")
+            return inner.launch_forward(out)
+
+        def launch_sample(self, forward, bitmask=None):
+            events.append("sample")
+            pending = inner.launch_sample(forward, bitmask)
+
+            class Result:
+                def result(self_inner):
+                    events.append("wait")
+                    return pending.result()
+            return Result()
+
+        def __getattr__(self, name):
+            return getattr(inner, name)
+
+    engine.core.executor = Recording()
+    engine.add_request("json", None, CONSTRAINED[0], prompt_token_ids=PROMPTS[1])
+    outputs = []
+    while engine.has_unfinished_requests():
+        outputs += engine.step()
+    assert_follows("c0", [(None, outputs[-1].outputs[0].text, outputs[-1].outputs[0].finish_reason)])
+    launches = [e for e in events if not e.startswith("fill")]
+    assert set(e for e in events if e.startswith("fill")) == {"fill@railyard-bitmask"}
+    # the prefill's forward; next step: its sampling, the first decode's forward, then the wait for the prefill's token
+    assert launches[:4] == ["forward", "sample", "forward", "wait"]
+    # every later sampling is followed at once by the next forward pass; the last one (nothing left to schedule) by
+    # the wait for its tokens
+    after_sample = [launches[i + 1] for i, event in enumerate(launches) if event == "sample"]
+    assert after_sample[:-1] == ["forward"] * (len(after_sample) - 1) and after_sample[-1] == "wait", launches
