@@ -21,6 +21,7 @@ from railyard.engine.structured.compiler import GrammarCompiler
 from railyard.engine.structured.apply import apply_bitmask
 from railyard.engine.structured.manager import Accepted, StructuredOutputManager
 from railyard.engine.tokenizer import load_tokenizer
+from tests.engine.recording_executor import RecordingExecutor
 
 _rng = random.Random(3)
 _shared = [_rng.randrange(256) for _ in range(24)]
@@ -233,29 +234,7 @@ def test_a_constrained_steps_mask_is_filled_off_the_step_loop_and_its_sampling_q
 
     monkeypatch.setattr(xgr.BatchGrammarMatcher, "batch_fill_next_token_bitmask", recording_fill)
     engine = Engine(EngineConfig(model=tiny_model, device="cpu", structured_outputs_disable_any_whitespace=True))
-    inner = engine.core.executor
-
-    class Recording:  # the engine's executor, each launch and wait recorded
-        supports_async = True
-
-        def launch_forward(self, out):
-            events.append("forward")
-            return inner.launch_forward(out)
-
-        def launch_sample(self, forward, bitmask=None):
-            events.append("sample")
-            pending = inner.launch_sample(forward, bitmask)
-
-            class Result:
-                def result(self_inner):
-                    events.append("wait")
-                    return pending.result()
-            return Result()
-
-        def __getattr__(self, name):
-            return getattr(inner, name)
-
-    engine.core.executor = Recording()
+    engine.core.executor = RecordingExecutor(engine.core.executor, events)
     engine.add_request("json", None, CONSTRAINED[0], prompt_token_ids=PROMPTS[1])
     outputs = []
     while engine.has_unfinished_requests():
