@@ -13,6 +13,7 @@ import itertools
 import logging
 import os
 import time
+from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -39,10 +40,15 @@ log = logging.getLogger("railyard.engine")
 
 @dataclass
 class _InFlight:
-    """A launched step: the sequences it samples for, in row order, and its tokens on their way."""
+    """A launched step: the sequences it samples for, in row order, and its tokens on their way.
+
+    [structured outputs] With asynchronous scheduling a constrained step is launched as its forward pass only:
+    `pending` is then the executor's forward pass and `mask` the future of its token bitmask, being filled on
+    the manager's thread; the engine launches the sampling once the next step is scheduled (`_launch_sample`)."""
 
     sampled: list[Sequence]
-    pending: PendingSample | DoneSample
+    pending: PendingSample | DoneSample | object
+    mask: Future | None = None
 
 
 @dataclass
@@ -223,6 +229,10 @@ class EngineCore:
             # Penalties read every output token on the host, so those steps wait for the previous one.
             results, prev = self._complete(prev), None
         out = self.scheduler.schedule()
+        if prev is not None and prev.mask is not None:
+            # [structured outputs] prev's mask was filled while its deltas went out and this step was scheduled:
+            # its sampling goes on the device now, right before this step's forward pass.
+            self._launch_sample(prev)
         launched = None
         if not out.is_empty:
             launched, early = self._launch(out, prev)
@@ -242,8 +252,11 @@ class EngineCore:
 
         [structured outputs] A step that samples a constrained row is launched in two parts: its forward pass
         at once, its sampling once the rows' token bitmasks are filled. Those need every earlier token, so
-        the step in flight (prev) is completed in between, while the new forward pass runs on the device:
-        asynchronous scheduling keeps its overlap."""
+        the step in flight (prev) is completed in between, while the new forward pass runs on the device.
+        With asynchronous scheduling the mask is then filled on the manager's thread, and the sampling is
+        launched by the next step, once that step is scheduled: the fill overlaps the host's output and
+        scheduling work instead of adding to it, and the device gets the sampling and the next forward pass
+        back to back."""
         now = time.monotonic()
         constrained = self.structured.needs_bitmask(out)
         pending = self.executor.launch_forward(out) if constrained else self.executor.launch(out)
@@ -262,12 +275,17 @@ class EngineCore:
                 seq.output_token_ids.append(PLACEHOLDER)
                 seq.num_placeholders += 1
                 sampled.append(seq)
-        early = None
-        if constrained:
-            if prev is not None:
-                early = self._complete(prev)
-            pending = self.executor.launch_sample(pending, self.structured.bitmask(sampled))
-        return _InFlight(sampled, pending), early
+        if not constrained:
+            return _InFlight(sampled, pending), None
+        early = self._complete(prev) if prev is not None else None
+        if self.async_scheduling:
+            return _InFlight(sampled, pending, self.structured.bitmask_async(sampled)), early
+        return _InFlight(sampled, self.executor.launch_sample(pending, self.structured.bitmask(sampled))), early
+
+    def _launch_sample(self, step: _InFlight) -> None:
+        """[structured outputs] Queue the sampling of a step launched as its forward pass, once its mask is filled."""
+        mask, step.mask = step.mask.result(), None
+        step.pending = self.executor.launch_sample(step.pending, mask)
 
     def _admit_compiled(self, idle: bool) -> list[SeqDelta]:
         """[structured outputs] Constrained requests whose grammar is compiled join the scheduler; those whose
@@ -291,6 +309,8 @@ class EngineCore:
 
     def _complete(self, step: _InFlight) -> list[SeqDelta]:
         """Wait for a launched step's tokens and apply them: append, stop rules, deltas."""
+        if step.mask is not None:  # [structured outputs] its sampling is not launched yet
+            self._launch_sample(step)
         result = step.pending.result()
         deltas: list[SeqDelta] = []
         bm, bs = self.block_manager, self.config.block_size

@@ -10,6 +10,7 @@ import pytest
 
 from railyard.engine.config import EngineConfig, SamplingParams
 from railyard.engine.engine import Engine
+from tests.engine.recording_executor import RecordingExecutor
 
 _rng = random.Random(7)
 _shared = [_rng.randrange(256) for _ in range(24)]
@@ -96,25 +97,7 @@ def test_a_penalty_request_makes_steps_wait_and_changes_nothing(tiny_model):
 def test_the_next_step_is_launched_before_the_last_one_is_waited_for(tiny_model):
     engine = Engine(EngineConfig(model=tiny_model, device="cpu"))
     events: list[str] = []
-    inner = engine.executor
-
-    class Recording:
-        supports_async = True
-
-        def launch(self, out):
-            events.append("launch")
-            pending = inner.launch(out)
-
-            class Result:
-                def result(self_inner):
-                    events.append("wait")
-                    return pending.result()
-            return Result()
-
-        def __getattr__(self, name):
-            return getattr(inner, name)
-
-    engine.core.executor = Recording()
+    engine.core.executor = RecordingExecutor(engine.executor, events)
     engine.add_request("a", None, SamplingParams(temperature=0.0, max_tokens=5, ignore_eos=True),
                        prompt_token_ids=PROMPTS[1])
     while engine.has_unfinished_requests():

@@ -21,6 +21,7 @@ from railyard.engine.structured.compiler import GrammarCompiler
 from railyard.engine.structured.apply import apply_bitmask
 from railyard.engine.structured.manager import Accepted, StructuredOutputManager
 from railyard.engine.tokenizer import load_tokenizer
+from tests.engine.recording_executor import RecordingExecutor
 
 _rng = random.Random(3)
 _shared = [_rng.randrange(256) for _ in range(24)]
@@ -215,3 +216,35 @@ def test_ids_past_the_tokenizer_are_never_allowed(tiny_model):
             assert manager.accept(Seq, min(allowed[-1])) is Accepted.OK
     assert allowed == [set(tokenizer.encode("a")), set(tokenizer.encode("b")), {258}]
     assert manager.accept(Seq, 258) is Accepted.TERMINATED
+
+
+def test_a_constrained_steps_mask_is_filled_off_the_step_loop_and_its_sampling_queued_just_before_the_next_forward(
+        tiny_model, monkeypatch):
+    """With asynchronous scheduling the bitmask is filled on the manager's thread while the loop returns outputs and
+    schedules, and a step's sampling goes to the device right before the next step's forward pass, with no wait
+    for the device between the two (the device runs them back to back)."""
+    import xgrammar as xgr
+
+    events: list[str] = []
+    fill = xgr.BatchGrammarMatcher.batch_fill_next_token_bitmask
+
+    def recording_fill(self, *args, **kwargs):  # xgrammar's own fill, watched for the thread it runs on
+        events.append("fill@" + threading.current_thread().name.split("_")[0])
+        return fill(self, *args, **kwargs)
+
+    monkeypatch.setattr(xgr.BatchGrammarMatcher, "batch_fill_next_token_bitmask", recording_fill)
+    engine = Engine(EngineConfig(model=tiny_model, device="cpu", structured_outputs_disable_any_whitespace=True))
+    engine.core.executor = RecordingExecutor(engine.core.executor, events)
+    engine.add_request("json", None, CONSTRAINED[0], prompt_token_ids=PROMPTS[1])
+    outputs = []
+    while engine.has_unfinished_requests():
+        outputs += engine.step()
+    assert_follows("c0", [(None, outputs[-1].outputs[0].text, outputs[-1].outputs[0].finish_reason)])
+    launches = [e for e in events if not e.startswith("fill")]
+    assert set(e for e in events if e.startswith("fill")) == {"fill@railyard-bitmask"}
+    # the prefill's forward; next step: its sampling, the first decode's forward, then the wait for the prefill's token
+    assert launches[:4] == ["forward", "sample", "forward", "wait"]
+    # every later sampling is followed at once by the next forward pass; the last one (nothing left to schedule) by
+    # the wait for its tokens
+    after_sample = [launches[i + 1] for i, event in enumerate(launches) if event == "sample"]
+    assert after_sample[:-1] == ["forward"] * (len(after_sample) - 1) and after_sample[-1] == "wait", launches

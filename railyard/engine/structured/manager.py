@@ -4,6 +4,8 @@ Every call comes from the engine's step loop, which alone knows the batch:
 - `add` starts a request's compile; `take_ready` hands its sequences to the scheduler once compiled;
 - `needs_bitmask` says whether a step samples a constrained row (then its sampling waits for the mask);
 - `bitmask` fills the step's token bitmask for its constrained rows (rows in the step's sampling order);
+  `bitmask_async` does the same on the manager's fill thread (xgrammar's fill runs without the GIL, so the
+  step loop sends outputs and schedules the next step meanwhile); no matcher is touched until it is done;
 - `accept` advances a sequence's matcher by each token the host learns, in order.
 Matchers only ever see tokens the engine keeps: a token sampled for a sequence that its previous token
 finished is discarded unseen, and recompute preemption keeps the output tokens (so the matcher's state
@@ -14,7 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from concurrent.futures import FIRST_COMPLETED, Future, wait
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from enum import Enum
 
@@ -70,6 +72,7 @@ class StructuredOutputManager:
         self._buffers: list[torch.Tensor] = []  # two host bitmasks, used in turn
         self._turn = 0
         self._batch = None  # xgrammar BatchGrammarMatcher (fills many rows on its own threads)
+        self._fill_thread: ThreadPoolExecutor | None = None  # bitmask_async's (started by its first call)
 
     # -- requests --------------------------------------------------------------------------------
     def validate(self, spec: StructuredOutputsParams) -> None:
@@ -132,15 +135,33 @@ class StructuredOutputManager:
         """The token bitmask for the step's sampled rows (in order): filled for each live constrained row.
 
         Every token before the row's own must be known (and accepted) by now."""
+        todo = self._rows_to_fill(sampled)
+        return self._fill(*todo) if todo is not None else None
+
+    def bitmask_async(self, sampled: list[Sequence]) -> Future:
+        """`bitmask` on the fill thread: a future of the same GrammarBitmask (or None). The rows are chosen now;
+        the caller must not advance a matcher (`accept`) before the future is done."""
+        todo = self._rows_to_fill(sampled)
+        if todo is None:
+            done: Future = Future()
+            done.set_result(None)
+            return done
+        if self._fill_thread is None:
+            self._fill_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="railyard-bitmask")
+        return self._fill_thread.submit(self._fill, *todo)
+
+    def _rows_to_fill(self, sampled: list[Sequence]) -> tuple[list, list[int], int] | None:
+        """(matchers, rows, number of rows) of the step's live constrained rows, or None if there are none."""
         rows, matchers = [], []
         for i, seq in enumerate(sampled):
             matcher = self._matchers.get(seq.seq_id)
             if matcher is not None and not seq.is_finished:
                 rows.append(i)
                 matchers.append(matcher)
-        if not rows:
-            return None
-        tensor = self._buffer(len(sampled))
+        return (matchers, rows, len(sampled)) if rows else None
+
+    def _fill(self, matchers: list, rows: list[int], num_rows: int) -> GrammarBitmask:
+        tensor = self._buffer(num_rows)
         if self._batch is None:
             import xgrammar as xgr
 
@@ -169,5 +190,7 @@ class StructuredOutputManager:
         return self._buffers[self._turn][:num_rows]
 
     def shutdown(self) -> None:
+        if self._fill_thread is not None:
+            self._fill_thread.shutdown(wait=False, cancel_futures=True)
         if self._compiler is not None:
             self._compiler.shutdown()
