@@ -119,6 +119,22 @@ def test_the_settings_that_decide_a_burst_are_in_the_serve_config_each_under_its
     assert (deployment["health_check_period_s"], deployment["graceful_shutdown_timeout_s"]) == (5.0, 300.0)
 
 
+def test_the_streaming_settings_are_in_the_serve_config_each_under_its_reason():
+    stack = make_stack(ONE_GPU, models=[{**ONE_GPU["models"][0], "stream_items_per_s": 250}])
+    (service, *_) = render(stack, "rayservice")
+    lines = service["spec"]["serveConfigV2"].splitlines()
+    for option, reason in (("ingress", "HTTP proxy spreads requests over"), ("stream_items_per_s", "live streams")):
+        (first, *_) = [i for i, line in enumerate(lines) if line.strip().startswith(f"{option}:")]
+        comment = []
+        for line in reversed(lines[:first]):  # the comment block right above the setting
+            if not line.strip().startswith("#"):
+                break
+            comment.insert(0, line.strip().lstrip("# "))
+        assert reason in " ".join(comment), (option, comment)
+    args = to_serve_config(stack)["applications"][0]["args"]
+    assert (args["ingress"], args["models"][0]["stream_items_per_s"]) == ({"num_replicas": 2}, 250)
+
+
 def test_a_worker_pod_outlives_its_replicas_graceful_shutdown():
     stack = make_stack(ONE_GPU, models=[{**ONE_GPU["models"][0], "lifecycle": {"graceful_shutdown_timeout_s": 900}}])
     (service, *_) = render(stack, "rayservice")
