@@ -14,6 +14,7 @@
 #   5. The stack again with Ray's power_of_two router, then round_robin: the shared-prefix trace each (fleet
 #      prefix-cache hit rate from /metrics, TTFT p50/p99).
 #   6. `railyard bench burst` on the stack autoscaled 1..2 half-GPU replicas (railyard's pending policy).
+#   (ing1, not in the default phases) The defaults of 1 with one ingress replica: what the second one adds.
 #   (one, not in the default phases) One engine replica with the whole GPU and 2 x BLOCKS blocks behind Ray: the Ray
 #      path's cost without two engines time-sharing the GPU.
 # Each step runs under `timeout`, and none starts once the call's budget (CALL_S) is spent, so a failure or hang
@@ -121,8 +122,8 @@ def hit_rate(name):
             "routing": {k: after[k] - before.get(k, 0) for k in after if k.startswith("railyard_serve_routing")}}
 summary = {"model": sys.argv[4], "kv_blocks_per_replica": int(sys.argv[3]), "throughput": {}, "routing": {}}
 # pp: the serve layer's defaults; old: one ingress, fixed 50 ms interval; opt: pp under Ray's throughput mode;
-# one: one whole-GPU engine replica
-VARIANTS = ("pp", "old", "opt", "one")
+# ing1: pp with one ingress; one: one whole-GPU engine replica
+VARIANTS = ("pp", "old", "opt", "ing1", "one")
 for c in ("low", "high"):
     direct = bench(load(f"direct_c{c}"))
     row = {"direct": direct}
@@ -184,13 +185,15 @@ step() {
   return $rc
 }
 
-stack() {  # name kind(yes: autoscaling | no | old | one) -> a stack file. old: the streaming settings before the
-  # items budget and the second ingress; one: one engine replica with the whole GPU and both replicas' KV.
+stack() {  # name kind(yes: autoscaling | no | old | ing1 | one) -> a stack file. old: the streaming settings before
+  # the items budget and the second ingress; ing1: one ingress; one: one engine replica with the whole GPU and both
+  # replicas' KV.
   local scaling="num_replicas: 2" fraction=0.5 engine=$ENGINE
   local interval=${STREAM_INTERVAL_S:-} budget=${STREAM_ITEMS_PER_S:-} ingress=${INGRESS_REPLICAS:-}
   [ "$2" = yes ] && scaling="autoscaling: {min_replicas: 1, max_replicas: 2, target_pending_per_replica: 8,
                   upscale_delay_s: 3, downscale_delay_s: 60, look_back_period_s: 5, metrics_interval_s: 1}"
   [ "$2" = old ] && { interval=0.05 budget=0 ingress=1; }
+  [ "$2" = ing1 ] && ingress=1
   [ "$2" = one ] && { scaling="num_replicas: 1" fraction=1.0; engine=${ENGINE/num_gpu_blocks: $BLOCKS/num_gpu_blocks: $(( 2 * BLOCKS ))}; }
   cat > $R/stack_$1.yaml <<EOF
 name: gpu
@@ -278,8 +281,9 @@ fi
 stop
 
 # 3. The streaming settings before (one ingress, the fixed 50 ms interval), then 4. the defaults under Ray Serve's
-# throughput mode (gRPC data plane; the proxy kept): the same 64 / 256 streams. (one): one whole-GPU replica.
-for variant in "old old" "opt no" "one one"; do
+# throughput mode (gRPC data plane; the proxy kept): the same 64 / 256 streams. (ing1): the defaults with one
+# ingress. (one): one whole-GPU replica.
+for variant in "old old" "opt no" "ing1 ing1" "one one"; do
   set -- $variant
   UP_ENV=; [ $1 = opt ] && UP_ENV="RAY_SERVE_THROUGHPUT_OPTIMIZED=1 RAY_SERVE_ENABLE_DIRECT_INGRESS=0"
   if phase $1 && step "ray up ($1)" $T_UP up $1 pending_prefix "$(stack $1 $2)"; then
