@@ -207,6 +207,11 @@ class ModelSpec(_Strict):
         "once per this interval, and the end at once: each Ray stream item costs the replica, ingress and proxy "
         "CPU, so one item per token caps the Ray path far below the engine (unset: the serve layer's 0.05 s, Ray "
         "Serve LLM's stream batching interval; 0: one item per engine step)")
+    stream_items_per_s: float | None = Field(
+        None, ge=0, description="with many streams a replica's interval grows to live streams / this budget, so it "
+        "sends about this many Ray items per second in all, whatever the number of streams: more tokens per item "
+        "instead of more items than the ingress and the proxy relay (unset: the serve layer's 500 per replica; 0: "
+        "the fixed stream_interval_s only)")
 
     @field_validator("name")
     @classmethod
@@ -247,6 +252,15 @@ class ModelSpec(_Strict):
         return self
 
 
+class Ingress(_Strict):
+    """The OpenAI ingress deployment of the Ray Serve app (the FastAPI front every stream passes through)."""
+
+    num_replicas: int = Field(
+        2, ge=1, description="ingress replicas (num_cpus 0 each) the HTTP proxy spreads requests over: every token of "
+        "every stream crosses the ingress twice (in from an engine replica, out to the proxy) and Ray's per-item "
+        "streaming cost (ray #52746) saturates one ingress process at a few hundred streams, before the engines")
+
+
 class Policies(_Strict):
     """Production policies for rendered manifests: all on by default except the VPA, each switchable."""
 
@@ -284,6 +298,7 @@ class Stack(_Strict):
     ray_version: str = "2.60.0"  # the serve layer uses the request-router and autoscaling-policy APIs of 2.60
     mode: Literal["rayservice", "deployment"] = "rayservice"
     models: list[ModelSpec] = Field(..., min_length=1)
+    ingress: Ingress = Ingress()
     policies: Policies = Policies()
 
     @field_validator("name")
@@ -388,6 +403,8 @@ def _model_args(model: ModelSpec) -> dict[str, Any]:
         args["autoscaling"] = model.autoscaling.model_dump(exclude_none=True)  # unset: the serve layer's defaults
     if model.stream_interval_s is not None:
         args["stream_interval_s"] = model.stream_interval_s
+    if model.stream_items_per_s is not None:
+        args["stream_items_per_s"] = model.stream_items_per_s
     return args
 
 
@@ -427,7 +444,7 @@ def to_serve_config(stack: Stack) -> dict[str, Any]:
 
     `args` is what `railyard.serve.app:build_app(args)` receives:
     `{"models": [{"name", "model", "tensor_parallel_size", "engine": {...}, "autoscaling"?: {...},
-    "pools": [{"name", "max_prompt_tokens" (None = no limit), "deployment", "engine": {...}}]}]}`,
+    "pools": [{"name", "max_prompt_tokens" (None = no limit), "deployment", "engine": {...}}]}], "ingress": {...}}`,
     where each pool's `deployment` names its entry in `deployments` and `engine` is fully resolved.
     """
     deployments = [_deployment(model, name, pool) for model in stack.models for name, pool in replica_pools(model)]
@@ -435,7 +452,7 @@ def to_serve_config(stack: Stack) -> dict[str, Any]:
         "name": stack.name,
         "route_prefix": "/",
         "import_path": SERVE_IMPORT_PATH,
-        "args": {"models": [_model_args(m) for m in stack.models]},
+        "args": {"models": [_model_args(m) for m in stack.models], "ingress": stack.ingress.model_dump()},
         "deployments": deployments,
     }
     return {"applications": [app]}

@@ -15,7 +15,7 @@ import yaml
 from railyard.cluster import pod
 from railyard.errors import ConfigError
 from railyard.stack import (
-    Autoscaling, Lifecycle, ModelSpec, Stack, replica_pools, resolved_engine, scaling, to_serve_config)
+    Autoscaling, Ingress, Lifecycle, ModelSpec, Stack, replica_pools, resolved_engine, scaling, to_serve_config)
 
 MODES = ("rayservice", "deployment")
 
@@ -85,17 +85,26 @@ def option_reasons() -> dict[str, str]:
     return reasons
 
 
+def arg_reasons() -> dict[str, str]:
+    """Why the streaming settings of the app's args are set: the stack fields' descriptions."""
+    fields = ModelSpec.model_fields
+    return {"stream_interval_s": fields["stream_interval_s"].description,
+            "stream_items_per_s": fields["stream_items_per_s"].description,
+            "ingress": Ingress.model_fields["num_replicas"].description}
+
+
 def annotated_serve_yaml(config: dict[str, Any]) -> str:
-    """The Ray Serve config as YAML, each deployment option of option_reasons() under a comment giving its reason
-    where it first appears (comments only: the YAML loads to `config` unchanged)."""
-    reasons = option_reasons()
+    """The Ray Serve config as YAML, the streaming settings of the app's args (arg_reasons()) and each deployment
+    option of option_reasons() under a comment giving its reason where it first appears (comments only: the YAML
+    loads to `config` unchanged)."""
+    reasons = arg_reasons()
     lines, in_deployments, given = [], False, set()
     for line in yaml.safe_dump(config, sort_keys=False).splitlines():
         if not in_deployments and re.match(r"^\s*deployments:", line):
-            in_deployments = True
+            in_deployments, reasons = True, option_reasons()
             lines.append(re.sub(r"\S.*", "# Each option's reason is given where it first appears.", line))
         match = re.match(r"^(\s*)(- )?(\w+):", line)
-        if in_deployments and match and match.group(3) in reasons and match.group(3) not in given:
+        if match and match.group(3) in reasons and match.group(3) not in given:
             given.add(match.group(3))
             indent = match.group(1) + ("  " if match.group(2) else "")
             lines += textwrap.wrap(reasons[match.group(3)], 110, initial_indent=f"{indent}# ",

@@ -72,16 +72,16 @@ class RequestStream:
     are merged into one (so a slow reader gets fewer, larger chunks, never a backlog); cumulative ones
     replace each other.
 
-    With an `interval_s`, the first output is handed over at once and later ones at most once per interval
-    (what arrives meanwhile merges), the final output or an error at once: a hop that costs per item (a Ray
-    stream, vLLM's --stream-interval, Ray Serve LLM's stream batching) carries several tokens per item instead
-    of one, while TTFT and the end of the request are not delayed."""
+    With a stream interval (the client's `stream_interval()`, read before each hold), the first output is handed
+    over at once and later ones at most once per interval (what arrives meanwhile merges), the final output or an
+    error at once: a hop that costs per item (a Ray stream, vLLM's --stream-interval, Ray Serve LLM's stream
+    batching) carries several tokens per item instead of one, while TTFT and the end of the request are not
+    delayed."""
 
-    def __init__(self, request_id: str, client: CoreClient, merge_deltas: bool, interval_s: float = 0.0) -> None:
+    def __init__(self, request_id: str, client: CoreClient, merge_deltas: bool) -> None:
         self.request_id = request_id
         self._client = client
         self._merge = merge_deltas
-        self._interval_s = interval_s
         self._latest: RequestOutput | None = None
         self._error: BaseException | None = None
         self._ready = asyncio.Event()
@@ -110,8 +110,10 @@ class RequestStream:
         try:
             while not self.finished:
                 await self._ready.wait()
-                if last_yield is not None and self._interval_s > 0:
-                    await self._hold_until(last_yield + self._interval_s)
+                if last_yield is not None:
+                    interval_s = self._client.stream_interval()
+                    if interval_s > 0:
+                        await self._hold_until(last_yield + interval_s)
                 self._ready.clear()
                 if self._latest is not None:
                     out, self._latest = self._latest, None
@@ -144,13 +146,19 @@ class CoreClient(abc.ABC):
     subclasses carry requests to the core and its deltas back (a thread, or a process)."""
 
     def __init__(self, model_info: ModelInfo, tokenizer, *, max_waiting_requests: int = 1024,
-                 retry_after_s: int = 1, listener: StepListener | None = None, stream_interval_s: float = 0.0) -> None:
-        """stream_interval_s: the least time between two outputs of one stream (see RequestStream); 0: every step."""
+                 retry_after_s: int = 1, listener: StepListener | None = None, stream_interval_s: float = 0.0,
+                 stream_items_per_s: float = 0.0) -> None:
+        """stream_interval_s: the least time between two outputs of one stream (see RequestStream); 0: every step.
+        stream_items_per_s: with many streams, the interval grows so that all streams together yield about this
+        many outputs per second (see stream_interval); 0: no such budget."""
         if max_waiting_requests < 1:
             raise ConfigError(f"max_waiting_requests must be at least 1, got {max_waiting_requests}")
         if stream_interval_s < 0:
             raise ConfigError(f"stream_interval_s must be >= 0, got {stream_interval_s}")
+        if stream_items_per_s < 0:
+            raise ConfigError(f"stream_items_per_s must be >= 0, got {stream_items_per_s}")
         self.stream_interval_s = stream_interval_s
+        self.stream_items_per_s = stream_items_per_s
         self.model_info = model_info
         self.tokenizer = tokenizer
         self.max_waiting_requests = max_waiting_requests
@@ -193,6 +201,15 @@ class CoreClient(abc.ABC):
         """Run one of UTILITY_METHODS on the core between steps and return its result."""
 
     # -- requests --------------------------------------------------------------------------------
+    def stream_interval(self) -> float:
+        """The least time between two outputs of one stream, now: stream_interval_s, or live streams /
+        stream_items_per_s when that is longer. Each output a stream yields costs the hops after it per item
+        (a Ray stream item through the ingress and the proxy, ray #52745), so the outputs of all streams
+        together stay near the budget however many streams are live: more tokens per item, not more items."""
+        if not self.stream_items_per_s:
+            return self.stream_interval_s
+        return max(self.stream_interval_s, len(self._streams) / self.stream_items_per_s)
+
     @property
     def num_waiting(self) -> int:
         """Requests accepted but not yet admitted to the running batch: in transit to the core, or waiting there."""
@@ -230,8 +247,7 @@ class CoreClient(abc.ABC):
         check_sampling_params(params, vocab_size=info.vocab_size)
         check_priority(priority, info.scheduling_policy)
         arrival = arrival_time if arrival_time is not None else time.monotonic()
-        stream = RequestStream(request_id, self, merge_deltas=params.output_kind == "delta",
-                               interval_s=self.stream_interval_s)
+        stream = RequestStream(request_id, self, merge_deltas=params.output_kind == "delta")
         self._streams[request_id] = stream
         self.processor.add_request(request_id, prompt, ids, params, arrival)
         self._num_sent += 1

@@ -56,7 +56,8 @@ def replica_resources(model: ModelSpec, pool: PoolSpec) -> dict[str, Any]:
 def bind_engine(spec: AppSpec, model: ModelSpec, pool: PoolSpec) -> serve.Application:
     """The pool's engine deployment, bound to its engine options."""
     return engine_deployment(spec, model, pool).bind(pool.engine, max_waiting_requests=spec.replica.max_waiting_requests,
-                                                     stream_interval_s=model.stream_interval_s)
+                                                     stream_interval_s=model.stream_interval_s,
+                                                     stream_items_per_s=model.stream_items_per_s)
 
 
 def engine_deployment(spec: AppSpec, model: ModelSpec, pool: PoolSpec) -> serve.Deployment:

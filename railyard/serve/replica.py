@@ -2,8 +2,8 @@
 
 The replica's engine core runs in its own process (EngineProcessClient, with the tensor-parallel ranks
 it spawns), so the replica's event loop (Ray's streaming, detokenisation) never shares a GIL with the
-step loop. It streams delta RequestOutputs back through Ray Serve (merged over a stream interval, since every Ray item
-costs CPU on three processes),
+step loop. It streams delta RequestOutputs back through Ray Serve (merged over a stream interval that grows with the
+streams in flight, since every Ray item costs CPU on three processes),
 reports its EngineStats to the request router (`record_routing_stats`) and to the autoscaler
 (`record_autoscaling_stats`), and fails its health check once its engine has died, so the Serve
 controller replaces it.
@@ -69,7 +69,8 @@ class EngineReplica:
     """One engine replica of one model and length pool."""
 
     async def __init__(self, engine: dict[str, Any], *, max_waiting_requests: int = 1024,
-                       engine_process: bool = True, stream_interval_s: float = 0.0) -> None:
+                       engine_process: bool = True, stream_interval_s: float = 0.0,
+                       stream_items_per_s: float = 0.0) -> None:
         import ray
         from ray import serve
 
@@ -83,7 +84,7 @@ class EngineReplica:
 
             self.client: EngineClient = await asyncio.to_thread(
                 EngineProcessClient, config, max_waiting_requests=max_waiting_requests,
-                stream_interval_s=stream_interval_s)
+                stream_interval_s=stream_interval_s, stream_items_per_s=stream_items_per_s)
         else:
             from railyard.engine.inproc_client import InProcessEngineClient
 
@@ -94,7 +95,8 @@ class EngineReplica:
                 torch.set_num_threads(int(threads))
             self.client = await asyncio.to_thread(InProcessEngineClient.from_config, config,
                                                   max_waiting_requests=max_waiting_requests,
-                                                  stream_interval_s=stream_interval_s)
+                                                  stream_interval_s=stream_interval_s,
+                                                  stream_items_per_s=stream_items_per_s)
         context = serve.get_replica_context()
         self.replica_id = context.replica_id.unique_id
         self.deployment = context.deployment
@@ -109,7 +111,8 @@ class EngineReplica:
         """Stream a request's outputs; cancelling the stream (client gone) aborts it in the engine.
 
         Items: ReplicaStarted, then the outputs (the first at once, later ones merged over the client's
-        stream interval), the final one inside a ReplicaReport: about output tokens / tokens per interval + 2."""
+        stream interval, which grows with the replica's live streams), the final one inside a ReplicaReport:
+        about output tokens / tokens per interval + 2."""
         yield ReplicaStarted(self.replica_id, self.node_id)
         stream = await self.client.add_request(
             request["request_id"], request.get("prompt"), request["params"],

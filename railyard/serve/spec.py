@@ -1,10 +1,11 @@
 """The serve application's arguments (`args` of the Ray Serve config), validated once into plain data.
 
 The shape is what `railyard.stack.to_serve_config` writes:
-`{"models": [{"name", "model", "tensor_parallel_size", "engine", "autoscaling"?, "stream_interval_s"?, "pools": [{"name",
-"max_prompt_tokens", "deployment", "engine"}]}]}`. Optional extras, for running without a stack
-file: per pool `num_replicas`, `autoscaling`, `ray_actor_options`, `max_ongoing_requests`; top level `router` (name and
-options), `replica` (health checks, graceful shutdown, stats periods) and `ingress` (name, replicas).
+`{"models": [{"name", "model", "tensor_parallel_size", "engine", "autoscaling"?, "stream_interval_s"?,
+"stream_items_per_s"?, "pools": [{"name", "max_prompt_tokens", "deployment", "engine"}]}], "ingress": {"num_replicas"}}`.
+Optional extras, for running without a stack file: per pool `num_replicas`, `autoscaling`, `ray_actor_options`,
+`max_ongoing_requests`; top level `router` (name and options), `replica` (health checks, graceful shutdown, stats
+periods) and the ingress's `name`.
 """
 
 from __future__ import annotations
@@ -22,6 +23,15 @@ INGRESS_NAME = "openai-ingress"
 # carries: one item per token caps the whole Ray path near 2k tokens/s (ray #52745). 50 ms is Ray Serve LLM's
 # stream batching interval; a reader sees tokens in small bursts, TTFT and the end of a request are not delayed.
 DEFAULT_STREAM_INTERVAL_S = 0.05
+# ... and with many streams the interval grows to live streams / this budget, so a replica yields about this many
+# items per second in all however many streams it serves: at 50 ms, 128 streams on one replica would send 2,560
+# items/s, more than one ingress and the proxy relay (on the H200 host the Ray path relayed ~1,300 items/s through
+# one ingress before it set the pace: 30% of the direct server at 256 streams). 500 keeps 50 ms up to 25 streams
+# per replica; 128 streams get an item every 0.26 s, each carrying what the engine made meanwhile. 0: no budget.
+DEFAULT_STREAM_ITEMS_PER_S = 500.0
+# Every token of every stream crosses the ingress twice (in from a replica, out to the proxy): one ingress process
+# saturates a core well before the engines do (ray #52746), so the proxy spreads requests over two (num_cpus 0).
+DEFAULT_INGRESS_REPLICAS = 2
 ROUTER_NAMES = ("pending_prefix", "round_robin", "power_of_two")
 _ENGINE_FIELDS = set(EngineConfig.option_names())
 _AUTOSCALING_KEYS = {"min_replicas", "max_replicas", "target_pending_per_replica", "upscale_delay_s",
@@ -61,6 +71,7 @@ class ModelSpec:
     tensor_parallel_size: int
     pools: list[PoolSpec]
     stream_interval_s: float = DEFAULT_STREAM_INTERVAL_S
+    stream_items_per_s: float = DEFAULT_STREAM_ITEMS_PER_S
 
 
 @dataclass(frozen=True)
@@ -85,7 +96,7 @@ class AppSpec:
     router: RouterSpec = RouterSpec()
     replica: ReplicaSpec = ReplicaSpec()
     ingress_name: str = INGRESS_NAME
-    ingress_replicas: int = 1
+    ingress_replicas: int = DEFAULT_INGRESS_REPLICAS
 
     def deployments(self) -> list[str]:
         return [p.deployment for m in self.models for p in m.pools]
@@ -105,7 +116,10 @@ def parse_app_args(args: dict[str, Any]) -> AppSpec:
     router = _router(args.get("router") or {})
     replica = _known(ReplicaSpec, args.get("replica") or {}, "replica")
     ingress = args.get("ingress") or {}
-    return AppSpec(models, router, replica, ingress.get("name", INGRESS_NAME), int(ingress.get("num_replicas", 1)))
+    replicas = int(ingress.get("num_replicas", DEFAULT_INGRESS_REPLICAS))
+    if replicas < 1:
+        raise ConfigError(f"ingress.num_replicas must be >= 1, got {replicas}")
+    return AppSpec(models, router, replica, ingress.get("name", INGRESS_NAME), replicas)
 
 
 def _model(raw: Any, i: int) -> ModelSpec:
@@ -145,7 +159,10 @@ def _model(raw: Any, i: int) -> ModelSpec:
     interval = float(raw.get("stream_interval_s", DEFAULT_STREAM_INTERVAL_S))
     if interval < 0:
         raise ConfigError(f"{where}.stream_interval_s must be >= 0, got {interval}")
-    return ModelSpec(name, path, tp, pools, interval)
+    budget = float(raw.get("stream_items_per_s", DEFAULT_STREAM_ITEMS_PER_S))
+    if budget < 0:
+        raise ConfigError(f"{where}.stream_items_per_s must be >= 0, got {budget}")
+    return ModelSpec(name, path, tp, pools, interval, budget)
 
 
 def _autoscaling(raw: Any, where: str) -> AutoscalingSpec:

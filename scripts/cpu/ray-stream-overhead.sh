@@ -9,6 +9,11 @@
 # cores the engine shares the CPU with the Ray processes and slows to ~20 tokens/s per stream behind Ray, so
 # at the default 0.05 s few outputs merge; the GPU engine runs ~10x faster per stream.
 #
+# STREAM_ITEMS_PER_S sets stream_items_per_s (0: the fixed interval only, the setting before the budget) and
+# INGRESS_REPLICAS the stack's ingress.num_replicas (unset: the serve layer's defaults). DIRECT=0 skips the direct
+# runs. Ray's own throughput mode is an environment of every Ray process: RAY_SERVE_THROUGHPUT_OPTIMIZED=1 (and
+# RAY_SERVE_ENABLE_DIRECT_INGRESS=0, to keep the proxy) in this script's environment reaches them all.
+#
 # Prints {"runs": {"direct1": bench serve JSON, "ray1": ..., ...}} on stdout (scripts/merge_json.py: null for a run
 # whose JSON is missing, the reason on stderr).
 #   bash scripts/cpu/ray-stream-overhead.sh    # RUNS=2 CONCURRENCY=64 NUM_PROMPTS=128 OUTPUT_LEN=256
@@ -31,6 +36,8 @@ models:
     engine: {$ENGINE}
 YAML
 [ -n "${STREAM_INTERVAL_S:-}" ] && echo "    stream_interval_s: $STREAM_INTERVAL_S" >> "$OUT/stack.yaml"
+[ -n "${STREAM_ITEMS_PER_S:-}" ] && echo "    stream_items_per_s: $STREAM_ITEMS_PER_S" >> "$OUT/stack.yaml"
+[ -n "${INGRESS_REPLICAS:-}" ] && printf 'ingress:\n  num_replicas: %s\n' "$INGRESS_REPLICAS" >> "$OUT/stack.yaml"
 
 bench() {  # name
   timeout 300 python3 -m railyard.cli bench serve --url "$URL" --model tiny --num-prompts "$NUM_PROMPTS" \
@@ -42,13 +49,15 @@ bench() {  # name
 
 ARGS=()
 for run in $(seq 1 "$RUNS"); do
-  log "direct$run"
-  python3 -m railyard.cli serve --model "$MODEL_DIR" --served-model-name tiny --device cpu --dtype float32 \
-    --max-model-len 1024 --max-num-seqs "$CONCURRENCY" --max-num-batched-tokens 2048 --port "$PORT" \
-    > "$OUT/direct$run.log" 2>&1 &
-  SERVER=$!
-  wait_ready "$OUT/direct$run.log" "OpenAI API under" && bench "direct$run"
-  stop_server
+  if [ "${DIRECT:-1}" != 0 ]; then
+    log "direct$run"
+    python3 -m railyard.cli serve --model "$MODEL_DIR" --served-model-name tiny --device cpu --dtype float32 \
+      --max-model-len 1024 --max-num-seqs "$CONCURRENCY" --max-num-batched-tokens 2048 --port "$PORT" \
+      > "$OUT/direct$run.log" 2>&1 &
+    SERVER=$!
+    wait_ready "$OUT/direct$run.log" "OpenAI API under" && bench "direct$run"
+    stop_server
+  fi
   log "ray$run"
   python3 -m railyard.cli cluster up -c "$OUT/stack.yaml" --cpu --port "$PORT" > "$OUT/ray$run.log" 2>&1 &
   SERVER=$!

@@ -1,13 +1,22 @@
 #!/bin/bash
 # Issue 16 item 4, one device call on one H200 (< 9 minutes): railyard's serve layer on Ray Serve with a GPU engine.
 #   1. The Ray Serve stack (`railyard cluster up`): two engine replicas of the qwen3-0.6b shape (random weights)
-#      sharing the GPU (gpu_fraction 0.5, each BLOCKS KV blocks), railyard's pending_prefix router; served tok/s
-#      through Ray Serve's proxy at 64 and 256 concurrent streams, then a shared-prefix trace.
+#      sharing the GPU (gpu_fraction 0.5, each BLOCKS KV blocks), railyard's pending_prefix router, the serve
+#      layer's streaming defaults (two ingress replicas; stream items paced to 500/s per engine replica); served
+#      tok/s through Ray Serve's proxy at 64 and 256 concurrent streams, then a shared-prefix trace.
 #   2. One `railyard serve` on the same GPU with the same total KV (2 x BLOCKS blocks): the same 64 / 256 streams
 #      (target: the proxy path >= 90% of this) and the same shared-prefix trace.
-#   3. The stack again with Ray's power_of_two router, then round_robin: the shared-prefix trace each (fleet
+#   3. (old) The stack with the streaming settings before: one ingress, the fixed 50 ms interval only
+#      (stream_items_per_s 0): 64 / 256 streams, for comparison.
+#   4. (opt) The stack of 1 under Ray Serve's throughput mode (RAY_SERVE_THROUGHPUT_OPTIMIZED=1: gRPC between
+#      proxy, ingress and replicas instead of Ray actor streaming, user code on the replica's own loop; the proxy
+#      kept, RAY_SERVE_ENABLE_DIRECT_INGRESS=0): 64 / 256 streams.
+#   5. The stack again with Ray's power_of_two router, then round_robin: the shared-prefix trace each (fleet
 #      prefix-cache hit rate from /metrics, TTFT p50/p99).
-#   4. `railyard bench burst` on the stack autoscaled 1..2 half-GPU replicas (railyard's pending policy).
+#   6. `railyard bench burst` on the stack autoscaled 1..2 half-GPU replicas (railyard's pending policy).
+#   (ing1, not in the default phases) The defaults of 1 with one ingress replica: what the second one adds.
+#   (one, not in the default phases) One engine replica with the whole GPU and 2 x BLOCKS blocks behind Ray: the Ray
+#      path's cost without two engines time-sharing the GPU.
 # Each step runs under `timeout`, and none starts once the call's budget (CALL_S) is spent, so a failure or hang
 # costs its own step only. Results: $OUT/summary.json (every figure), $OUT/log.txt, $OUT/results.tgz (each
 # bench JSON, server and cluster logs, /metrics scrapes), $OUT/burst.png, $OUT/ray_logs.tgz (Ray's logs).
@@ -17,8 +26,9 @@
 #   CPU dry run (the embedded tiny model, small numbers, Ray in its own temp dir and ports):
 #     SMALL=1 OUT=/tmp/ray-serve-dry bash scripts/gpu/ray-serve-gpu.sh
 #   env: CALL_S (default 540), BLOCKS (KV blocks per replica, default 16384 = 28 GiB), MODEL, PORT, DIRECT_PORT,
-#        PHASES (default "pp direct p2 rr burst": a second call can run what the first had no time for),
-#        STREAM_INTERVAL_S (the stack's stream_interval_s; unset: the serve layer's 0.05 s)
+#        PHASES (default "pp direct old opt p2 rr burst": a second call can run what the first had no time for),
+#        STREAM_INTERVAL_S, STREAM_ITEMS_PER_S, INGRESS_REPLICAS (the stack of 1's stream_interval_s,
+#        stream_items_per_s and ingress.num_replicas; unset: the serve layer's 0.05 s, 500 and 2)
 set -o pipefail
 export PYTHONUNBUFFERED=1
 cd "$(dirname "$0")/../.."
@@ -27,7 +37,7 @@ mkdir -p "$OUT"
 R=/tmp/ray-serve-results; rm -rf $R; mkdir -p $R
 LOG=$OUT/log.txt; : > "$LOG"
 CALL_S=${CALL_S:-540}
-PHASES=" ${PHASES:-pp direct p2 rr burst} "
+PHASES=" ${PHASES:-pp direct old opt p2 rr burst} "
 phase() { [[ $PHASES == *" $1 "* ]]; }
 PORT=${PORT:-8031} DIRECT_PORT=${DIRECT_PORT:-8032}
 log() { echo "== $* (t=${SECONDS}s)" | tee -a "$LOG"; }
@@ -111,11 +121,17 @@ def hit_rate(name):
     return {"queried_tokens": q, "hit_tokens": h, "hit_rate": round(h / q, 4) if q else None,
             "routing": {k: after[k] - before.get(k, 0) for k in after if k.startswith("railyard_serve_routing")}}
 summary = {"model": sys.argv[4], "kv_blocks_per_replica": int(sys.argv[3]), "throughput": {}, "routing": {}}
+# pp: the serve layer's defaults; old: one ingress, fixed 50 ms interval; opt: pp under Ray's throughput mode;
+# ing1: pp with one ingress; one: one whole-GPU engine replica
+VARIANTS = ("pp", "old", "opt", "ing1", "one")
 for c in ("low", "high"):
-    ray, direct = bench(load(f"ray_pp_c{c}")), bench(load(f"direct_c{c}"))
-    row = {"ray_proxy": ray, "direct": direct}
-    if ray and direct and direct["output_tok_s"]:
-        row["ray_over_direct"] = round(ray["output_tok_s"] / direct["output_tok_s"], 3)
+    direct = bench(load(f"direct_c{c}"))
+    row = {"direct": direct}
+    for v in VARIANTS:
+        ray = bench(load(f"ray_{v}_c{c}"))
+        row[f"ray_{v}"] = ray
+        if ray and direct and direct["output_tok_s"]:
+            row[f"ray_{v}_over_direct"] = round(ray["output_tok_s"] / direct["output_tok_s"], 3)
     summary["throughput"][c] = row
 for name in ("ray_pp", "ray_p2", "ray_rr", "direct"):
     summary["routing"][name] = {"bench": bench(load(f"{name}_prefix")), "prefix_cache": hit_rate(name)}
@@ -125,9 +141,13 @@ if burst:
 summary["steps"] = (R / "steps.txt").read_text().splitlines() if (R / "steps.txt").exists() else []
 pathlib.Path(out).write_text(json.dumps(summary, indent=1))
 for c, row in summary["throughput"].items():
-    r, d = row["ray_proxy"], row["direct"]
-    print(f"{c:5s} ray {r and r['output_tok_s']} tok/s  direct {d and d['output_tok_s']} tok/s  "
-          f"ratio {row.get('ray_over_direct')}")
+    d = row["direct"]
+    print(f"{c:5s} direct {d and d['output_tok_s']} tok/s (TPOT p50 {d and d['tpot_p50_ms']} ms)")
+    for v in VARIANTS:
+        r = row[f"ray_{v}"]
+        if r:
+            print(f"      ray {v:4s} {r['output_tok_s']} tok/s  ratio {row.get(f'ray_{v}_over_direct')}  "
+                  f"TTFT p50 {r['ttft_p50_ms']} ms  TPOT p50 {r['tpot_p50_ms']} ms  ITL p99 {r['itl_p99_ms']} ms")
 for name, row in summary["routing"].items():
     b, p = row["bench"], row["prefix_cache"]
     print(f"{name:7s} hit rate {p and p['hit_rate']}  TTFT p50/p99 {b and b['ttft_p50_ms']}/{b and b['ttft_p99_ms']} "
@@ -165,26 +185,35 @@ step() {
   return $rc
 }
 
-stack() {  # name autoscaling(yes|no) -> a stack file
-  local scaling="num_replicas: 2"
+stack() {  # name kind(yes: autoscaling | no | old | ing1 | one) -> a stack file. old: the streaming settings before
+  # the items budget and the second ingress; ing1: one ingress; one: one engine replica with the whole GPU and both
+  # replicas' KV.
+  local scaling="num_replicas: 2" fraction=0.5 engine=$ENGINE
+  local interval=${STREAM_INTERVAL_S:-} budget=${STREAM_ITEMS_PER_S:-} ingress=${INGRESS_REPLICAS:-}
   [ "$2" = yes ] && scaling="autoscaling: {min_replicas: 1, max_replicas: 2, target_pending_per_replica: 8,
                   upscale_delay_s: 3, downscale_delay_s: 60, look_back_period_s: 5, metrics_interval_s: 1}"
+  [ "$2" = old ] && { interval=0.05 budget=0 ingress=1; }
+  [ "$2" = ing1 ] && ingress=1
+  [ "$2" = one ] && { scaling="num_replicas: 1" fraction=1.0; engine=${ENGINE/num_gpu_blocks: $BLOCKS/num_gpu_blocks: $(( 2 * BLOCKS ))}; }
   cat > $R/stack_$1.yaml <<EOF
 name: gpu
 image: railyard:local
+${ingress:+ingress: {num_replicas: $ingress\}}
 models:
   - name: qwen3
     model: $MODEL
-    gpu_fraction: 0.5
+    gpu_fraction: $fraction
     $scaling
-    engine: $ENGINE
-    ${STREAM_INTERVAL_S:+stream_interval_s: $STREAM_INTERVAL_S}
+    engine: $engine
+    ${interval:+stream_interval_s: $interval}
+    ${budget:+stream_items_per_s: $budget}
 EOF
   echo $R/stack_$1.yaml
 }
 
-up() {  # name router stack: `railyard cluster up` in the background; returns once it serves (or died)
-  python3 -m railyard.cli cluster up -c "$3" --router "$2" --port $PORT $CPU_FLAG > $R/cluster_$1.log 2>&1 &
+up() {  # name router stack: `railyard cluster up` in the background (its Ray processes under $UP_ENV, the
+  # environment of this stack's Ray: empty, or Ray Serve's throughput mode); returns once it serves (or died)
+  env $UP_ENV python3 -m railyard.cli cluster up -c "$3" --router "$2" --port $PORT $CPU_FLAG > $R/cluster_$1.log 2>&1 &
   SERVER=$!
   for _ in $(seq 1 $(( WAIT_S * 2 ))); do
     grep -q "Ctrl-C to stop" $R/cluster_$1.log && break
@@ -251,7 +280,22 @@ if phase direct && step "direct up" $T_UP direct; then
 fi
 stop
 
-# 3. Ray's power-of-two router and round robin on the same trace.
+# 3. The streaming settings before (one ingress, the fixed 50 ms interval), then 4. the defaults under Ray Serve's
+# throughput mode (gRPC data plane; the proxy kept): the same 64 / 256 streams. (ing1): the defaults with one
+# ingress. (one): one whole-GPU replica.
+for variant in "old old" "opt no" "ing1 ing1" "one one"; do
+  set -- $variant
+  UP_ENV=; [ $1 = opt ] && UP_ENV="RAY_SERVE_THROUGHPUT_OPTIMIZED=1 RAY_SERVE_ENABLE_DIRECT_INGRESS=0"
+  if phase $1 && step "ray up ($1)" $T_UP up $1 pending_prefix "$(stack $1 $2)"; then
+    step "warm-up" 60 warm $URL
+    step "ray $1 c$C_LOW" $T_BENCH bench ray_$1_clow $URL $TPUT --num-prompts $N_LOW --max-concurrency $C_LOW
+    step "ray $1 c$C_HIGH" $T_BENCH bench ray_$1_chigh $URL $TPUT --num-prompts $N_HIGH --max-concurrency $C_HIGH
+  fi
+  stop
+done
+UP_ENV=
+
+# 5. Ray's power-of-two router and round robin on the same trace.
 for pair in "p2 power_of_two" "rr round_robin"; do
   set -- $pair
   if phase $1 && step "ray up ($2)" $T_UP up $1 $2 $FIXED; then
@@ -261,7 +305,7 @@ for pair in "p2 power_of_two" "rr round_robin"; do
   stop
 done
 
-# 4. A burst on the autoscaled stack: 1 replica steady, a second half-GPU replica when the burst's pending work asks.
+# 6. A burst on the autoscaled stack: 1 replica steady, a second half-GPU replica when the burst's pending work asks.
 if phase burst && step "ray up (autoscaling 1..2)" $T_UP up burst pending_prefix "$(stack burst yes)"; then
   step "warm-up" 60 warm $URL
   export RAY_GCS

@@ -101,6 +101,17 @@ def test_rayservice_serve_config_is_the_same_config_layer_2_runs():
     assert yaml.safe_load(service["spec"]["serveConfigV2"]) == to_serve_config(stack)
 
 
+def _comment_above(lines: list[str], option: str) -> str:
+    """The comment block right above the first line that sets `option`, as one line of text."""
+    (first, *_) = [i for i, line in enumerate(lines) if line.strip().startswith(f"{option}:")]
+    comment: list[str] = []
+    for line in reversed(lines[:first]):
+        if not line.strip().startswith("#"):
+            break
+        comment.insert(0, line.strip().lstrip("# "))
+    return " ".join(comment)
+
+
 def test_the_settings_that_decide_a_burst_are_in_the_serve_config_each_under_its_reason():
     stack = make_stack(STACKS["two-models"])  # llama3-8b autoscales
     (service, *_) = render(stack, "rayservice")
@@ -108,15 +119,19 @@ def test_the_settings_that_decide_a_burst_are_in_the_serve_config_each_under_its
     lines = lines[next(i for i, line in enumerate(lines) if line.strip() == "deployments:"):]  # Ray's options
     for option, reason in (("upscale_delay_s", "burst gets its replica"), ("health_check_period_s", "dead engine"),
                            ("graceful_shutdown_timeout_s", "in-flight generations")):
-        (first, *_) = [i for i, line in enumerate(lines) if line.strip().startswith(f"{option}:")]
-        comment = []
-        for line in reversed(lines[:first]):  # the comment block right above the option
-            if not line.strip().startswith("#"):
-                break
-            comment.insert(0, line.strip().lstrip("# "))
-        assert reason in " ".join(comment), (option, comment)
+        assert reason in _comment_above(lines, option), option
     deployment = to_serve_config(stack)["applications"][0]["deployments"][0]
     assert (deployment["health_check_period_s"], deployment["graceful_shutdown_timeout_s"]) == (5.0, 300.0)
+
+
+def test_the_streaming_settings_are_in_the_serve_config_each_under_its_reason():
+    stack = make_stack(ONE_GPU, models=[{**ONE_GPU["models"][0], "stream_items_per_s": 250}])
+    (service, *_) = render(stack, "rayservice")
+    lines = service["spec"]["serveConfigV2"].splitlines()
+    for option, reason in (("ingress", "HTTP proxy spreads requests over"), ("stream_items_per_s", "live streams")):
+        assert reason in _comment_above(lines, option), option
+    args = to_serve_config(stack)["applications"][0]["args"]
+    assert (args["ingress"], args["models"][0]["stream_items_per_s"]) == ({"num_replicas": 2}, 250)
 
 
 def test_a_worker_pod_outlives_its_replicas_graceful_shutdown():

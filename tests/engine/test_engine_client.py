@@ -177,3 +177,50 @@ def test_a_stream_interval_sends_the_first_token_at_once_merges_the_rest_and_doe
 def test_a_negative_stream_interval_is_a_config_error(tiny_model):
     with pytest.raises(ConfigError, match="stream_interval_s"):
         make_client("in-process", tiny_model, stream_interval_s=-1.0)
+    with pytest.raises(ConfigError, match="stream_items_per_s"):
+        make_client("in-process", tiny_model, stream_items_per_s=-1.0)
+
+
+def test_with_an_items_budget_the_stream_interval_grows_with_the_live_streams(tiny_model):
+    # 40 items/s for the whole client: 1 stream keeps the 50 ms floor, 4 streams get one item per 100 ms each
+    # (4 / 40), and the interval falls back to the floor once they are gone.
+    params = SamplingParams(temperature=0.0, max_tokens=100, ignore_eos=True, output_kind="delta")
+
+    async def main():
+        client = make_client("in-process", tiny_model, stream_interval_s=0.05, stream_items_per_s=40.0)
+        await client.start()
+        seen = [client.stream_interval()]
+        for i in range(4):
+            await client.add_request(f"r{i}", None, params, prompt_token_ids=[5, 6, 7])
+            seen.append(client.stream_interval())
+        for i in range(4):
+            client.abort(f"r{i}")
+        seen.append(client.stream_interval())
+        await client.shutdown()
+        return seen
+
+    assert run(main()) == pytest.approx([0.05, 0.05, 0.05, 0.075, 0.1, 0.05])
+
+
+def test_an_items_budget_alone_paces_streams_first_and_final_output_at_once(tiny_model):
+    # No floor, a budget so small that the interval outlasts the generation: every stream yields its first
+    # output and its final one, nothing between, and the tokens are those of offline generation.
+    params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True, output_kind="delta")
+
+    async def main():
+        client = make_client("in-process", tiny_model, stream_items_per_s=0.01)
+        await client.start()
+
+        async def read(request_id: str):
+            stream = await client.add_request(request_id, "hello", params)
+            return [out async for out in stream]
+
+        outs = await asyncio.gather(*(read(f"r{i}") for i in range(3)))
+        await client.shutdown()
+        return outs
+
+    offline = LLM(tiny_model, **ENGINE).generate(["hello"], SamplingParams(
+        temperature=0.0, max_tokens=24, ignore_eos=True), use_tqdm=False)[0].outputs[0]
+    for outs in run(main()):
+        assert len(outs) == 2 and not outs[0].finished and outs[1].finished
+        assert outs[0].outputs[0].token_ids + outs[1].outputs[0].token_ids == offline.token_ids

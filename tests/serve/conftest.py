@@ -75,6 +75,9 @@ def engine_args(model_dir: str, name: str = "tiny", *, router: str = "pending_pr
                         "engine": {"device": "cpu", "max_model_len": 1024, **(engine or {})},
                         "pools": [pool_args]}],
             "router": {"name": router, "stats_period_s": 0.5},
+            # One ingress (the serve layer's default is two): the specs read the front's /metrics, which is per
+            # ingress process, and a second one only costs CPU here.
+            "ingress": {"num_replicas": 1},
             "replica": {"health_check_period_s": 1.0, "health_check_timeout_s": 10.0,
                         "graceful_shutdown_timeout_s": 60.0, "graceful_shutdown_wait_loop_s": 0.2}}
 

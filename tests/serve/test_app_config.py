@@ -9,10 +9,11 @@ pytest.importorskip("ray")
 from ray.serve.schema import ServeDeploySchema
 
 from railyard.errors import ConfigError
-from railyard.serve.app import autoscaling_config, replica_resources
+from railyard.serve.app import autoscaling_config, build_app, replica_resources
 from railyard.serve.autoscaling import POLICIES, POLICY_IMPORT_PATH
 from railyard.serve.launch import for_cpu, with_autoscaling_policy, with_pending_policy, with_router
-from railyard.serve.spec import DEFAULT_STREAM_INTERVAL_S, parse_app_args
+from railyard.serve.spec import (
+    DEFAULT_INGRESS_REPLICAS, DEFAULT_STREAM_INTERVAL_S, DEFAULT_STREAM_ITEMS_PER_S, parse_app_args)
 from railyard.stack import parse_stack, to_serve_config
 
 
@@ -47,6 +48,29 @@ def test_a_models_stream_interval_reaches_its_replicas_and_defaults_to_ray_serve
     assert DEFAULT_STREAM_INTERVAL_S == 0.05
     with pytest.raises(ConfigError, match=r"models\[0\].stream_interval_s"):
         parse_app_args({"models": [{"name": "m", "model": tiny_model, "stream_interval_s": -1}]})
+
+
+def test_a_models_stream_items_budget_reaches_its_replicas_and_defaults_to_500_per_replica(tiny_model):
+    stack = _stack(tiny_model)
+    stack.models[1].stream_items_per_s = 0.0  # the fixed interval only (the setting before the budget)
+    spec = parse_app_args(to_serve_config(stack)["applications"][0]["args"])
+    assert [m.stream_items_per_s for m in spec.models] == [DEFAULT_STREAM_ITEMS_PER_S, 0.0]
+    assert DEFAULT_STREAM_ITEMS_PER_S == 500.0
+    with pytest.raises(ConfigError, match=r"models\[0\].stream_items_per_s"):
+        parse_app_args({"models": [{"name": "m", "model": tiny_model, "stream_items_per_s": -1}]})
+
+
+def test_the_stack_deploys_two_ingress_replicas_by_default_and_the_number_it_sets(tiny_model):
+    stack = _stack(tiny_model)
+    args = to_serve_config(stack)["applications"][0]["args"]
+    assert args["ingress"] == {"num_replicas": 2} and DEFAULT_INGRESS_REPLICAS == 2
+    ingress = build_app(args)._bound_deployment  # what Serve deploys in front of the engines
+    assert (ingress.name, ingress.num_replicas, ingress.ray_actor_options) == ("openai-ingress", 2, {"num_cpus": 0})
+    stack.ingress.num_replicas = 4
+    assert build_app(to_serve_config(stack)["applications"][0]["args"])._bound_deployment.num_replicas == 4
+    assert parse_app_args({"models": [{"name": "m", "model": tiny_model}]}).ingress_replicas == DEFAULT_INGRESS_REPLICAS
+    with pytest.raises(ConfigError, match="ingress.num_replicas"):
+        parse_app_args({"models": [{"name": "m", "model": tiny_model}], "ingress": {"num_replicas": 0}})
 
 
 def test_bad_args_are_config_errors_that_name_the_field(tiny_model):
