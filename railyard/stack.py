@@ -256,9 +256,10 @@ class Ingress(_Strict):
     """The OpenAI ingress deployment of the Ray Serve app (the FastAPI front every stream passes through)."""
 
     num_replicas: int = Field(
-        2, ge=1, description="ingress replicas (num_cpus 0 each) the HTTP proxy spreads requests over: every token of "
+        1, ge=1, description="ingress replicas (num_cpus 0 each) the HTTP proxy spreads requests over: every token of "
         "every stream crosses the ingress twice (in from an engine replica, out to the proxy) and Ray's per-item "
-        "streaming cost (ray #52746) saturates one ingress process at a few hundred streams, before the engines")
+        "streaming cost (ray #52746) can saturate one ingress process at a few hundred streams; with more than one, "
+        "the front's /metrics read through the proxy shows one ingress at a time")
 
 
 class Policies(_Strict):

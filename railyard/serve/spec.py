@@ -30,8 +30,10 @@ DEFAULT_STREAM_INTERVAL_S = 0.05
 # per replica; 128 streams get an item every 0.26 s, each carrying what the engine made meanwhile. 0: no budget.
 DEFAULT_STREAM_ITEMS_PER_S = 500.0
 # Every token of every stream crosses the ingress twice (in from a replica, out to the proxy): one ingress process
-# saturates a core well before the engines do (ray #52746), so the proxy spreads requests over two (num_cpus 0).
-DEFAULT_INGRESS_REPLICAS = 2
+# may saturate a core before the engines do (ray #52746), and more replicas spread that load. One by default until
+# the H200 shows what a second buys: the front's /metrics is per ingress process, so with several a scrape through
+# the proxy sees one ingress's counters at a time.
+DEFAULT_INGRESS_REPLICAS = 1
 ROUTER_NAMES = ("pending_prefix", "round_robin", "power_of_two")
 _ENGINE_FIELDS = set(EngineConfig.option_names())
 _AUTOSCALING_KEYS = {"min_replicas", "max_replicas", "target_pending_per_replica", "upscale_delay_s",

@@ -2,7 +2,8 @@
 # Issue 16 item 4, one device call on one H200 (< 9 minutes): railyard's serve layer on Ray Serve with a GPU engine.
 #   1. The Ray Serve stack (`railyard cluster up`): two engine replicas of the qwen3-0.6b shape (random weights)
 #      sharing the GPU (gpu_fraction 0.5, each BLOCKS KV blocks), railyard's pending_prefix router, the serve
-#      layer's streaming defaults (two ingress replicas; stream items paced to 500/s per engine replica); served
+#      layer's streaming defaults (stream items paced to 500/s per engine replica) with two ingress replicas (the
+#      stack default is one: INGRESS_REPLICAS sets it here); served
 #      tok/s through Ray Serve's proxy at 64 and 256 concurrent streams, then a shared-prefix trace.
 #   2. One `railyard serve` on the same GPU with the same total KV (2 x BLOCKS blocks): the same 64 / 256 streams
 #      (target: the proxy path >= 90% of this) and the same shared-prefix trace.
@@ -14,7 +15,8 @@
 #   5. The stack again with Ray's power_of_two router, then round_robin: the shared-prefix trace each (fleet
 #      prefix-cache hit rate from /metrics, TTFT p50/p99).
 #   6. `railyard bench burst` on the stack autoscaled 1..2 half-GPU replicas (railyard's pending policy).
-#   (ing1, not in the default phases) The defaults of 1 with one ingress replica: what the second one adds.
+#   (ing1, not in the default phases) The stack of 1 with one ingress replica (the stack default): what the second
+#      one adds.
 #   (one, not in the default phases) One engine replica with the whole GPU and 2 x BLOCKS blocks behind Ray: the Ray
 #      path's cost without two engines time-sharing the GPU.
 # Each step runs under `timeout`, and none starts once the call's budget (CALL_S) is spent, so a failure or hang
@@ -28,7 +30,7 @@
 #   env: CALL_S (default 540), BLOCKS (KV blocks per replica, default 16384 = 28 GiB), MODEL, PORT, DIRECT_PORT,
 #        PHASES (default "pp direct old opt p2 rr burst": a second call can run what the first had no time for),
 #        STREAM_INTERVAL_S, STREAM_ITEMS_PER_S, INGRESS_REPLICAS (the stack of 1's stream_interval_s,
-#        stream_items_per_s and ingress.num_replicas; unset: the serve layer's 0.05 s, 500 and 2)
+#        stream_items_per_s and ingress.num_replicas; unset: the serve layer's 0.05 s and 500, and 2 ingress replicas)
 set -o pipefail
 export PYTHONUNBUFFERED=1
 cd "$(dirname "$0")/../.."
@@ -189,7 +191,7 @@ stack() {  # name kind(yes: autoscaling | no | old | ing1 | one) -> a stack file
   # the items budget and the second ingress; ing1: one ingress; one: one engine replica with the whole GPU and both
   # replicas' KV.
   local scaling="num_replicas: 2" fraction=0.5 engine=$ENGINE
-  local interval=${STREAM_INTERVAL_S:-} budget=${STREAM_ITEMS_PER_S:-} ingress=${INGRESS_REPLICAS:-}
+  local interval=${STREAM_INTERVAL_S:-} budget=${STREAM_ITEMS_PER_S:-} ingress=${INGRESS_REPLICAS:-2}  # 2: the candidate (the stack default is 1)
   [ "$2" = yes ] && scaling="autoscaling: {min_replicas: 1, max_replicas: 2, target_pending_per_replica: 8,
                   upscale_delay_s: 3, downscale_delay_s: 60, look_back_period_s: 5, metrics_interval_s: 1}"
   [ "$2" = old ] && { interval=0.05 budget=0 ingress=1; }

@@ -131,7 +131,7 @@ def test_the_streaming_settings_are_in_the_serve_config_each_under_its_reason():
     for option, reason in (("ingress", "HTTP proxy spreads requests over"), ("stream_items_per_s", "live streams")):
         assert reason in _comment_above(lines, option), option
     args = to_serve_config(stack)["applications"][0]["args"]
-    assert (args["ingress"], args["models"][0]["stream_items_per_s"]) == ({"num_replicas": 2}, 250)
+    assert (args["ingress"], args["models"][0]["stream_items_per_s"]) == ({"num_replicas": 1}, 250)
 
 
 def test_a_worker_pod_outlives_its_replicas_graceful_shutdown():

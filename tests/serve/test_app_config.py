@@ -60,12 +60,12 @@ def test_a_models_stream_items_budget_reaches_its_replicas_and_defaults_to_500_p
         parse_app_args({"models": [{"name": "m", "model": tiny_model, "stream_items_per_s": -1}]})
 
 
-def test_the_stack_deploys_two_ingress_replicas_by_default_and_the_number_it_sets(tiny_model):
+def test_the_stack_deploys_one_ingress_replica_by_default_and_the_number_it_sets(tiny_model):
     stack = _stack(tiny_model)
     args = to_serve_config(stack)["applications"][0]["args"]
-    assert args["ingress"] == {"num_replicas": 2} and DEFAULT_INGRESS_REPLICAS == 2
+    assert args["ingress"] == {"num_replicas": 1} and DEFAULT_INGRESS_REPLICAS == 1
     ingress = build_app(args)._bound_deployment  # what Serve deploys in front of the engines
-    assert (ingress.name, ingress.num_replicas, ingress.ray_actor_options) == ("openai-ingress", 2, {"num_cpus": 0})
+    assert (ingress.name, ingress.num_replicas, ingress.ray_actor_options) == ("openai-ingress", 1, {"num_cpus": 0})
     stack.ingress.num_replicas = 4
     assert build_app(to_serve_config(stack)["applications"][0]["args"])._bound_deployment.num_replicas == 4
     assert parse_app_args({"models": [{"name": "m", "model": tiny_model}]}).ingress_replicas == DEFAULT_INGRESS_REPLICAS
