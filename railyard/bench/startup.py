@@ -44,6 +44,9 @@ class StartupRun:
     triton_jit_s: float = 0.0
     triton_kernels: int = 0
     triton_compiled: int = 0
+    weights_reader: str | None = None  # mapped or staged
+    weight_parts_s: dict[str, float] = field(default_factory=dict)  # weight_loading by part: read, to_device, ...
+    background_s: dict[str, float] = field(default_factory=dict)  # work on threads beside the phases (tokenizer)
     output_tail: list[str] = field(default_factory=list)  # the server's last lines (its start-up report among them)
 
 
@@ -59,7 +62,7 @@ def free_port() -> int:
 
 def startup_report(metrics_text: str) -> dict:
     """The `railyard:startup_*` gauges of a /metrics page, as StartupRun's fields."""
-    out: dict = {"phases_s": {}}
+    out: dict = {"phases_s": {}, "weight_parts_s": {}, "background_s": {}}
     names = {"railyard:startup_seconds": "total_s", "railyard:startup_weight_bytes": "weight_bytes",
              "railyard:startup_weights_gb_per_second": "weights_gb_per_s",
              "railyard:startup_triton_jit_seconds": "triton_jit_s", "railyard:startup_triton_kernels": "triton_kernels",
@@ -68,6 +71,11 @@ def startup_report(metrics_text: str) -> dict:
         for sample in family.samples:
             if sample.name == "railyard:startup_phase_seconds":
                 out["phases_s"][sample.labels["phase"]] = round(sample.value, 3)
+            elif sample.name == "railyard:startup_weight_loading_seconds":
+                out["weight_parts_s"][sample.labels["part"]] = round(sample.value, 3)
+                out["weights_reader"] = sample.labels["reader"] or None
+            elif sample.name == "railyard:startup_background_seconds":
+                out["background_s"][sample.labels["task"]] = round(sample.value, 3)
             elif sample.name in names:
                 out[names[sample.name]] = sample.value
     for key in ("weight_bytes", "triton_kernels", "triton_compiled"):

@@ -183,6 +183,8 @@ class CausalLM(nn.Module):
             if param is None:
                 continue  # unused checkpoint tensors (e.g. extra heads) are ignored
             loader = getattr(param, "weight_loader", None)
+            if tensor.dtype != param.dtype and tensor.device != param.device:
+                tensor = tensor.to(param.device)  # a host tensor (the mapped reader's): convert or quantize it there
             if param.dtype == FP8:
                 if tensor.dtype != FP8:  # quantized as it loads: its loader fills the scale too
                     loaded.add(target.removesuffix("weight") + "weight_scale")
