@@ -12,7 +12,7 @@ one checkpoint. Prints JSON.
 3. disk (with DROP=1, the default): the page cache dropped before a fresh mapped and a fresh staged load: the
    case for keeping the staged reader.
 
-Usage: python3 scripts/gpu/load_paths.py CHECKPOINT_DIR [REPEATS]
+Usage: python3 scripts/gpu/load_paths.py CHECKPOINT_DIR [REPEATS [OUTPUT]]   (OUTPUT: the JSON so far, after each step)
        python3 scripts/gpu/load_paths.py CHECKPOINT_DIR --one {mapped,staged} {alone,thread,background}
 """
 
@@ -70,6 +70,8 @@ def rounds(ckpt: Path, repeats: int) -> list[dict]:
             out.append({"path": reader.name, "seconds": round(seconds, 3),
                         "gb_per_s": round(reader.bytes_read / seconds / 1e9, 3), "same_weights": total == reference})
     del model
+    if dev.type == "cuda":
+        torch.cuda.empty_cache()  # the fresh processes' memory
     return out
 
 
@@ -130,19 +132,30 @@ def main() -> None:
         print(json.dumps(one(ckpt, sys.argv[3], sys.argv[4])))
         return
     repeats = int(sys.argv[2]) if len(sys.argv) > 2 else 2
+    output = Path(sys.argv[3]) if len(sys.argv) > 3 else None
     files = checkpoint_files(ckpt)
-    report = {"pre_read": read_through(files), "resident": resident_fraction(files)}
+    report = {"pre_read": read_through(files), "resident": resident_fraction(files), "fresh": []}
+
+    def save() -> None:  # what a timeout leaves is kept
+        if output is not None:
+            output.write_text(json.dumps(report, indent=1))
+
     report["runs"] = rounds(ckpt, repeats)  # (key kept: cold-start.sh's summary reads it)
+    save()
     print("rounds:", "; ".join(f"{r['path']} {r['gb_per_s']} GB/s" for r in report["runs"]), file=sys.stderr, flush=True)
-    report["fresh"] = [fresh(ckpt, reader, beside) for beside in ("alone", "thread", "background")
-                       for reader in ("mapped", "staged")]
+    for beside in ("alone", "thread", "background"):
+        for reader in ("mapped", "staged"):
+            report["fresh"].append(fresh(ckpt, reader, beside))
+            save()
     if os.environ.get("DROP", "1") == "1":
         report["disk"] = []
         for reader in ("mapped", "staged"):
             drop_from_page_cache(files)
             resident = resident_fraction(files)
             report["disk"].append({**fresh(ckpt, reader, "alone"), "resident_before": resident})
+            save()
         report["resident_after"] = resident_fraction(files)
+        save()
     print(json.dumps(report, indent=1))
 
 
