@@ -80,6 +80,14 @@ class EngineOptions(_Strict):
     # The KV pool in blocks instead of the profiled share of gpu_memory_utilization: replicas sharing a GPU
     # (gpu_fraction < 1) need it, since each engine's profile counts the other's memory as used.
     num_gpu_blocks: int | None = Field(None, ge=1)
+    # Latency knobs of the engine's scheduler (railyard serve's flags of the same names): a pool serving
+    # streams that must tick evenly caps the prompt tokens a step carries beside decodes.
+    long_prefill_token_threshold: int | None = Field(None, ge=0)
+    max_prefill_tokens_with_decodes: int | None = Field(None, ge=0)
+    # CUDA graphs (both kinds off with enforce_eager; the piecewise ones alone with piecewise_cuda_graphs):
+    # the planner sizes the KV cache with or without their memory as the engine will.
+    enforce_eager: bool | None = None
+    piecewise_cuda_graphs: bool | None = None
 
     @field_validator("quantization")
     @classmethod

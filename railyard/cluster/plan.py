@@ -221,6 +221,8 @@ def _size_model(stack: Stack, model: StackModel, nodes: list[Node], profile: Eng
                 **precision,
                 max_num_seqs=engine["max_num_seqs"],
                 max_num_batched_tokens=engine["max_num_batched_tokens"],
+                enforce_eager=engine.get("enforce_eager", False),
+                piecewise_cuda_graphs=engine.get("piecewise_cuda_graphs", True),
             )
             entry.note = f"shape from {found[1]}"
             if entry.kv.num_blocks == 0:

@@ -152,3 +152,18 @@ def test_single_gpu_replicas_reserve_the_piecewise_cuda_graphs_memory():
     # Tensor-parallel replicas run eagerly apart from their decode graphs: nothing to reserve.
     tp_on, tp_off = blocks(tensor_parallel_size=2), blocks(tensor_parallel_size=2, piecewise_cuda_graphs=False)
     assert tp_on.num_blocks == tp_off.num_blocks
+
+
+def test_the_planner_sizes_the_kv_cache_without_graph_memory_when_the_stack_turns_graphs_off():
+    from railyard.cluster.plan import size_deployments
+    from railyard.stack import parse_stack
+
+    def kv_bytes(engine: dict) -> int:
+        stack = parse_stack({"name": "s", "image": "ghcr.io/example/railyard:0.1.0", "gpu_product": "NVIDIA-H200",
+                             "models": [{"name": "qwen2-7b", "model": "/m", "shape": "qwen2-7b", "engine": engine}]})
+        (sizing,) = size_deployments(stack, [], None, None)  # GPU memory from the stack's gpu_product
+        return sizing.kv.kv_cache_bytes
+
+    default = kv_bytes({})
+    assert kv_bytes({"piecewise_cuda_graphs": False}) > default
+    assert kv_bytes({"enforce_eager": True}) > kv_bytes({"piecewise_cuda_graphs": False})

@@ -164,3 +164,14 @@ def test_ray_serve_accepts_the_serve_config(name):
         if isinstance(deployment.autoscaling_config, dict):
             config.AutoscalingConfig(**deployment.autoscaling_config)
     assert parsed.applications[0].import_path == "railyard.serve.app:build_app"
+
+
+def test_a_pools_latency_knobs_reach_its_engine_args():
+    pools = [{"name": "chat", "max_prompt_tokens": 2048,
+              "engine": {"max_prefill_tokens_with_decodes": 192, "long_prefill_token_threshold": 512}},
+             {"name": "batch"}]
+    app = to_serve_config(parse_stack(dict(ONE_GPU, models=[{"name": "m", "model": "/m", "pools": pools}])))
+    chat, batch = app["applications"][0]["args"]["models"][0]["pools"]
+    assert chat["engine"]["max_prefill_tokens_with_decodes"] == 192
+    assert chat["engine"]["long_prefill_token_threshold"] == 512
+    assert "max_prefill_tokens_with_decodes" not in batch["engine"]  # the engine's default: off
