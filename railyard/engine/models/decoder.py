@@ -191,7 +191,7 @@ class CausalLM(nn.Module):
             elif tensor.dtype == FP8:
                 raise ModelLoadError(f"{name} is float8 but this model's layers are not (config.json declares no "
                                      "FP8 quantization_config for them)")
-            else:
+            elif tensor.dtype != param.dtype:  # (a no-op .to() is still a torch call: one more GIL round trip)
                 tensor = tensor.to(param.dtype)
             if loader is None:
                 if param.shape != tensor.shape:
