@@ -12,6 +12,7 @@ import threading
 import time
 
 from railyard.engine.args import add_engine_args, engine_config_from_args
+from railyard.engine.background import short_gil_switches
 from railyard.engine.startup import process_start_time
 from railyard.errors import ConfigError
 
@@ -89,12 +90,14 @@ def start_engine_client(config, *, engine_process: bool = True, **client_args):
 
 
 def _import_front() -> None:
-    try:
-        import uvicorn  # noqa: F401
+    # Short GIL switches: with --no-engine-process the model loads on this process's main thread meanwhile.
+    with short_gil_switches():
+        try:
+            import uvicorn  # noqa: F401
 
-        import railyard.api.app  # noqa: F401
-    except Exception:  # imported again where used, which raises it there
-        pass
+            import railyard.api.app  # noqa: F401
+        except Exception:  # imported again where used, which raises it there
+            pass
 
 
 def run_serve(args: argparse.Namespace) -> int:

@@ -82,6 +82,18 @@ class _StartupCollector:
         for phase, seconds in st.ordered():
             family.add_metric([*labels, phase], seconds)
         yield family
+        family = GaugeMetricFamily("railyard:startup_weight_loading_seconds",
+                                   "Seconds of the weight_loading phase by part (read, to_device, copy, other).",
+                                   labels=(*_LABELS, "part", "reader"))
+        for part, seconds in st.weight_parts.items():
+            family.add_metric([*labels, part, st.weights_reader or ""], seconds)
+        yield family
+        family = GaugeMetricFamily("railyard:startup_background_seconds",
+                                   "Seconds of start-up work run on threads beside the phases (the engine's tokenizer).",
+                                   labels=(*_LABELS, "task"))
+        for task, seconds in st.background.items():
+            family.add_metric([*labels, task], seconds)
+        yield family
         for name, doc, value in (
             ("railyard:startup_seconds", "Start-up time: the sum of the phases.", st.total_s),
             ("railyard:startup_weight_bytes", "Bytes of weights read from the checkpoint at start-up.",

@@ -89,7 +89,8 @@ class EngineCore:
             tokenizer_path = config.tokenizer
         # The core needs the tokenizer for its EOS id and for grammars (structured outputs); the front
         # detokenises with its own copy.
-        # Loaded on a thread while the model loads (importing transformers takes seconds).
+        # Loaded on a thread while the model loads (importing transformers takes seconds), with short GIL switches
+        # so that it does not hold up the loader's every return from torch (background.py).
         tokenizer = Background(load_tokenizer, tokenizer_path, name="railyard-tokenizer") if tokenizer_path else None
         self.tokenizer_path = tokenizer_path
         self.model_dir = model_dir
@@ -105,6 +106,8 @@ class EngineCore:
         self.executor = executor
         with self.startup.phase("tokenizer_wait"):  # what of the tokenizer's load the model's did not hide
             self.tokenizer = tokenizer.result() if tokenizer is not None else None
+        if tokenizer is not None:
+            self.startup.background["tokenizer"] = tokenizer.seconds
         bm = BlockManager(self.executor.num_gpu_blocks, self.executor.num_cpu_blocks, config.block_size,
                           config.enable_prefix_caching)
         if bm.gpu.num_blocks * config.block_size < config.max_model_len:

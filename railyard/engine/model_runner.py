@@ -120,11 +120,13 @@ class ModelRunner:
             _synchronize(self.device)
         with timed("weight_loading"):
             if model_dir is None:  # a named shape with random weights (benchmarks): nothing to read from disk
-                self.model = random_weights(model, config.seed)
+                self.model, load = random_weights(model, config.seed), None
             else:
-                self.startup.weight_bytes = fill_from_checkpoint(model, model_dir)
+                load = fill_from_checkpoint(model, model_dir)
                 self.model = model
             _synchronize(self.device)
+        if load is not None:
+            self.startup.record_weights(load, self.startup.phases["weight_loading"])
         if self.quantization == "fp8":
             log.info("FP8 weights (per-channel scales, per-token activations); GEMMs: %s",
                      gemm_path(self.device, self.dtype))

@@ -7,7 +7,9 @@ log and as `railyard:startup_phase_seconds{phase=...}`; `railyard bench startup`
 
 Phases are exclusive and in start-up order, so they add up to at most the wall time. Triton's JIT runs
 inside some of them (the profile step and graph capture launch every kernel first): its seconds are
-reported beside the phases (`triton_jit_s`), as a part of them, not added to them.
+reported beside the phases (`triton_jit_s`), as a part of them, not added to them. So is weight loading's own
+split (`weight_parts`: reading the files, copying to the device, converting and copying into the parameters)
+and the work the engine ran on threads beside the phases (`background`: its tokenizer's load).
 """
 
 from __future__ import annotations
@@ -18,10 +20,26 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
+# Where weight loading's seconds went: file -> host memory, the reader's copies to the device (staged), converting
+# and copying into the parameters, and the rest (the reader's set-up, waiting for the device at the end). The
+# mapped reader's tensors are views of the mapped file, so its reading (page faults on the page cache) happens in
+# the copy into the parameters and shows there: its read part is only safetensors' bookkeeping.
+WEIGHT_PARTS = ("read", "to_device", "copy", "other")
 # The order phases happen in (a phase that did not happen is absent).
 PHASE_ORDER = ("front_imports", "engine_spawn", "imports", "model_construction", "weight_loading", "kv_profile",
                "kv_allocation", "cuda_graphs", "executor", "tokenizer_wait", "engine_other", "front_tokenizer",
                "front_imports_wait", "server_start")
+
+
+@dataclass(frozen=True)
+class WeightLoad:
+    """What filling a model from its checkpoint did: bytes read, by which reader, and its seconds by part."""
+
+    bytes: int
+    reader: str
+    read_s: float
+    to_device_s: float
+    copy_s: float
 
 
 @dataclass
@@ -34,6 +52,9 @@ class StartupTimes:
     triton_kernels: int = 0  # kernel specialisations JIT'd during start-up (compiled, or loaded from the cache)
     triton_compiled: int = 0  # of those, compiled anew: entries added to the Triton cache (its misses)
     triton_cache_dir: str | None = None
+    weights_reader: str | None = None  # mapped or staged (safetensors_reader)
+    weight_parts: dict[str, float] = field(default_factory=dict)  # within weight_loading, WEIGHT_PARTS
+    background: dict[str, float] = field(default_factory=dict)  # seconds of work run on threads beside the phases
 
     def add(self, phase: str, seconds: float) -> None:
         self.phases[phase] = self.phases.get(phase, 0.0) + max(0.0, seconds)
@@ -60,6 +81,11 @@ class StartupTimes:
         self.triton_kernels += other.triton_kernels
         self.triton_compiled += other.triton_compiled
         self.triton_cache_dir = self.triton_cache_dir or other.triton_cache_dir
+        self.weights_reader = self.weights_reader or other.weights_reader
+        for name, seconds in other.weight_parts.items():
+            self.weight_parts[name] = self.weight_parts.get(name, 0.0) + seconds
+        for name, seconds in other.background.items():
+            self.background[name] = self.background.get(name, 0.0) + seconds
 
     @property
     def total_s(self) -> float:
@@ -69,6 +95,13 @@ class StartupTimes:
     def weights_gb_per_s(self) -> float | None:
         seconds = self.phases.get("weight_loading", 0.0)
         return self.weight_bytes / seconds / 1e9 if self.weight_bytes and seconds > 0 else None
+
+    def record_weights(self, load: WeightLoad, phase_s: float) -> None:
+        """What fill_from_checkpoint measured, within a weight_loading phase of phase_s seconds."""
+        self.weight_bytes = load.bytes
+        self.weights_reader = load.reader
+        self.weight_parts = {"read": load.read_s, "to_device": load.to_device_s, "copy": load.copy_s,
+                             "other": max(0.0, phase_s - load.read_s - load.to_device_s - load.copy_s)}
 
     def ordered(self) -> list[tuple[str, float]]:
         known = [(p, self.phases[p]) for p in PHASE_ORDER if p in self.phases]
@@ -81,6 +114,11 @@ class StartupTimes:
         rate = self.weights_gb_per_s
         if rate is not None:
             line += f"; weights {self.weight_bytes / 1e9:.2f} GB at {rate:.2f} GB/s"
+            if self.weight_parts:
+                line += f" ({self.weights_reader}: " + " + ".join(
+                    f"{p} {self.weight_parts[p]:.2f}" for p in WEIGHT_PARTS if p in self.weight_parts) + ")"
+        if self.background:
+            line += "; beside them " + ", ".join(f"{name} {s:.2f} s" for name, s in sorted(self.background.items()))
         if self.triton_kernels or self.triton_cache_dir:
             line += (f"; Triton JIT {self.triton_jit_s:.2f} s (within the phases) for {self.triton_kernels} kernels, "
                      f"{self.triton_compiled} compiled anew, cache {self.triton_cache_dir}")
@@ -91,7 +129,10 @@ class StartupTimes:
         return {"total_s": round(self.total_s, 3), "phases_s": {p: round(s, 3) for p, s in self.ordered()},
                 "weight_bytes": self.weight_bytes, "weights_gb_per_s": None if rate is None else round(rate, 3),
                 "triton_jit_s": round(self.triton_jit_s, 3), "triton_kernels": self.triton_kernels,
-                "triton_compiled": self.triton_compiled, "triton_cache_dir": self.triton_cache_dir}
+                "triton_compiled": self.triton_compiled, "triton_cache_dir": self.triton_cache_dir,
+                "weights_reader": self.weights_reader,
+                "weight_parts_s": {p: round(s, 3) for p, s in self.weight_parts.items()},
+                "background_s": {n: round(s, 3) for n, s in self.background.items()}}
 
 
 def process_start_time() -> float:

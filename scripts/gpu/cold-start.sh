@@ -3,14 +3,19 @@
 # random-weight safetensors checkpoint of the qwen2-7b shape to local disk, reads it once into the page cache
 # (deliberately: the runs load from the page cache), then starts `railyard serve` on it RUNS times, the first with
 # an empty railyard cache (Triton compiles every kernel), the rest warm, each to its first /health 200, with the
-# server's start-up phases from /metrics. Then issue 7's decode benchmark, unchanged, in the same call.
-# Between them, weight loading both ways the reader can go (scripts/gpu/load_paths.py).
-# Writes $OUT/startup.json, $OUT/load_paths.json, $OUT/throughput.json and $OUT/log.txt (its summary at the end,
-# also on stdout).
+# server's start-up phases from /metrics (weight loading split into read / to_device / copy / other, and the
+# engine's tokenizer thread beside it). One more start with the staged reader ($RAILYARD_WEIGHTS_READER=staged,
+# its own empty cache, so cold). Then weight loading both ways the reader can go, alone, beside the tokenizer
+# load (plain thread: the engine before this change; Background: short GIL switches) and from disk
+# (scripts/gpu/load_paths.py; it drops the checkpoint from the page cache last). Then issue 7's decode
+# benchmark, unchanged, in the same call.
+# Writes $OUT/startup.json, $OUT/startup_staged.json, $OUT/load_paths.json, $OUT/throughput.json and
+# $OUT/log.txt (its summary at the end, also on stdout).
 #   carry: .whl (fastapi, starlette, uvicorn, pydantic(-core), httptools, pyzmq, msgspec, ...)
-#   env: CALL_S (seconds this call may use, default 420), RUNS (default 3), SERVE_ARGS (more serve flags),
+#   env: CALL_S (seconds this call may use, default 450), RUNS (default 3), SERVE_ARGS (more serve flags),
 #        CKPT (checkpoint dir, default /tmp/qwen2-7b: written, and removed at the end; an existing one is kept),
-#        SHAPE (default qwen2-7b), WORK (the decode check's workload: issue 7's by default), SKIP_WHEELS
+#        SHAPE (default qwen2-7b), WORK (the decode check's workload: issue 7's by default), SKIP_WHEELS,
+#        STAGED_RUN (default 1: the staged reader's start), DROP (default 1: load_paths' loads from disk)
 set -o pipefail
 export PYTHONUNBUFFERED=1
 cd "$(dirname "$0")/../.."
@@ -18,7 +23,7 @@ OUT=${OUT:-/tmp/out}; mkdir -p $OUT; LOG=$OUT/log.txt
 [ -n "$SKIP_WHEELS" ] || python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
   --target /tmp/site .whl/*.whl 2>&1 | tail -3 || { echo "wheel install failed" | tee -a $LOG; exit 1; }
 export PYTHONPATH=/tmp/site:$PWD PATH=/tmp/site/bin:$PATH
-CALL_S=${CALL_S:-420}; RUNS=${RUNS:-3}; CKPT=${CKPT:-/tmp/qwen2-7b}; SERVE_ARGS=${SERVE_ARGS:-"--log-level info"}
+CALL_S=${CALL_S:-450}; RUNS=${RUNS:-3}; CKPT=${CKPT:-/tmp/qwen2-7b}; SERVE_ARGS=${SERVE_ARGS:-"--log-level info"}
 SHAPE=${SHAPE:-qwen2-7b}; WORK=${WORK:-"--num-prompts 256 --input-len 100-1024 --output-len 256 --max-num-batched-tokens 16384"}
 [ -f $CKPT/config.json ] && KEEP_CKPT=1
 left() { echo $((CALL_S - SECONDS)); }
@@ -31,18 +36,38 @@ try:
     d = json.loads((out / "startup.json").read_text())
     w = d.get("checkpoint_written") or {}
     print(f"checkpoint {d['checkpoint_bytes'] / 1e9:.2f} GB, written in {w.get('seconds', 0):.1f} s "
-          f"({w.get('gb_per_s')} GB/s); pre-read into the page cache {d.get('pre_read')}")
-    for i, r in enumerate(d["runs"]):
-        print(f"run {i} {r['cache']}: wall {r['wall_s']:.2f} s, server {r['total_s']:.2f} s, weights "
-              f"{r['weights_gb_per_s']} GB/s, Triton JIT {r['triton_jit_s']:.2f} s for {r['triton_kernels']} kernels "
-              f"({r['triton_compiled']} compiled), page cache {r['page_cache_resident']}")
-        print("   ", ", ".join(f"{p} {s:.2f}" for p, s in r["phases_s"].items()))
+          f"({w.get('gb_per_s')} GB/s); written back (sync) {d.get('sync_s')} s; pre-read into the page cache "
+          f"{d.get('pre_read')}")
 except Exception as exc:
     print("startup.json unreadable:", exc)
+for name in ("startup.json", "startup_staged.json"):
+    try:
+        d = json.loads((out / name).read_text())
+    except Exception as exc:
+        print(name, "unreadable:", exc)
+        continue
+    for i, r in enumerate(d["runs"]):
+        print(f"{name} run {i} {r['cache']}: wall {r['wall_s']:.2f} s, server {r['total_s']:.2f} s, weights "
+              f"{r['weights_gb_per_s']} GB/s ({r.get('weights_reader')}: "
+              + ", ".join(f"{p} {s:.2f}" for p, s in (r.get("weight_parts_s") or {}).items())
+              + f"; beside it {r.get('background_s')}), Triton JIT {r['triton_jit_s']:.2f} s for "
+              f"{r['triton_kernels']} kernels ({r['triton_compiled']} compiled), page cache {r['page_cache_resident']}")
+        print("   ", ", ".join(f"{p} {s:.2f}" for p, s in r["phases_s"].items()))
 try:
     lp = json.loads((out / "load_paths.json").read_text())
-    print("weight loading (page cache {}):".format(lp["resident"]),
+    print("weight loading, one process (page cache {}):".format(lp["resident"]),
           "; ".join(f"{r['path']} {r['gb_per_s']} GB/s ({r['seconds']} s, same weights {r['same_weights']})" for r in lp["runs"]))
+    sums = {r.get("checksum") for r in lp.get("fresh", []) + lp.get("disk", []) if "checksum" in r}
+    for part in ("fresh", "disk"):
+        for r in lp.get(part, []):
+            if "error" in r:
+                print(f"  {part} {r['reader']} {r['beside']}: failed: {r['error'][-300:]}")
+                continue
+            print(f"  {part} {r['reader']:6s} beside {r['beside']:10s}: {r['gb_per_s']} GB/s ({r['seconds']} s = read "
+                  f"{r['read_s']} + to_device {r['to_device_s']} + copy {r['copy_s']}; tokenizer {r['tokenizer_s']} s, "
+                  f"{r['tokenizer_left_after_s']} s of it after the load; switch {r['switch_interval_s']})"
+                  + (f" page cache before {r['resident_before']}" if "resident_before" in r else ""))
+    print("  fresh/disk loads gave the same weights:", len(sums) == 1)
 except Exception as exc:
     print("load_paths.json unreadable:", exc)
 try:
@@ -68,8 +93,18 @@ timeout $(( $(left) - 100 )) python3 -m railyard.cli bench startup --model $SHAP
   > /dev/null 2> >(tee -a $LOG >&2)
 echo "bench startup rc=$?" | tee -a $LOG
 
-say "weight loading, staged against mapped (the loader before issue 16), page cache warm"
-timeout 120 python3 scripts/gpu/load_paths.py $CKPT 2 > $OUT/load_paths.json 2> >(tail -5 | tee -a $LOG >&2)
+if [ "${STAGED_RUN:-1}" = 1 ] && [ $(left) -gt 230 ]; then
+  say "bench startup: one start with the staged reader (its own empty cache: cold)"
+  RAILYARD_WEIGHTS_READER=staged timeout 90 python3 -m railyard.cli bench startup --checkpoint-dir $CKPT --runs 1 \
+    --page-cache as-is --serve-args "$SERVE_ARGS" --timeout 80 --output $OUT/startup_staged.json \
+    > /dev/null 2> >(tee -a $LOG >&2)
+  echo "bench startup (staged) rc=$?" | tee -a $LOG
+fi
+
+say "weight loading: each reader in one process, in fresh ones alone and beside the tokenizer load, from disk"
+[ $(left) -gt 200 ] || export DROP=0
+timeout $(( $(left) > 100 ? $(left) - 70 : 30 )) python3 scripts/gpu/load_paths.py $CKPT 2 $OUT/load_paths.json \
+  > /dev/null 2> >(tail -20 | tee -a $LOG >&2)
 echo "load_paths rc=$?" | tee -a $LOG
 
 say "decode check: issue 7's 7B benchmark"

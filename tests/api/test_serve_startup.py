@@ -1,6 +1,7 @@
 """`railyard serve` reports where its start-up went: once on stdout, and as railyard:startup_phase_seconds on
 /metrics; the phases are the ones a start goes through, none negative, and they add up to no more than the
-wall time this test measures from starting the process to its first /health 200."""
+wall time this test measures from starting the process to its first /health 200. Weight loading's parts
+(railyard:startup_weight_loading_seconds) add up to its phase, and the engine's tokenizer thread is counted."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import os
 import sys
 
 import httpx
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from railyard.bench.startup import ServerProcess
@@ -16,19 +18,40 @@ PHASES = {"front_imports", "engine_spawn", "imports", "model_construction", "wei
           "kv_allocation", "cuda_graphs", "front_tokenizer", "server_start"}
 
 
-def test_start_up_phases_add_up_to_at_most_the_wall_time_to_health(tiny_model, tmp_path):
+@pytest.fixture(scope="module")
+def started(tiny_model, tmp_path_factory):
+    """(wall seconds to the first /health 200, the /metrics samples, the server's output lines)"""
     server = ServerProcess(  # the clock starts as the process is started
         [sys.executable, "-m", "railyard.cli", "serve", "--model", tiny_model, "--max-model-len", "128",
-         "--num-gpu-blocks", "64"], env={**os.environ, "RAILYARD_API_KEY": "", "RAILYARD_CACHE": str(tmp_path)})
+         "--num-gpu-blocks", "64"],
+        env={**os.environ, "RAILYARD_API_KEY": "", "RAILYARD_CACHE": str(tmp_path_factory.mktemp("cache"))})
     try:
         with httpx.Client(timeout=5.0) as client:
             wall = server.wait_healthy(client, timeout_s=180)
             metrics = client.get(f"{server.url}/metrics").text
     finally:
         server.stop()
-    phases = {s.labels["phase"]: s.value for f in text_string_to_metric_families(metrics)
-              for s in f.samples if s.name == "railyard:startup_phase_seconds"}
+    samples = [s for f in text_string_to_metric_families(metrics) for s in f.samples]
+    return wall, samples, server.lines
+
+
+def test_start_up_phases_add_up_to_at_most_the_wall_time_to_health(started):
+    wall, samples, lines = started
+    phases = {s.labels["phase"]: s.value for s in samples if s.name == "railyard:startup_phase_seconds"}
     assert PHASES <= set(phases), phases
     assert all(seconds >= 0.0 for seconds in phases.values()), phases
     assert sum(phases.values()) <= wall, (phases, wall)
-    assert any(line.startswith("railyard serve: start-up: total ") for line in server.lines), server.lines
+    assert any(line.startswith("railyard serve: start-up: total ") for line in lines), lines
+
+
+def test_weight_loading_parts_add_up_to_its_phase_and_the_tokenizer_thread_is_counted(started):
+    _, samples, _ = started
+    phase = next(s.value for s in samples
+                 if s.name == "railyard:startup_phase_seconds" and s.labels["phase"] == "weight_loading")
+    parts = {s.labels["part"]: s for s in samples if s.name == "railyard:startup_weight_loading_seconds"}
+    assert set(parts) == {"read", "to_device", "copy", "other"}
+    assert {s.labels["reader"] for s in parts.values()} == {"mapped"}
+    assert sum(s.value for s in parts.values()) == pytest.approx(phase, abs=1e-6)
+    tokenizer = [s.value for s in samples
+                 if s.name == "railyard:startup_background_seconds" and s.labels["task"] == "tokenizer"]
+    assert tokenizer and tokenizer[0] > 0.0

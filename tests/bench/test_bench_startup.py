@@ -8,6 +8,7 @@ import json
 import os
 from pathlib import Path
 
+import pytest
 import torch
 from safetensors.torch import load_file
 
@@ -25,6 +26,7 @@ def test_runs_are_cold_then_warm_and_each_reports_its_phases_within_its_wall_tim
     tensors = load_file(str(Path(tiny_model) / "model.safetensors"))
     assert [r["cache"] for r in report["runs"]] == ["cold", "warm"]
     assert report["pre_read"]["bytes"] == report["checkpoint_bytes"] > 0
+    assert report["sync_s"] >= 0  # dirty pages (a checkpoint just written) written back before the first start
     for run in report["runs"]:
         # The server dates its start from /proc (clock ticks, 10 ms on Linux), so its total may read up to one
         # tick (+ rounding) longer than the bench's own clock from the spawn.
@@ -32,6 +34,9 @@ def test_runs_are_cold_then_warm_and_each_reports_its_phases_within_its_wall_tim
         assert {"weight_loading", "kv_profile", "cuda_graphs", "server_start"} <= set(run["phases_s"])
         assert run["weight_bytes"] == sum(t.numel() * t.element_size() for t in tensors.values())
         assert run["page_cache_resident"] == 1.0  # read through before the first run
+        assert run["weights_reader"] == "mapped" and set(run["weight_parts_s"]) == {"read", "to_device", "copy", "other"}
+        assert sum(run["weight_parts_s"].values()) == pytest.approx(run["phases_s"]["weight_loading"], abs=0.005)
+        assert run["background_s"]["tokenizer"] > 0
 
 
 def test_written_random_checkpoint_loads_in_hf_transformers(tmp_path):

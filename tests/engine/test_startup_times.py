@@ -1,5 +1,6 @@
 """An engine times its start-up by phase: every phase it went through is there, none is negative, the weights'
-bytes are the checkpoint's, and the report crosses the EngineClient interface in ModelInfo."""
+bytes are the checkpoint's, weight loading is split into its parts, the tokenizer's load beside the phases is
+counted, and the report crosses the EngineClient interface in ModelInfo."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from safetensors.torch import load_file
 from railyard.engine.config import EngineConfig
 from railyard.engine.core import EngineCore
 from railyard.engine.model_info import ModelInfo
-from railyard.engine.startup import StartupTimes
+from railyard.engine.startup import WEIGHT_PARTS, StartupTimes
 
 CORE_PHASES = {"model_construction", "weight_loading", "kv_profile", "kv_allocation", "cuda_graphs", "executor",
                "tokenizer_wait", "engine_other"}
@@ -39,10 +40,24 @@ def test_weight_bytes_are_the_checkpoints_and_give_a_rate(core, tiny_model):
     assert startup.weights_gb_per_s > 0
 
 
+def test_weight_loading_splits_into_its_parts_which_add_up_to_it(core):
+    startup = core.model_info().startup
+    assert startup.weights_reader == "mapped"  # the default reader
+    assert set(startup.weight_parts) == set(WEIGHT_PARTS) and all(s >= 0.0 for s in startup.weight_parts.values())
+    assert sum(startup.weight_parts.values()) == pytest.approx(startup.phases["weight_loading"])
+    assert startup.weight_parts["read"] > 0.0
+
+
+def test_the_tokenizers_load_beside_the_phases_is_counted(core):
+    assert core.model_info().startup.background["tokenizer"] > 0.0
+
+
 def test_the_report_survives_the_engine_process_wire(core):
     info = core.model_info()
     decoded = msgspec.msgpack.decode(msgspec.msgpack.encode(info), type=ModelInfo)
     assert isinstance(decoded.startup, StartupTimes) and decoded.startup.phases == info.startup.phases
+    assert decoded.startup.weight_parts == info.startup.weight_parts
+    assert decoded.startup.background == info.startup.background
 
 
 def test_the_log_line_names_each_phase_and_the_total(core):

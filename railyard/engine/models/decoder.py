@@ -183,13 +183,15 @@ class CausalLM(nn.Module):
             if param is None:
                 continue  # unused checkpoint tensors (e.g. extra heads) are ignored
             loader = getattr(param, "weight_loader", None)
+            if tensor.dtype != param.dtype and tensor.device != param.device:
+                tensor = tensor.to(param.device)  # a host tensor (the mapped reader's): convert or quantize it there
             if param.dtype == FP8:
                 if tensor.dtype != FP8:  # quantized as it loads: its loader fills the scale too
                     loaded.add(target.removesuffix("weight") + "weight_scale")
             elif tensor.dtype == FP8:
                 raise ModelLoadError(f"{name} is float8 but this model's layers are not (config.json declares no "
                                      "FP8 quantization_config for them)")
-            else:
+            elif tensor.dtype != param.dtype:  # (a no-op .to() is still a torch call: one more GIL round trip)
                 tensor = tensor.to(param.dtype)
             if loader is None:
                 if param.shape != tensor.shape:

@@ -6,6 +6,7 @@ Which files those are is railyard.engine.models.checkpoint_dir's job (torch-free
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -16,6 +17,7 @@ from railyard.engine.models.checkpoint_dir import resolve_model_dir, weight_file
 from railyard.engine.models.decoder import CausalLM
 from railyard.engine.models.safetensors_reader import CheckpointReader
 from railyard.engine.parallel import SINGLE, ParallelState
+from railyard.engine.startup import WeightLoad
 from railyard.errors import ModelLoadError
 from railyard.model.spec import ModelSpec
 
@@ -54,17 +56,21 @@ def load_model(model_dir: Path, spec: ModelSpec, dtype: torch.dtype, device: tor
     return model
 
 
-def fill_from_checkpoint(model: CausalLM, model_dir: Path) -> int:
-    """Fill a built model's weights from the checkpoint, read straight to the model's device; returns the bytes
-    read. Raises ModelLoadError if the checkpoint lacks any of the model's weights."""
+def fill_from_checkpoint(model: CausalLM, model_dir: Path) -> WeightLoad:
+    """Fill a built model's weights from the checkpoint; returns the bytes read and where the time went. Raises
+    ModelLoadError if the checkpoint lacks any of the model's weights."""
     reader = CheckpointReader(next(model.parameters()).device)
+    start = time.perf_counter()
     loaded = model.load_weights(iter_weights(weight_files(model_dir), reader))
+    seconds = time.perf_counter() - start
     expected = {n for n, _ in model.named_parameters()}
     missing = sorted(expected - loaded)
     if missing:
         raise ModelLoadError(f"{model_dir}: checkpoint lacks weights for {', '.join(missing[:5])}"
                              + (f" and {len(missing) - 5} more" if len(missing) > 5 else ""))
-    return reader.bytes_read
+    # What the reader did not take of the load's time, the model took: converting and copying into parameters.
+    return WeightLoad(reader.bytes_read, reader.name, reader.read_s, reader.to_device_s,
+                      max(0.0, seconds - reader.read_s - reader.to_device_s))
 
 
 def random_weights(model: CausalLM, seed: int, std: float = 0.02) -> CausalLM:

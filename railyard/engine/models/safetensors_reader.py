@@ -1,17 +1,23 @@
-"""Read safetensors files straight to the model's device (a GPU), at page-cache speed.
+"""Read safetensors files for the model's device, two ways, and time what the reading takes.
 
 A safetensors file is an 8-byte little-endian header length, a JSON header (name -> dtype, shape, byte
-offsets) and the tensors' bytes. Reading each tensor with safetensors' `get_tensor` makes a CPU tensor
-(one copy out of the page cache), which then goes to the GPU from pageable memory (a second, staged
-copy) and is converted on the CPU. Here the bytes go from the file into two pinned buffers in large
-chunks, and from those to the tensor on the device while the next chunk is read: one CPU copy, the
-transfer overlapped, and dtype conversion and FP8 quantization left to the device.
+offsets) and the tensors' bytes. Two readers:
+
+- mapped (the default): safetensors' own `get_tensor` on the memory-mapped file, a CPU tensor that the loader
+  copies into its parameter (to a GPU from pageable memory). From the page cache on the H200 this loaded a 7B
+  checkpoint at 7.3-7.5 GB/s (BENCHMARKS.md, issue 16), the fastest path measured there.
+- staged ($RAILYARD_WEIGHTS_READER=staged): the bytes go from the file into two pinned buffers in large
+  chunks, and from those to the device while the next chunk is read. 4.8-5.2 GB/s from the page cache on the
+  H200; kept for files that are not in the page cache, where large sequential reads may beat the mapped
+  path's page faults (scripts/gpu/load_paths.py measures both).
 """
 
 from __future__ import annotations
 
 import json
 import math
+import os
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,12 +25,23 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
-from railyard.errors import ModelLoadError
+from railyard.errors import ConfigError, ModelLoadError
 
 _DTYPES = {"BF16": torch.bfloat16, "F16": torch.float16, "F32": torch.float32, "F64": torch.float64,
            "F8_E4M3": torch.float8_e4m3fn, "F8_E5M2": torch.float8_e5m2, "I64": torch.int64, "I32": torch.int32,
            "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8, "BOOL": torch.bool}
 CHUNK_BYTES = 64 * 2**20  # per staging buffer: large reads, yet little pinned memory
+READERS = ("mapped", "staged")
+READER_ENV = "RAILYARD_WEIGHTS_READER"
+
+
+def default_staged() -> bool:
+    """Whether the loader reads through the pinned chunks: $RAILYARD_WEIGHTS_READER (mapped, the default, or
+    staged)."""
+    name = os.environ.get(READER_ENV, "mapped").strip().lower() or "mapped"
+    if name not in READERS:
+        raise ConfigError(f"${READER_ENV} must be one of {', '.join(READERS)}, got {name!r}")
+    return name == "staged"
 
 
 @dataclass(frozen=True)
@@ -73,16 +90,19 @@ def read_header(path: Path) -> list[TensorEntry]:
 
 
 class CheckpointReader:
-    """Reads whole safetensors files to one device; counts the bytes it read.
+    """Reads whole safetensors files to one device; counts the bytes it read and where its time went.
 
-    staged (the default on a GPU): through the pinned chunks, in file order. Unstaged (the default on the CPU):
-    safetensors' own memory-mapped tensors, which the loader copies into the parameters once, straight from the
-    page cache (a staged read would add a copy there)."""
+    Mapped (the default, see default_staged): safetensors' own tensors of the memory-mapped file, on the CPU.
+    Staged: through the pinned chunks to the device (ready on the current stream), in file order.
+    read_s: file -> host memory; to_device_s: the staged copies to the device, waits for a staging buffer
+    included. What the consumer does with a tensor between two of them is not counted here."""
 
     def __init__(self, device: torch.device, chunk_bytes: int = CHUNK_BYTES, staged: bool | None = None) -> None:
         self.device = device
-        self.staged = device.type == "cuda" if staged is None else staged
+        self.staged = default_staged() if staged is None else staged
         self.bytes_read = 0
+        self.read_s = 0.0
+        self.to_device_s = 0.0
         self._staging: list[torch.Tensor] = []
         self._copied: list = []  # per staging buffer: the event of the last copy out of it (GPU only)
         if self.staged:
@@ -91,11 +111,15 @@ class CheckpointReader:
             self._copied = [torch.cuda.Event() for _ in range(2)] if pin else [None, None]
         self._next = 0
 
+    @property
+    def name(self) -> str:
+        return "staged" if self.staged else "mapped"
+
     def iter_file(self, path: Path) -> Iterator[tuple[str, torch.Tensor]]:
-        """(name, tensor on the device) for each tensor of the file; a tensor is ready on the current stream."""
-        if not self.staged:
-            yield from self._iter_mapped(path)
-            return
+        """(name, tensor) for each tensor of the file: on the device when staged, else on the CPU."""
+        yield from (self._iter_staged(path) if self.staged else self._iter_mapped(path))
+
+    def _iter_staged(self, path: Path) -> Iterator[tuple[str, torch.Tensor]]:
         entries = read_header(path)
         with open(path, "rb", buffering=0) as f:
             for e in entries:
@@ -108,7 +132,9 @@ class CheckpointReader:
         try:
             with safe_open(str(path), framework="pt") as f:
                 for name in f.keys():
+                    start = time.perf_counter()
                     tensor = f.get_tensor(name)
+                    self.read_s += time.perf_counter() - start
                     self.bytes_read += tensor.numel() * tensor.element_size()
                     yield name, tensor
         except Exception as exc:  # safetensors raises its own error types
@@ -119,13 +145,18 @@ class CheckpointReader:
         chunk = self._staging[0].numel()
         for offset in range(0, nbytes, chunk):
             i, self._next = self._next, 1 - self._next
+            start = time.perf_counter()
             if self._copied[i] is not None:
                 self._copied[i].synchronize()  # the buffer's previous copy to the device is done
             n = min(chunk, nbytes - offset)
+            read = time.perf_counter()
             _read_into(f, memoryview(self._staging[i].numpy())[:n], path)
+            copy = time.perf_counter()
             out[offset:offset + n].copy_(self._staging[i][:n], non_blocking=True)
             if self._copied[i] is not None:
                 self._copied[i].record()
+            self.read_s += copy - read
+            self.to_device_s += (read - start) + (time.perf_counter() - copy)
         return out
 
 

@@ -1,5 +1,6 @@
 """The checkpoint reader against safetensors' own loader: the same names, dtypes, shapes and bytes for every
-dtype a checkpoint holds, and a clear ModelLoadError for a broken file."""
+dtype a checkpoint holds, and a clear ModelLoadError for a broken file; which reader runs is
+$RAILYARD_WEIGHTS_READER's (mapped unless it says staged), and each reader accounts for its bytes and seconds."""
 
 from __future__ import annotations
 
@@ -9,8 +10,8 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from railyard.engine.models.safetensors_reader import CheckpointReader, read_header
-from railyard.errors import ModelLoadError
+from railyard.engine.models.safetensors_reader import READER_ENV, CheckpointReader, read_header
+from railyard.errors import ConfigError, ModelLoadError
 
 
 def _bytes(t: torch.Tensor) -> torch.Tensor:
@@ -71,8 +72,36 @@ def test_a_file_that_is_not_safetensors_is_a_model_load_error(tmp_path):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="the pinned-chunk path to a GPU needs one")
 def test_chunked_reads_to_the_gpu_give_the_same_bytes(mixed_file):
     expected = load_file(str(mixed_file))
-    reader = CheckpointReader(torch.device("cuda"), chunk_bytes=8)  # many chunks per tensor, both buffers reused
+    reader = CheckpointReader(torch.device("cuda"), chunk_bytes=8, staged=True)  # many chunks, both buffers reused
     got = {name: t.cpu() for name, t in reader.iter_file(mixed_file)}
     for name, tensor in expected.items():
         assert got[name].dtype == tensor.dtype and got[name].shape == tensor.shape, name
         assert torch.equal(_bytes(got[name]), _bytes(tensor)), name
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_the_mapped_reader_is_the_default_on_every_device(monkeypatch, device):
+    monkeypatch.delenv(READER_ENV, raising=False)
+    # mapped needs no device resources, so the default is visible without a GPU
+    assert CheckpointReader(torch.device(device)).name == "mapped"
+
+
+def test_the_environment_selects_the_staged_reader(monkeypatch):
+    monkeypatch.setenv(READER_ENV, "staged")
+    assert CheckpointReader(torch.device("cpu")).name == "staged"
+
+
+def test_an_unknown_reader_name_is_a_config_error(monkeypatch):
+    monkeypatch.setenv(READER_ENV, "fast")
+    with pytest.raises(ConfigError, match="mapped, staged"):
+        CheckpointReader(torch.device("cpu"))
+
+
+@pytest.mark.parametrize("staged", [False, True], ids=["mapped", "staged"])
+def test_a_reader_counts_the_files_bytes_and_times_its_reads(mixed_file, staged):
+    expected = load_file(str(mixed_file))
+    reader = CheckpointReader(torch.device("cpu"), chunk_bytes=8, staged=staged)
+    for _ in reader.iter_file(mixed_file):
+        pass
+    assert reader.bytes_read == sum(t.numel() * t.element_size() for t in expected.values())
+    assert reader.read_s > 0.0 and reader.to_device_s >= 0.0
