@@ -40,7 +40,8 @@ def test_start_up_phases_add_up_to_at_most_the_wall_time_to_health(started):
     phases = {s.labels["phase"]: s.value for s in samples if s.name == "railyard:startup_phase_seconds"}
     assert PHASES <= set(phases), phases
     assert all(seconds >= 0.0 for seconds in phases.values()), phases
-    assert sum(phases.values()) <= wall, (phases, wall)
+    # The server dates its start from /proc (clock ticks, 10 ms on Linux): its phases may read one tick longer.
+    assert sum(phases.values()) <= wall + 1 / os.sysconf("SC_CLK_TCK"), (phases, wall)
     assert any(line.startswith("railyard serve: start-up: total ") for line in lines), lines
 
 
