@@ -14,6 +14,7 @@ import time
 from railyard.engine.args import add_engine_args, engine_config_from_args
 from railyard.engine.background import short_gil_switches
 from railyard.engine.startup import process_start_time
+from railyard.engine.tokenizer import with_shape_tokenizer
 from railyard.errors import ConfigError
 
 # A client that reuses a pooled connection just as the server closes it as idle loses that request (a POST is
@@ -53,19 +54,6 @@ def curl_example(base_url: str, model: str, api_key: str | None) -> str:
     auth = " -H 'Authorization: Bearer $RAILYARD_API_KEY'" if api_key else ""
     body = json.dumps({"model": model, "messages": [{"role": "user", "content": "Hello!"}], "max_tokens": 16})
     return f"curl -s {base_url}/v1/chat/completions -H 'Content-Type: application/json'{auth} -d '{body}'"
-
-
-def with_shape_tokenizer(config) -> bool:
-    """A named shape (random weights) without a tokenizer gets the embedded model's byte-level one (ids < 259
-    fit every vocabulary), so it speaks text; True when `config` was such a shape."""
-    from railyard.shapes import is_shape
-
-    if not is_shape(config.model) or config.tokenizer is not None:
-        return False
-    from railyard.engine.tiny_model import ensure_tiny_model
-
-    config.tokenizer = str(ensure_tiny_model())
-    return True
 
 
 def start_engine_client(config, *, engine_process: bool = True, **client_args):

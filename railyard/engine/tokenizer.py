@@ -106,3 +106,16 @@ class IncrementalDetokenizer:
             self.text += delta
             return delta
         return ""
+
+
+def with_shape_tokenizer(config) -> bool:
+    """A named shape (random weights) without a tokenizer gets the embedded model's byte-level one (ids < 259
+    fit every vocabulary), so it speaks text; True when `config` was such a shape."""
+    from railyard.shapes import is_shape
+
+    if not is_shape(config.model) or config.tokenizer is not None:
+        return False
+    from railyard.engine.tiny_model import ensure_tiny_model
+
+    config.tokenizer = str(ensure_tiny_model())
+    return True

@@ -30,7 +30,7 @@ def make_clients(routes: list[dict[str, Any]], handles: dict[str, Any]) -> dict[
         tokenizer_dir = next((p["tokenizer"] for p in route["pools"] if p.get("tokenizer")), None)
         if is_shape(route["model"]) and not Path(route["model"]).exists():
             # A named shape with random weights (GPU benchmarks): its replicas speak the embedded model's
-            # byte-level tokenizer unless the pool names one (railyard.api.cli.with_shape_tokenizer).
+            # byte-level tokenizer unless the pool names one (railyard.engine.tokenizer.with_shape_tokenizer).
             # torch, imported only for this case
             from railyard.engine.tiny_model import ensure_tiny_model
 

@@ -18,7 +18,7 @@ from collections.abc import AsyncIterator
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from railyard.api.cli import with_shape_tokenizer
+from railyard.engine.tokenizer import with_shape_tokenizer
 from railyard.engine.client import EngineClient
 from railyard.engine.config import EngineConfig, SamplingParams
 from railyard.engine.outputs import EngineStats, RequestOutput

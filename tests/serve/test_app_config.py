@@ -137,7 +137,7 @@ def test_the_baseline_autoscaling_policy_is_rays_default_with_the_same_bounds_an
 def test_a_named_shape_is_served_with_its_vocabulary_and_the_embedded_tokenizer(tiny_model):
     # A shape (random weights, GPU benchmarks) has no checkpoint: its replicas speak the embedded model's
     # byte-level tokenizer, as `railyard serve --model qwen3-0.6b` does.
-    from railyard.api.cli import with_shape_tokenizer
+    from railyard.engine.tokenizer import with_shape_tokenizer
     from railyard.engine.config import EngineConfig
     from railyard.engine.tiny_model import ensure_tiny_model
     from railyard.serve.ingress import make_clients
