@@ -164,10 +164,16 @@ def test_chunked_prefill_splits_a_long_prompt_over_steps_within_budget():
     assert chunks == [[(16, False)], [(16, False)], [(8, True)]]
 
 
+def _roomy(**option) -> Scheduler:
+    """A scheduler with room for everything (4 seats, 64-token budget, 32 blocks of 8) and one option set."""
+    sched, _ = _make(dict(block_size=8, max_num_seqs=4, max_num_batched_tokens=64, num_gpu_blocks=32,
+                          preemption_mode="recompute", scheduling_policy="fcfs", enable_prefix_caching=False,
+                          num_cpu_blocks=0, **option))
+    return sched
+
+
 def test_long_prefill_token_threshold_caps_each_prompts_chunk_and_the_budget_takes_several():
-    sched, bm = _make(dict(block_size=8, max_num_seqs=4, max_num_batched_tokens=64, num_gpu_blocks=32,
-                           preemption_mode="recompute", scheduling_policy="fcfs", enable_prefix_caching=False,
-                           num_cpu_blocks=0, long_prefill_token_threshold=12))
+    sched = _roomy(long_prefill_token_threshold=12)
     sched.add(Sequence(0, "a", 0, [3] * 30, SamplingParams(max_tokens=1), 0.0))
     sched.add(Sequence(1, "b", 0, [4] * 20, SamplingParams(max_tokens=1), 1.0))
     first = sched.schedule()
@@ -188,9 +194,7 @@ def _decode_one_token(sched: Scheduler, out) -> None:
 
 
 def test_prefill_tokens_with_decodes_cap_the_prompt_tokens_of_steps_that_carry_decodes_only():
-    sched, _ = _make(dict(block_size=8, max_num_seqs=4, max_num_batched_tokens=64, num_gpu_blocks=32,
-                          preemption_mode="recompute", scheduling_policy="fcfs", enable_prefix_caching=False,
-                          num_cpu_blocks=0, max_prefill_tokens_with_decodes=10))
+    sched = _roomy(max_prefill_tokens_with_decodes=10)
     sched.add(Sequence(0, "a", 0, [3] * 6, SamplingParams(max_tokens=20), 0.0))
     sched.add(Sequence(1, "b", 0, [4] * 7, SamplingParams(max_tokens=20), 1.0))
     first = sched.schedule()  # nothing decodes yet: the whole budget is prompt tokens
