@@ -23,7 +23,7 @@ from railyard.engine.attention.triton_backend import TritonAttentionBackend  # n
 from railyard.engine.kernels import fp8 as fp8_kernels  # noqa: E402
 from railyard.engine.kernels import paged_attention  # noqa: E402
 from railyard.engine.kernels.paged_attention import paged_decode, store_kv  # noqa: E402
-from railyard.engine.layers.fp8 import FP8, quantize_per_token_ref  # noqa: E402
+from railyard.engine.layers.fp8 import FP8, apply_scales_ref, quantize_per_token_ref  # noqa: E402
 from tests.engine.attention.paged_batch import DEVICE, random_batch  # noqa: E402
 
 # The interpreter's float32 -> bfloat16 cast truncates; bf16 inputs are checked on the GPU only.
@@ -54,6 +54,21 @@ def test_per_token_quantization_kernel_reads_strided_rows():
     q, scale = fp8_kernels.quantize_per_token(x)
     want_q, want_scale = quantize_per_token_ref(x)
     assert torch.equal(scale, want_scale) and torch.equal(_bits(q), _bits(want_q))
+
+
+@pytest.mark.parametrize("out_dtype", DTYPES)
+@pytest.mark.parametrize("n, with_bias", [(48, True), (48, False), (1000, True), (4608, True)])
+def test_apply_scales_kernel_is_bit_identical_to_torch(out_dtype, n, with_bias):
+    """The pass after the unscaled cuBLASLt GEMM: widths under, over and at multiples of the kernel's block."""
+    g = torch.Generator().manual_seed(n)
+    acc = (torch.randn((9, n), generator=g) * 3e4).to(DEVICE)  # sums of e4m3 products: hundreds to tens of thousands
+    xs = (torch.rand((9, 1), generator=g) * 0.05 + 1e-4).to(DEVICE)
+    ws = (torch.rand(n, generator=g) * 1e-4 + 1e-6).to(DEVICE)
+    bias = torch.randn(n, generator=g).to(out_dtype).to(DEVICE) if with_bias else None
+    got = fp8_kernels.apply_scales(acc, xs, ws, bias, out_dtype)
+    want = apply_scales_ref(acc, xs, ws, bias, out_dtype)
+    assert got.dtype == out_dtype and got.shape == (9, n)
+    assert torch.equal(got, want)
 
 
 def _rounding_cases() -> torch.Tensor:
