@@ -1,0 +1,131 @@
+#!/bin/bash
+# Issue 15, the FP8 GEMM at decode sizes (the `fp8_gemm` engine option), in one device call on one H200 (~7 min):
+#   1. the FP8 layer and kernel tests on the GPU (both tensor-core GEMMs against the reference, the scales pass
+#      bit for bit against torch);
+#   2. the GEMM sweep: qwen2-7b qkv / o / gate_up / down at 16 ... 16,384 rows, bf16 against FP8 row-wise
+#      (CUTLASS), unscaled cuBLASLt + scales pass, their fast-accumulation and per-tensor relatives (gemm_sweep.json);
+#   3. `bench throughput`, issue-7 workload (256 prompts 100-1024 -> 256, budget 16,384), qwen2-7b shape: bf16, FP8
+#      with the row-wise GEMM everywhere (the code before fp8_gemm), FP8 with fp8_gemm auto (new), auto + FP8 KV;
+#   4. one decode step of 256 rows under torch.profiler, bf16 / FP8 row-wise / FP8 auto (profile.txt).
+# Each step runs under `timeout` and none starts once BUDGET_S (default 440 s) is spent. Outputs, 6 files:
+# $OUT/log.txt (summary last), tests.txt, gemm_sweep.json, benches.json, bench_logs.txt, profile.txt.
+# DRY_RUN=1: the same steps on the CPU with small shapes and the embedded tiny model (a check of this script).
+set -o pipefail
+export PYTHONUNBUFFERED=1
+cd "$(dirname "$0")/../.."
+export OUT=${OUT:-/tmp/fp8-gemm-out}
+mkdir -p "$OUT"
+BENCH_TMP=$(mktemp -d)
+BUDGET_S=${BUDGET_S:-440}
+T0=$(date +%s)
+log() { echo "$*" | tee -a "$OUT/log.txt"; }
+left() { echo $(( BUDGET_S - ($(date +%s) - T0) )); }
+step() {  # step NAME MAX_S CMD...: CMD under timeout min(MAX_S, what is left); skipped under 20 s left
+  local name=$1 max=$2; shift 2
+  local l; l=$(left)
+  if (( l < 20 )); then log "== $name SKIPPED (budget spent)"; return 0; fi
+  local t=$(( max < l ? max : l ))
+  log "== $name (timeout ${t}s) $(date +%T)"
+  local s; s=$(date +%s)
+  timeout "$t" bash -c '"$@"' _ "$@"
+  log "   $name rc=$? in $(( $(date +%s) - s ))s"
+}
+
+# The engine needs msgspec: carry .whl where the machine lacks it (the benches import the engine).
+if ls .whl/*.whl > /dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+    && export PYTHONPATH=/tmp/site:$PWD
+fi
+: > "$OUT/log.txt"
+[ -z "$DRY_RUN" ] && nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee -a "$OUT/log.txt"
+git log --oneline -1 2>/dev/null | tee -a "$OUT/log.txt"
+python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" | tee -a "$OUT/log.txt"
+
+tests() {
+  python3 -m pytest -q -p no:cacheprovider tests/engine/layers/test_fp8.py tests/engine/attention/test_fp8_kernels.py \
+    > "$OUT/tests.txt" 2>&1
+  local rc=$?
+  tail -n 8 "$OUT/tests.txt" | tee -a "$OUT/log.txt"
+  return $rc
+}
+export -f log tests
+step tests 90 tests
+
+step "gemm sweep" 110 bash -c 'python3 scripts/gpu/fp8_gemm.py sweep > "$OUT/sweep.log" 2>&1; rc=$?; tail -n 4 "$OUT/sweep.log"; exit $rc'
+FP8_PEAK=$(python3 -c "import json; print(json.load(open('$OUT/gemm_sweep.json'))['fp8_peak_for_roofline'] or '')" 2>/dev/null)
+log "   fp8 peak for the roofline: ${FP8_PEAK:-default (2x bf16)}"
+
+if [ -n "$DRY_RUN" ]; then
+  WORKLOAD="--device cpu --num-prompts 8 --input-len 16-64 --output-len 8 --warmup-prompts 2"
+  ROWWISE=""  # a named tensor-core GEMM is refused on the CPU: the dry run runs auto (the reference path) for both
+else
+  WORKLOAD="--model qwen2-7b --num-prompts 256 --input-len 100-1024 --output-len 256 --max-num-batched-tokens 16384"
+  WORKLOAD="$WORKLOAD ${FP8_PEAK:+--fp8-peak-tflops $FP8_PEAK}"
+  ROWWISE="--fp8-gemm rowwise"
+fi
+export WORKLOAD BENCH_TMP
+bench() {  # variant flags...
+  local variant=$1; shift
+  python3 scripts/gpu/cli.py bench throughput $WORKLOAD "$@" > "$BENCH_TMP/$variant.json" 2> "$BENCH_TMP/$variant.err"
+  local rc=$?
+  grep -h "memory profile\|engine ready\|GEMMs:\|roofline:\|Error\|error:" "$BENCH_TMP/$variant.err" | cut -c1-300 \
+    | tee -a "$OUT/log.txt"
+  { echo "## $variant (rc=$rc)"; tail -n 25 "$BENCH_TMP/$variant.err"; } >> "$OUT/bench_logs.txt"
+  return $rc
+}
+export -f bench
+step "bench bf16" 95 bench bf16
+step "bench fp8 rowwise (before)" 95 bench fp8-rowwise --quantization fp8 $ROWWISE
+step "bench fp8 auto (new)" 95 bench fp8-auto --quantization fp8
+step "bench fp8 auto + fp8 kv" 95 bench fp8-auto-kv --quantization fp8 --kv-cache-dtype fp8
+python3 - "$BENCH_TMP" "$OUT/benches.json" <<'EOF'
+import json, os, sys
+runs = {}
+for name in ("bf16", "fp8-rowwise", "fp8-auto", "fp8-auto-kv"):
+    try:
+        with open(os.path.join(sys.argv[1], name + ".json")) as f:
+            runs[name] = json.load(f)
+    except Exception as exc:
+        runs[name] = {"missing": repr(exc)[:160]}
+with open(sys.argv[2], "w") as f:
+    json.dump(runs, f, indent=1)
+EOF
+
+: > "$OUT/profile.txt"
+if [ -n "$DRY_RUN" ]; then PROFILES="bf16 fp8-auto"; else PROFILES="bf16 fp8-rowwise fp8-auto"; fi
+for v in $PROFILES; do
+  step "profile $v" 60 bash -c "python3 scripts/gpu/fp8_gemm.py profile $v > \"$BENCH_TMP/profile-$v.log\" 2>&1; rc=\$?; tail -n 2 \"$BENCH_TMP/profile-$v.log\"; exit \$rc"
+done
+
+log "== summary ($(( $(date +%s) - T0 ))s)"
+python3 - "$OUT" <<'EOF' 2>&1 | tee -a "$OUT/log.txt"
+import json, os, sys
+out = sys.argv[1]
+def load(name):
+    try:
+        with open(os.path.join(out, name)) as f:
+            return json.load(f)
+    except Exception as exc:
+        return {"missing": repr(exc)[:120]}
+runs = load("benches.json")
+base = runs.get("bf16", {})
+print("variant       seconds  out tok/s  x bf16  KV blocks  x bf16  % roofline")
+for name, r in runs.items() if isinstance(runs, dict) else []:
+    if "elapsed_s" not in r:
+        print(f"{name:12}  failed ({r.get('missing', '')})")
+        continue
+    speed = r["output_tokens_per_s"] / base["output_tokens_per_s"] if "output_tokens_per_s" in base else float("nan")
+    blocks = r["num_kv_blocks"] / base["num_kv_blocks"] if "num_kv_blocks" in base else float("nan")
+    print(f"{name:12} {r['elapsed_s']:8.2f} {r['output_tokens_per_s']:10.0f} {speed:7.2f} {r['num_kv_blocks']:10d} "
+          f"{blocks:7.2f} {r.get('percent_of_roofline') or float('nan'):10.1f}")
+sweep = load("gemm_sweep.json")
+for shape, s in sweep.get("summary", {}).items():
+    print(f"gemm {shape}: cuBLASLt (with the scales pass) faster than row-wise at M = {s['cublaslt_faster_at_m']}")
+    for m, ratios in s["speedup_over_bf16"].items():
+        print(f"   M={m:>5}: x bf16 " + ", ".join(f"{k.removeprefix('fp8_')} {v}" for k, v in ratios.items()))
+with open(os.path.join(out, "profile.txt")) as f:
+    for line in f:
+        if line.startswith("## "):
+            print("profile", line[3:].strip())
+EOF
+rm -rf "$BENCH_TMP"

@@ -1,0 +1,236 @@
+"""Which FP8 GEMM for which batch (issue 15, the `fp8_gemm` engine option), one step per invocation so
+scripts/gpu/fp8-gemm.sh can time each:
+
+  sweep            the qwen2-7b linear layers (qkv, o, gate_up, down) at 16 ... 16,384 rows: bf16, torch's row-wise
+                   CUTLASS _scaled_mm (with and without fast accumulation), the unscaled cuBLASLt _scaled_mm with
+                   and without the scales pass, vLLM's per-tensor _scaled_mm (bf16 out), the per-token
+                   quantization, and fp8_linear whole ("auto" and "rowwise"): microseconds and TFLOP/s, timed as
+                   CUDA graphs of back-to-back calls over weight copies that overflow the L2 cache (a decode step
+                   never finds a layer's weights there) -> $OUT/gemm_sweep.json
+  profile VARIANT  one decode step of 256 rows (eager, so each kernel shows) of the qwen2-7b shape under
+                   torch.profiler: bf16, fp8-rowwise or fp8-auto; top kernels by GPU time -> appended to
+                   $OUT/profile.txt
+
+DRY_RUN=1: the same steps on the CPU with small shapes and the embedded tiny model (the named tensor-core
+GEMMs do not exist there: those variants record their error, the profile runs bf16 and fp8-auto).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import sys
+import time
+
+ROOT = __file__.rsplit("/scripts/", 1)[0]
+sys.path.insert(0, ROOT)
+logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+OUT = os.environ.get("OUT", "/tmp")
+DRY = os.environ.get("DRY_RUN") == "1"
+DEV = torch.device("cpu" if DRY else "cuda")
+# qwen2-7b: hidden 3584, 28 heads of 128 with 4 KV heads (qkv 3584 + 2 x 512), intermediate 18944. (K, N).
+SHAPES = {"qkv": (64, 96), "o": (64, 64), "gate_up": (64, 256), "down": (128, 64)} if DRY else \
+    {"qkv": (3584, 4608), "o": (3584, 3584), "gate_up": (3584, 37888), "down": (18944, 3584)}
+ROWS = [16, 64, 256] if DRY else [16, 64, 128, 256, 512, 2048, 16384]
+L2_OVERFLOW_BYTES = 256 << 20  # the H200's L2 is 50 MB: cycle through weight copies at least this large
+
+
+def _sync() -> None:
+    if DEV.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def _copies(nbytes: int) -> int:
+    return max(1, min(8, math.ceil(L2_OVERFLOW_BYTES / nbytes)))
+
+
+def time_calls(fn, count: int, reps: int) -> tuple[float, str]:
+    """Seconds per call of fn(i) for i cycling over `count` weight copies: replayed from one CUDA graph of `reps`
+    calls (no launch gaps, as the engine's graphs run them); eager with events if capture fails; wall clock on
+    the CPU."""
+    for i in range(min(count, 2)):
+        fn(i)
+    _sync()
+    if DEV.type == "cpu":
+        t = time.perf_counter()
+        for i in range(reps):
+            fn(i % count)
+        return (time.perf_counter() - t) / reps, "cpu wall"
+    how = "cuda graph"
+    try:
+        graph = torch.cuda.CUDAGraph()
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            for i in range(min(count, 2)):  # warm-up on the capture stream, as torch's docs do
+                fn(i)
+        torch.cuda.current_stream().wait_stream(stream)
+        with torch.cuda.graph(graph):
+            for i in range(reps):
+                fn(i % count)
+        run = graph.replay
+    except Exception as exc:  # noqa: BLE001 - time it eagerly instead, and say so
+        how = f"eager ({type(exc).__name__}: {str(exc)[:80]})"
+
+        def run():
+            for i in range(reps):
+                fn(i % count)
+    run()
+    _sync()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(3):
+        run()
+    end.record()
+    _sync()
+    return start.elapsed_time(end) / 1e3 / (3 * reps), how
+
+
+def sweep() -> None:
+    from railyard.engine.layers.fp8 import (CUBLASLT_MAX_TOKENS, apply_scales, fp8_linear, quantize_per_token,
+                                            quantize_rows, scaled_mm, unscaled_mm)
+
+    one = torch.ones((), dtype=torch.float32, device=DEV)
+    rows_out, start = [], time.time()
+    for name, (k, n) in SHAPES.items():
+        g = torch.Generator(device=DEV).manual_seed(k * n)
+        w = torch.randn(n, k, device=DEV, dtype=torch.bfloat16, generator=g) * 0.02
+        ws = [w] + [w.clone() for _ in range(_copies(w.numel() * 2) - 1)]
+        q, scale = quantize_rows(w)
+        qs = [q] + [q.clone() for _ in range(_copies(q.numel()) - 1)]
+        w_scalar = scale.max()  # vLLM's per-tensor weight scale (GEMM speed only: these numbers are not used)
+        del w
+        for m in ROWS:
+            x = torch.randn(m, k, device=DEV, dtype=torch.bfloat16, generator=g)
+            xq, xs = quantize_per_token(x)
+            x_scalar = xs.max()
+
+            def fast_unscaled(i):
+                acc = torch._scaled_mm(xq, qs[i].t(), scale_a=one, scale_b=one, out_dtype=torch.float32,
+                                       use_fast_accum=True)
+                return apply_scales(acc, xs, scale, None, torch.bfloat16)
+
+            variants = {
+                "bf16": (lambda i: F.linear(x, ws[i]), len(ws)),
+                "fp8_rowwise": (lambda i: scaled_mm(xq, xs, qs[i], scale, None, torch.bfloat16), len(qs)),
+                "fp8_rowwise_fast_accum": (lambda i: torch._scaled_mm(
+                    xq, qs[i].t(), scale_a=xs, scale_b=scale.view(1, -1), out_dtype=torch.bfloat16,
+                    use_fast_accum=True), len(qs)),
+                "fp8_cublaslt": (lambda i: unscaled_mm(xq, xs, qs[i], scale, None, torch.bfloat16), len(qs)),
+                "fp8_cublaslt_gemm_only": (lambda i: torch._scaled_mm(
+                    xq, qs[i].t(), scale_a=one, scale_b=one, out_dtype=torch.float32), len(qs)),
+                "fp8_cublaslt_fast_accum": (fast_unscaled, len(qs)),
+                "fp8_per_tensor_bf16_out": (lambda i: torch._scaled_mm(
+                    xq, qs[i].t(), scale_a=x_scalar, scale_b=w_scalar, out_dtype=torch.bfloat16), len(qs)),
+                "quant_per_token": (lambda i: quantize_per_token(x), 1),
+                "fp8_linear_auto": (lambda i: fp8_linear(x, qs[i], scale, None, "auto"), len(qs)),
+                "fp8_linear_rowwise": (lambda i: fp8_linear(x, qs[i], scale, None, "rowwise"), len(qs)),
+            }
+            flops = 2.0 * m * n * k
+            reps = 4 if DRY else max(4, min(40, int(0.01 / (flops / 700e12))))  # ~10 ms of bf16 per variant
+            row = {"shape": name, "m": m, "k": k, "n": n, "reps": reps, "auto_takes":
+                   "cublaslt" if m <= CUBLASLT_MAX_TOKENS else "rowwise"}
+            for variant, (fn, count) in variants.items():
+                try:
+                    seconds, how = time_calls(fn, count, reps)
+                    row[variant] = {"us": round(seconds * 1e6, 2), "tflops": round(flops / seconds / 1e12, 1)}
+                    if how != "cuda graph":
+                        row[variant]["timed"] = how
+                except Exception as exc:  # noqa: BLE001 - one variant failing must not lose the others
+                    row[variant] = {"error": f"{type(exc).__name__}: {str(exc)[:160]}"}
+            rows_out.append(row)
+            print(json.dumps(row), flush=True)
+            del x, xq
+        del ws, qs
+        if DEV.type == "cuda":
+            torch.cuda.empty_cache()
+    save_sweep(rows_out, time.time() - start)
+
+
+def _us(row: dict, variant: str) -> float:
+    return row.get(variant, {}).get("us", math.inf)
+
+
+def save_sweep(rows: list[dict], seconds: float) -> None:
+    """The rows, and per shape the rows where cuBLASLt (scales pass included) beats the row-wise kernel and the
+    FP8/bf16 time ratio of each path (the numbers CUBLASLT_MAX_TOKENS is chosen from)."""
+    summary = {}
+    for name in SHAPES:
+        mine = [r for r in rows if r["shape"] == name]
+        summary[name] = {
+            "cublaslt_faster_at_m": [r["m"] for r in mine if _us(r, "fp8_cublaslt") < _us(r, "fp8_rowwise")],
+            "speedup_over_bf16": {r["m"]: {v: round(_us(r, "bf16") / _us(r, v), 2) for v in (
+                "fp8_rowwise", "fp8_rowwise_fast_accum", "fp8_cublaslt", "fp8_cublaslt_fast_accum",
+                "fp8_per_tensor_bf16_out", "fp8_linear_auto", "fp8_linear_rowwise")} for r in mine},
+        }
+    big = [r for r in rows if r["m"] == max(ROWS)]
+    bf16_best = max((r.get("bf16", {}).get("tflops", 0.0) for r in big), default=0.0)
+    fp8_best = max((r.get("fp8_rowwise", {}).get("tflops", 0.0) for r in big), default=0.0)
+    result = {"device": torch.cuda.get_device_name() if DEV.type == "cuda" else "cpu", "torch": torch.__version__,
+              "dry_run": DRY, "seconds": round(seconds, 1), "summary": summary, "rows": rows,
+              "bf16_best_tflops": bf16_best, "fp8_best_tflops": fp8_best,
+              # as fp8_check.py gemm: the roofline's bf16 ceiling (790) scaled by the FP8/bf16 ratio measured here
+              "fp8_peak_for_roofline": round(790.0 * fp8_best / bf16_best, 1) if bf16_best and fp8_best else None}
+    with open(os.path.join(OUT, "gemm_sweep.json"), "w") as f:
+        json.dump(result, f, indent=1)
+    for name, s in summary.items():
+        print(f"{name}: cuBLASLt with its scales pass faster than row-wise at M = {s['cublaslt_faster_at_m']}",
+              flush=True)
+
+
+def profile(variant: str) -> None:
+    """One pure-decode step of 256 sequences, eager and synchronous, under torch.profiler."""
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+
+    from railyard.engine.config import EngineConfig, SamplingParams
+    from railyard.engine.engine import Engine
+    from railyard.engine.tiny_model import ensure_tiny_model
+
+    quant = {"bf16": {}, "fp8-rowwise": dict(quantization="fp8", fp8_gemm="rowwise"),
+             "fp8-auto": dict(quantization="fp8", fp8_gemm="auto")}[variant]
+    where = dict(model=str(ensure_tiny_model()), device="cpu") if DRY else dict(model="qwen2-7b", dtype="bfloat16")
+    eng = Engine.from_config(EngineConfig(**where, **quant, enforce_eager=True, async_scheduling=False,
+                                          num_gpu_blocks=4096, max_model_len=1024, max_num_seqs=256,
+                                          max_num_batched_tokens=16384, enable_prefix_caching=False))
+    params = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
+    for i in range(256):
+        eng.add_request(f"p{i}", None, params, prompt_token_ids=[(7 * i + j) % 200 + 10 for j in range(32)])
+    for _ in range(3):  # the prefill of all 256 prompts, then two decode steps (kernels compiled, caches warm)
+        eng.step()
+    _sync()
+    cuda = DEV.type == "cuda"
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    with torch_profile(activities=activities) as prof:
+        t = time.perf_counter()
+        eng.step()
+        _sync()
+        wall = time.perf_counter() - t
+    averages = prof.key_averages()
+    try:
+        table = averages.table(sort_by="device_time_total" if cuda else "cpu_time_total", row_limit=20,
+                               max_name_column_width=70)
+    except Exception:  # noqa: BLE001 - older spelling of the same column
+        table = averages.table(sort_by="cuda_time_total" if cuda else "cpu_time_total", row_limit=20,
+                               max_name_column_width=70)
+    kernels = [e for e in averages if str(getattr(e, "device_type", "")).endswith("CUDA")]  # kernels, memcpys
+    total_us = sum(getattr(e, "self_device_time_total", None) or getattr(e, "self_cuda_time_total", 0)
+                   for e in kernels)
+    with open(os.path.join(OUT, "profile.txt"), "a") as f:
+        f.write(f"\n## {variant}: one decode step of 256 sequences ({'qwen2-7b' if not DRY else 'tiny, CPU'}), eager: "
+                f"wall {wall * 1e3:.2f} ms, GPU kernel time {total_us / 1e3:.2f} ms\n{table}\n")
+    print(f"{variant}: wall {wall * 1e3:.2f} ms, kernels {total_us / 1e3:.2f} ms", flush=True)
+    eng.shutdown()
+
+
+if __name__ == "__main__":
+    if sys.argv[1] == "sweep":
+        sweep()
+    else:
+        profile(sys.argv[2])
