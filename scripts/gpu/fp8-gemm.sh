@@ -119,6 +119,10 @@ for name, r in runs.items() if isinstance(runs, dict) else []:
     print(f"{name:12} {r['elapsed_s']:8.2f} {r['output_tokens_per_s']:10.0f} {speed:7.2f} {r['num_kv_blocks']:10d} "
           f"{blocks:7.2f} {r.get('percent_of_roofline') or float('nan'):10.1f}")
 sweep = load("gemm_sweep.json")
+print(f"torch {sweep.get('torch')} cuda {sweep.get('cuda')} cuBLASLt runtime {sweep.get('cublaslt_runtime')}")
+for row in sweep.get("rows", []):
+    for variant, names in row.get("kernels", {}).items():
+        print(f"kernels {row['shape']} M={row['m']} {variant}: " + " | ".join(n[:90] for n in names))
 for shape, s in sweep.get("summary", {}).items():
     print(f"gemm {shape}: cuBLASLt (with the scales pass) faster than row-wise at M = {s['cublaslt_faster_at_m']}")
     for m, ratios in s["speedup_over_bf16"].items():

@@ -92,6 +92,34 @@ def time_calls(fn, count: int, reps: int) -> tuple[float, str]:
     return start.elapsed_time(end) / 1e3 / (3 * reps), how
 
 
+def kernel_names(fn) -> list[str]:
+    """The GPU kernels one call of fn launches, by name (which library ran it: CUTLASS's cutlass::device_kernel,
+    cuBLAS's sm90_xmma / nvjet kernels, Triton's own names), under torch.profiler."""
+    from torch.profiler import ProfilerActivity, profile as torch_profile
+
+    if DEV.type != "cuda":
+        return []
+    fn(0)
+    _sync()
+    with torch_profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn(0)
+        _sync()
+    return [e.name[:160] for e in prof.events() if str(getattr(e, "device_type", "")).endswith("CUDA")]
+
+
+def cublaslt_version() -> int | None:
+    """The cuBLASLt the process loaded: torch sends row-wise scales to it (outer-vector scaling) instead of its own
+    CUTLASS kernel on sm_90 when this and the build's cuBLAS are 12.9+ (aten ScaledBlas.cpp, _scaled_rowwise_rowwise)."""
+    import ctypes
+
+    for name in ("libcublasLt.so.13", "libcublasLt.so.12", "libcublasLt.so"):
+        try:
+            return int(ctypes.CDLL(name).cublasLtGetVersion())
+        except (OSError, AttributeError):
+            continue
+    return None
+
+
 def sweep() -> None:
     from railyard.engine.layers.fp8 import (CUBLASLT_MAX_TOKENS, apply_scales, fp8_linear, quantize_per_token,
                                             quantize_rows, scaled_mm, unscaled_mm)
@@ -136,6 +164,14 @@ def sweep() -> None:
             reps = 4 if DRY else max(4, min(40, int(0.01 / (flops / 700e12))))  # ~10 ms of bf16 per variant
             row = {"shape": name, "m": m, "k": k, "n": n, "reps": reps, "auto_takes":
                    "cublaslt" if m <= CUBLASLT_MAX_TOKENS else "rowwise"}
+            if m in (256, max(ROWS)) and name in ("qkv", "gate_up"):  # which library each path ran
+                row["kernels"] = {}
+                for variant in ("bf16", "fp8_rowwise", "fp8_rowwise_fast_accum", "fp8_cublaslt",
+                                "fp8_per_tensor_bf16_out"):
+                    try:
+                        row["kernels"][variant] = kernel_names(variants[variant][0])
+                    except Exception as exc:  # noqa: BLE001
+                        row["kernels"][variant] = [f"{type(exc).__name__}: {str(exc)[:120]}"]
             for variant, (fn, count) in variants.items():
                 try:
                     seconds, how = time_calls(fn, count, reps)
@@ -173,6 +209,7 @@ def save_sweep(rows: list[dict], seconds: float) -> None:
     bf16_best = max((r.get("bf16", {}).get("tflops", 0.0) for r in big), default=0.0)
     fp8_best = max((r.get("fp8_rowwise", {}).get("tflops", 0.0) for r in big), default=0.0)
     result = {"device": torch.cuda.get_device_name() if DEV.type == "cuda" else "cpu", "torch": torch.__version__,
+              "cuda": torch.version.cuda, "cublaslt_runtime": cublaslt_version() if DEV.type == "cuda" else None,
               "dry_run": DRY, "seconds": round(seconds, 1), "summary": summary, "rows": rows,
               "bf16_best_tflops": bf16_best, "fp8_best_tflops": fp8_best,
               # as fp8_check.py gemm: the roofline's bf16 ceiling (790) scaled by the FP8/bf16 ratio measured here

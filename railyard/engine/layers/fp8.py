@@ -7,10 +7,13 @@ elsewhere the same quantized numbers are dequantized and multiplied (the referen
 differ only by accumulation order.
 
 Which _scaled_mm (the `fp8_gemm` engine option): torch runs row-wise scales (per token x per channel) through
-its own CUTLASS kernel, whose sm_90 dispatch (aten/src/ATen/native/cuda/RowwiseScaledMM.cu) has two tiles,
-64x128 and 128x128, no split-K: a decode step's 256 x 4608 qkv GEMM makes 72 CTAs for 132 SMs, and the H200
-ran it slower than bf16 (383 against 447 TFLOP/s; BENCHMARKS.md, FP8). Tensor-wise (scalar) scales go to
-cuBLASLt, whose heuristics pick among many kernels (split-K ones too) for any shape. "cublaslt" keeps the
+its own CUTLASS kernel where its cuBLAS is older than 12.9 (aten ScaledBlas.cpp, _scaled_rowwise_rowwise; from
+12.9 on sm_90 it asks cuBLASLt's outer-vector scaling). That kernel's sm_90 dispatch (RowwiseScaledMM.cu) has
+two tiles, 64x128 and 128x128, and no split-K: a decode step's 256 x 4608 qkv GEMM makes 72 CTAs for 132 SMs,
+and the H200 ran it slower than bf16 (383 against 447 TFLOP/s; BENCHMARKS.md, FP8); its slow-accumulation
+schedules are slower still than tensor-wise cuBLAS (pytorch/pytorch#147971; torchao sends row-wise scales
+through cuBLAS with the scales applied after for that reason, pytorch/ao#1325). Tensor-wise (scalar) scales go
+to cuBLASLt, whose heuristics pick among many kernels for any shape. "cublaslt" keeps the
 per-token and per-channel numbers: an unscaled GEMM (unit scalar scales, float32 out) and then one pass that
 multiplies by both scales, adds the bias and casts (vLLM's torch_channelwise_w8a8_scaled_mm does the same
 in torch ops); the float32 output costs traffic the row-wise kernel's fused epilogue avoids, which matters at
@@ -164,9 +167,21 @@ def scaled_mm(xq: torch.Tensor, x_scale: torch.Tensor, weight: torch.Tensor, wei
                             out_dtype=dtype)
 
 
-@functools.cache  # one per device, made at the first (eager) call: CUDA graphs then capture its address
-def _unit_scale(device: torch.device) -> torch.Tensor:
-    return torch.ones((), dtype=torch.float32, device=device)
+_UNIT_SCALES: dict[torch.device, torch.Tensor] = {}
+
+
+def unit_scale(device: torch.device) -> torch.Tensor:
+    """A float32 1.0 on `device`, one per device, for the scalar scales of the unscaled GEMM. Made outside any CUDA
+    graph capture (the graphs' eager warm-up runs come first): one first made while a graph is captured would be
+    filled only when that graph replays, so that case is an error, not a silently uninitialised scale."""
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    one = _UNIT_SCALES.get(device)
+    if one is None:
+        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            raise RuntimeError("unit_scale: first asked for inside a CUDA graph capture; run the layer eagerly first")
+        one = _UNIT_SCALES[device] = torch.ones((), dtype=torch.float32, device=device)
+    return one
 
 
 def unscaled_mm(xq: torch.Tensor, x_scale: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor,
@@ -174,7 +189,7 @@ def unscaled_mm(xq: torch.Tensor, x_scale: torch.Tensor, weight: torch.Tensor, w
     """The same product as scaled_mm through cuBLASLt: torch sends scalar scales there, so the GEMM runs with unit
     scales into float32 (exact sums of e4m3 products, no rounding to bf16 before the scales) and apply_scales
     then multiplies by the per-token and per-channel scales, adds the bias and casts, as scaled_mm's epilogue."""
-    one = _unit_scale(xq.device)
+    one = unit_scale(xq.device)
     acc = torch._scaled_mm(xq, weight.t(), scale_a=one, scale_b=one, out_dtype=torch.float32)
     return apply_scales(acc, x_scale, weight_scale, bias, dtype)
 
