@@ -12,7 +12,7 @@ from railyard.model.spec import check_max_model_len
 
 SchedulingPolicy = Literal["fcfs", "priority"]
 PreemptionMode = Literal["recompute", "swap"]
-Fp8Gemm = Literal["auto", "rowwise", "cublaslt"]  # layers/fp8.py's FP8_GEMMS
+Fp8Gemm = Literal["auto", "rowwise", "cublaslt", "triton"]  # layers/fp8.py's FP8_GEMMS
 
 DEFAULT_MAX_NUM_BATCHED_TOKENS = 8192
 _DEVICES = ("auto", "cpu", "cuda")
@@ -52,8 +52,9 @@ class EngineConfig:
     # checkpoint already is FP8), activations quantized per token; the embedding and LM head stay as they are.
     quantization: str | None = None
     # With FP8 weights on FP8 tensor cores, which GEMM: "rowwise" (torch's CUTLASS kernel, row-wise scales),
-    # "cublaslt" (an unscaled cuBLASLt GEMM, the scales applied after) or "auto" (cuBLASLt for small batches such
-    # as decode steps, row-wise above); layers/fp8.py says why. Elsewhere only "auto" (the reference path) runs.
+    # "cublaslt" (an unscaled cuBLASLt GEMM, the scales applied after), "auto" (cuBLASLt for small batches such
+    # as decode steps, row-wise above) or "triton" (a Triton GEMM, scales in its epilogue); layers/fp8.py says
+    # why. Elsewhere only "auto" (the reference path) runs.
     fp8_gemm: Fp8Gemm = "auto"
     # "fp8": the KV cache in float8_e4m3fn with one K and one V scale per layer (half the bytes of bf16).
     kv_cache_dtype: str = "auto"

@@ -17,6 +17,7 @@ import torch
 from railyard.engine.attention import AttentionMetadata, get_backend
 from railyard.engine.cuda_graphs import DecodeGraphs, padded_block_tables
 from railyard.engine.config import EngineConfig
+from railyard.engine.kernels import fp8_ops
 from railyard.engine.layers.fp8 import FP8, cache_bits, gemm_path, scaled_mm_supported
 from railyard.engine.models.loader import build_empty, fill_from_checkpoint, random_weights
 from railyard.engine.parallel import SINGLE, ParallelState
@@ -69,6 +70,8 @@ def _set_fp8_gemm(model: torch.nn.Module, fp8_gemm: str, device: torch.device, d
     if fp8_gemm != "auto" and not scaled_mm_supported(device, dtype):
         raise ConfigError(f"fp8_gemm {fp8_gemm!r} needs FP8 tensor cores (compute capability 8.9+) and a bfloat16 "
                           f"model; here the FP8 GEMMs are the {gemm_path(device, dtype)} (fp8_gemm auto runs it)")
+    if fp8_gemm == "triton" and fp8_ops() is None:
+        raise ConfigError("fp8_gemm 'triton' needs triton, which does not import here")
     for module in model.modules():
         if getattr(module, "quant", None) == "fp8":
             module.fp8_gemm = fp8_gemm

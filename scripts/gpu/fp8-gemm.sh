@@ -6,8 +6,9 @@
 #      (CUTLASS), unscaled cuBLASLt + scales pass, their fast-accumulation and per-tensor relatives (gemm_sweep.json);
 #   3. `bench throughput`, issue-7 workload (256 prompts 100-1024 -> 256, budget 16,384), qwen2-7b shape: bf16, FP8
 #      with the row-wise GEMM everywhere (the code before fp8_gemm), FP8 with fp8_gemm auto (new), auto + FP8 KV;
-#   4. one decode step of 256 rows under torch.profiler, bf16 / FP8 row-wise / FP8 auto (profile.txt).
-# Each step runs under `timeout` and none starts once BUDGET_S (default 440 s) is spent. Outputs, 6 files:
+#   4. one decode step of 256 rows under torch.profiler, bf16 / FP8 row-wise / FP8 auto (profile.txt);
+#   5. if time is left, `bench throughput` with the Triton FP8 GEMM everywhere (--fp8-gemm triton).
+# Each step runs under `timeout` and none starts once BUDGET_S (default 450 s) is spent. Outputs, 6 files:
 # $OUT/log.txt (summary last), tests.txt, gemm_sweep.json, benches.json, bench_logs.txt, profile.txt.
 # DRY_RUN=1: the same steps on the CPU with small shapes and the embedded tiny model (a check of this script).
 set -o pipefail
@@ -16,7 +17,7 @@ cd "$(dirname "$0")/../.."
 export OUT=${OUT:-/tmp/fp8-gemm-out}
 mkdir -p "$OUT"
 BENCH_TMP=$(mktemp -d)
-BUDGET_S=${BUDGET_S:-440}
+BUDGET_S=${BUDGET_S:-450}
 T0=$(date +%s)
 log() { echo "$*" | tee -a "$OUT/log.txt"; }
 left() { echo $(( BUDGET_S - ($(date +%s) - T0) )); }
@@ -51,17 +52,19 @@ tests() {
 export -f log tests
 step tests 90 tests
 
-step "gemm sweep" 110 bash -c 'python3 scripts/gpu/fp8_gemm.py sweep > "$OUT/sweep.log" 2>&1; rc=$?; tail -n 4 "$OUT/sweep.log"; exit $rc'
+step "gemm sweep" 150 bash -c 'python3 scripts/gpu/fp8_gemm.py sweep > "$OUT/sweep.log" 2>&1; rc=$?; tail -n 4 "$OUT/sweep.log"; exit $rc'
 FP8_PEAK=$(python3 -c "import json; print(json.load(open('$OUT/gemm_sweep.json'))['fp8_peak_for_roofline'] or '')" 2>/dev/null)
 log "   fp8 peak for the roofline: ${FP8_PEAK:-default (2x bf16)}"
 
 if [ -n "$DRY_RUN" ]; then
   WORKLOAD="--device cpu --num-prompts 8 --input-len 16-64 --output-len 8 --warmup-prompts 2"
-  ROWWISE=""  # a named tensor-core GEMM is refused on the CPU: the dry run runs auto (the reference path) for both
+  ROWWISE=""  # a named tensor-core GEMM is refused on the CPU: the dry run runs auto (the reference path) for all
+  TRITON=""
 else
   WORKLOAD="--model qwen2-7b --num-prompts 256 --input-len 100-1024 --output-len 256 --max-num-batched-tokens 16384"
   WORKLOAD="$WORKLOAD ${FP8_PEAK:+--fp8-peak-tflops $FP8_PEAK}"
   ROWWISE="--fp8-gemm rowwise"
+  TRITON="--fp8-gemm triton"
 fi
 export WORKLOAD BENCH_TMP
 bench() {  # variant flags...
@@ -96,6 +99,23 @@ if [ -n "$DRY_RUN" ]; then PROFILES="bf16 fp8-auto"; else PROFILES="bf16 fp8-row
 for v in $PROFILES; do
   step "profile $v" 60 bash -c "python3 scripts/gpu/fp8_gemm.py profile $v > \"$BENCH_TMP/profile-$v.log\" 2>&1; rc=\$?; tail -n 2 \"$BENCH_TMP/profile-$v.log\"; exit \$rc"
 done
+
+# Last, if time is left: the engine with the Triton GEMM everywhere (a candidate; auto does not take it).
+step "bench fp8 triton" 95 bench fp8-triton --quantization fp8 $TRITON
+python3 - "$BENCH_TMP" "$OUT/benches.json" <<'EOF'
+import json, os, sys
+path = os.path.join(sys.argv[1], "fp8-triton.json")
+if os.path.exists(path):
+    with open(sys.argv[2]) as f:
+        runs = json.load(f)
+    try:
+        with open(path) as f:
+            runs["fp8-triton"] = json.load(f)
+    except Exception as exc:
+        runs["fp8-triton"] = {"missing": repr(exc)[:160]}
+    with open(sys.argv[2], "w") as f:
+        json.dump(runs, f, indent=1)
+EOF
 
 log "== summary ($(( $(date +%s) - T0 ))s)"
 python3 - "$OUT" <<'EOF' 2>&1 | tee -a "$OUT/log.txt"

@@ -3,7 +3,8 @@ scripts/gpu/fp8-gemm.sh can time each:
 
   sweep            the qwen2-7b linear layers (qkv, o, gate_up, down) at 16 ... 16,384 rows: bf16, torch's row-wise
                    CUTLASS _scaled_mm (with and without fast accumulation), the unscaled cuBLASLt _scaled_mm with
-                   and without the scales pass, vLLM's per-tensor _scaled_mm (bf16 out), the per-token
+                   and without the scales pass, vLLM's per-tensor _scaled_mm (bf16 out), the Triton GEMM
+                   (autotuned, precise and fast accumulation, and each of its tiles), the per-token
                    quantization, and fp8_linear whole ("auto" and "rowwise"): microseconds and TFLOP/s, timed as
                    CUDA graphs of back-to-back calls over weight copies that overflow the L2 cache (a decode step
                    never finds a layer's weights there) -> $OUT/gemm_sweep.json
@@ -12,7 +13,8 @@ scripts/gpu/fp8-gemm.sh can time each:
                    $OUT/profile.txt
 
 DRY_RUN=1: the same steps on the CPU with small shapes and the embedded tiny model (the named tensor-core
-GEMMs do not exist there: those variants record their error, the profile runs bf16 and fp8-auto).
+GEMMs and the Triton kernels do not run there: those variants record their error (the kernel tests run the
+Triton GEMM in the interpreter); the profile runs bf16 and fp8-auto).
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 OUT = os.environ.get("OUT", "/tmp")
+os.makedirs(OUT, exist_ok=True)
 DRY = os.environ.get("DRY_RUN") == "1"
 DEV = torch.device("cpu" if DRY else "cuda")
 # qwen2-7b: hidden 3584, 28 heads of 128 with 4 KV heads (qkv 3584 + 2 x 512), intermediate 18944. (K, N).
@@ -121,6 +124,7 @@ def cublaslt_version() -> int | None:
 
 
 def sweep() -> None:
+    from railyard.engine.kernels.fp8_gemm import CONFIGS, fp8_gemm
     from railyard.engine.layers.fp8 import (CUBLASLT_MAX_TOKENS, apply_scales, fp8_linear, quantize_per_token,
                                             quantize_rows, scaled_mm, unscaled_mm)
 
@@ -156,6 +160,9 @@ def sweep() -> None:
                 "fp8_cublaslt_fast_accum": (fast_unscaled, len(qs)),
                 "fp8_per_tensor_bf16_out": (lambda i: torch._scaled_mm(
                     xq, qs[i].t(), scale_a=x_scalar, scale_b=w_scalar, out_dtype=torch.bfloat16), len(qs)),
+                "fp8_triton": (lambda i: fp8_gemm(xq, xs, qs[i], scale, None, torch.bfloat16), len(qs)),
+                "fp8_triton_fast_accum": (lambda i: fp8_gemm(xq, xs, qs[i], scale, None, torch.bfloat16,
+                                                             precise=False), len(qs)),
                 "quant_per_token": (lambda i: quantize_per_token(x), 1),
                 "fp8_linear_auto": (lambda i: fp8_linear(x, qs[i], scale, None, "auto"), len(qs)),
                 "fp8_linear_rowwise": (lambda i: fp8_linear(x, qs[i], scale, None, "rowwise"), len(qs)),
@@ -180,6 +187,15 @@ def sweep() -> None:
                         row[variant]["timed"] = how
                 except Exception as exc:  # noqa: BLE001 - one variant failing must not lose the others
                     row[variant] = {"error": f"{type(exc).__name__}: {str(exc)[:160]}"}
+            row["triton_configs_us"] = {}  # each fixed tile of the autotuned kernel (precise accumulation)
+            for cfg in CONFIGS:
+                label = "x".join(map(str, cfg[:3])) + f"/w{cfg[3]}/s{cfg[4]}"
+                try:
+                    seconds, _ = time_calls(lambda i, cfg=cfg: fp8_gemm(xq, xs, qs[i], scale, None, torch.bfloat16,
+                                                                        config=cfg), len(qs), reps)
+                    row["triton_configs_us"][label] = round(seconds * 1e6, 2)
+                except Exception as exc:  # noqa: BLE001
+                    row["triton_configs_us"][label] = f"{type(exc).__name__}: {str(exc)[:100]}"
             rows_out.append(row)
             print(json.dumps(row), flush=True)
             del x, xq
@@ -201,9 +217,12 @@ def save_sweep(rows: list[dict], seconds: float) -> None:
         mine = [r for r in rows if r["shape"] == name]
         summary[name] = {
             "cublaslt_faster_at_m": [r["m"] for r in mine if _us(r, "fp8_cublaslt") < _us(r, "fp8_rowwise")],
+            "triton_faster_than_both_at_m": [r["m"] for r in mine if _us(r, "fp8_triton") < min(
+                _us(r, "fp8_rowwise"), _us(r, "fp8_cublaslt"))],
             "speedup_over_bf16": {r["m"]: {v: round(_us(r, "bf16") / _us(r, v), 2) for v in (
                 "fp8_rowwise", "fp8_rowwise_fast_accum", "fp8_cublaslt", "fp8_cublaslt_fast_accum",
-                "fp8_per_tensor_bf16_out", "fp8_linear_auto", "fp8_linear_rowwise")} for r in mine},
+                "fp8_per_tensor_bf16_out", "fp8_triton", "fp8_triton_fast_accum", "fp8_linear_auto",
+                "fp8_linear_rowwise")} for r in mine},
         }
     big = [r for r in rows if r["m"] == max(ROWS)]
     bf16_best = max((r.get("bf16", {}).get("tflops", 0.0) for r in big), default=0.0)
@@ -217,8 +236,8 @@ def save_sweep(rows: list[dict], seconds: float) -> None:
     with open(os.path.join(OUT, "gemm_sweep.json"), "w") as f:
         json.dump(result, f, indent=1)
     for name, s in summary.items():
-        print(f"{name}: cuBLASLt with its scales pass faster than row-wise at M = {s['cublaslt_faster_at_m']}",
-              flush=True)
+        print(f"{name}: cuBLASLt with its scales pass faster than row-wise at M = {s['cublaslt_faster_at_m']}; "
+              f"Triton faster than both at M = {s['triton_faster_than_both_at_m']}", flush=True)
 
 
 def profile(variant: str) -> None:

@@ -104,9 +104,10 @@ def scaled_mm_supported(device: torch.device, dtype: torch.dtype) -> bool:
     return device.type == "cuda" and dtype == torch.bfloat16 and _has_fp8_tensor_cores(device.index or 0)
 
 
-# The tensor-core GEMMs fp8_linear can take (the engine's fp8_gemm option): "rowwise" torch's CUTLASS row-wise
-# kernel, "cublaslt" an unscaled cuBLASLt GEMM then the scales, "auto" one or the other by the number of rows.
-FP8_GEMMS = ("auto", "rowwise", "cublaslt")
+# The tensor-core GEMMs fp8_linear can take (the engine's fp8_gemm option): "rowwise" torch's row-wise scaled
+# _scaled_mm, "cublaslt" an unscaled cuBLASLt GEMM then the scales, "auto" one or the other by the number of
+# rows, "triton" a Triton GEMM with the scales in its epilogue (kernels/fp8_gemm.py; a candidate, not in auto).
+FP8_GEMMS = ("auto", "rowwise", "cublaslt", "triton")
 # "auto" takes cuBLASLt up to this many rows (every decode step: at most cuda_graph_max_batch_size, 256 by
 # default) and the row-wise kernel above. Not measured yet: scripts/gpu/fp8-gemm.sh sweeps both over the 7B
 # GEMMs at 16-16,384 rows and says where they cross.
@@ -131,7 +132,8 @@ def gemm_path(device: torch.device, dtype: torch.dtype, fp8_gemm: str = "auto") 
     """Which FP8 GEMM a model on `device` in `dtype` runs, in words (the start-up report says it)."""
     if scaled_mm_supported(device, dtype):
         which = {"auto": f"cuBLASLt up to {CUBLASLT_MAX_TOKENS} tokens, the row-wise CUTLASS kernel above",
-                 "rowwise": "the row-wise CUTLASS kernel", "cublaslt": "cuBLASLt, scales applied after"}
+                 "rowwise": "the row-wise CUTLASS kernel", "cublaslt": "cuBLASLt, scales applied after",
+                 "triton": "a Triton GEMM, scales in its epilogue"}
         return f"torch._scaled_mm (FP8 tensor cores; {which[check_fp8_gemm(fp8_gemm)]})"
     why = "no FP8 tensor cores" if device.type != "cuda" or not _has_fp8_tensor_cores(device.index or 0) \
         else f"a {str(dtype).removeprefix('torch.')} model: the tensor-core path is for bfloat16 models"
@@ -148,8 +150,13 @@ def fp8_linear(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor
     xq, x_scale = quantize_per_token(x)
     n, k = weight.shape
     if scaled_mm_supported(x.device, x.dtype) and n % 16 == 0 and k % 16 == 0:  # _scaled_mm's shape rule
-        if tensor_core_gemm(fp8_gemm, x.shape[0]) == "cublaslt":
+        gemm = tensor_core_gemm(fp8_gemm, x.shape[0])
+        if gemm == "cublaslt":
             y = unscaled_mm(xq, x_scale, weight, weight_scale, bias, x.dtype)
+        elif gemm == "triton":
+            from railyard.engine.kernels.fp8_gemm import fp8_gemm as triton_fp8_gemm
+
+            y = triton_fp8_gemm(xq, x_scale, weight, weight_scale, bias, x.dtype)
         else:
             y = scaled_mm(xq, x_scale, weight, weight_scale, bias, x.dtype)
     else:

@@ -111,13 +111,13 @@ def test_the_scales_multiply_each_row_by_its_token_and_each_column_by_its_channe
 @pytest.mark.parametrize("option, rows, gemm", [
     ("auto", 1, "cublaslt"), ("auto", 256, "cublaslt"), ("auto", CUBLASLT_MAX_TOKENS, "cublaslt"),
     ("auto", CUBLASLT_MAX_TOKENS + 1, "rowwise"), ("auto", 16384, "rowwise"),
-    ("rowwise", 1, "rowwise"), ("cublaslt", 16384, "cublaslt"),
+    ("rowwise", 1, "rowwise"), ("cublaslt", 16384, "cublaslt"), ("triton", 256, "triton"),
 ])
 def test_auto_takes_cublaslt_for_small_batches_and_the_rowwise_kernel_above(option, rows, gemm):
     assert tensor_core_gemm(option, rows) == gemm
 
 
-GEMMS = ["rowwise", "cublaslt"]
+GEMMS = ["rowwise", "cublaslt", "triton"]
 
 
 @pytest.mark.skipif(not (torch.cuda.is_available() and scaled_mm_supported(torch.device("cuda"), torch.bfloat16)),
