@@ -8,8 +8,8 @@
 #      with the row-wise GEMM everywhere (the code before fp8_gemm), FP8 with fp8_gemm auto (new), auto + FP8 KV;
 #   4. one decode step of 256 rows under torch.profiler, bf16 / FP8 row-wise / FP8 auto (profile.txt);
 #   5. if time is left, `bench throughput` with the Triton FP8 GEMM everywhere (--fp8-gemm triton).
-# Each step runs under `timeout` and none starts once BUDGET_S (default 450 s) is spent. Outputs, 6 files:
-# $OUT/log.txt (summary last), tests.txt, gemm_sweep.json, benches.json, bench_logs.txt, profile.txt.
+# Each step runs under `timeout` and none starts once BUDGET_S (default 450 s) is spent. Outputs, 7 files:
+# $OUT/log.txt (summary last), tests.txt, sweep.log, gemm_sweep.json, benches.json, bench_logs.txt, profile.txt.
 # DRY_RUN=1: the same steps on the CPU with small shapes and the embedded tiny model (a check of this script).
 set -o pipefail
 export PYTHONUNBUFFERED=1
@@ -18,26 +18,8 @@ export OUT=${OUT:-/tmp/fp8-gemm-out}
 mkdir -p "$OUT"
 BENCH_TMP=$(mktemp -d)
 BUDGET_S=${BUDGET_S:-450}
-T0=$(date +%s)
-log() { echo "$*" | tee -a "$OUT/log.txt"; }
-left() { echo $(( BUDGET_S - ($(date +%s) - T0) )); }
-step() {  # step NAME MAX_S CMD...: CMD under timeout min(MAX_S, what is left); skipped under 20 s left
-  local name=$1 max=$2; shift 2
-  local l; l=$(left)
-  if (( l < 20 )); then log "== $name SKIPPED (budget spent)"; return 0; fi
-  local t=$(( max < l ? max : l ))
-  log "== $name (timeout ${t}s) $(date +%T)"
-  local s; s=$(date +%s)
-  timeout "$t" bash -c '"$@"' _ "$@"
-  log "   $name rc=$? in $(( $(date +%s) - s ))s"
-}
-
-# The engine needs msgspec: carry .whl where the machine lacks it (the benches import the engine).
-if ls .whl/*.whl > /dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-    && export PYTHONPATH=/tmp/site:$PWD
-fi
 : > "$OUT/log.txt"
+. scripts/gpu/steps.sh  # log, step (under the budget), the carried wheels
 [ -z "$DRY_RUN" ] && nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee -a "$OUT/log.txt"
 git log --oneline -1 2>/dev/null | tee -a "$OUT/log.txt"
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" | tee -a "$OUT/log.txt"
@@ -49,7 +31,7 @@ tests() {
   tail -n 8 "$OUT/tests.txt" | tee -a "$OUT/log.txt"
   return $rc
 }
-export -f log tests
+export -f tests
 step tests 90 tests
 
 step "gemm sweep" 150 bash -c 'python3 scripts/gpu/fp8_gemm.py sweep > "$OUT/sweep.log" 2>&1; rc=$?; tail -n 4 "$OUT/sweep.log"; exit $rc'
@@ -81,18 +63,7 @@ step "bench bf16" 95 bench bf16
 step "bench fp8 rowwise (before)" 95 bench fp8-rowwise --quantization fp8 $ROWWISE
 step "bench fp8 auto (new)" 95 bench fp8-auto --quantization fp8
 step "bench fp8 auto + fp8 kv" 95 bench fp8-auto-kv --quantization fp8 --kv-cache-dtype fp8
-python3 - "$BENCH_TMP" "$OUT/benches.json" <<'EOF'
-import json, os, sys
-runs = {}
-for name in ("bf16", "fp8-rowwise", "fp8-auto", "fp8-auto-kv"):
-    try:
-        with open(os.path.join(sys.argv[1], name + ".json")) as f:
-            runs[name] = json.load(f)
-    except Exception as exc:
-        runs[name] = {"missing": repr(exc)[:160]}
-with open(sys.argv[2], "w") as f:
-    json.dump(runs, f, indent=1)
-EOF
+python3 scripts/gpu/fp8_gemm.py benches "$BENCH_TMP"
 
 : > "$OUT/profile.txt"
 if [ -n "$DRY_RUN" ]; then PROFILES="bf16 fp8-auto"; else PROFILES="bf16 fp8-rowwise fp8-auto"; fi
@@ -102,54 +73,8 @@ done
 
 # Last, if time is left: the engine with the Triton GEMM everywhere (a candidate; auto does not take it).
 step "bench fp8 triton" 95 bench fp8-triton --quantization fp8 $TRITON
-python3 - "$BENCH_TMP" "$OUT/benches.json" <<'EOF'
-import json, os, sys
-path = os.path.join(sys.argv[1], "fp8-triton.json")
-if os.path.exists(path):
-    with open(sys.argv[2]) as f:
-        runs = json.load(f)
-    try:
-        with open(path) as f:
-            runs["fp8-triton"] = json.load(f)
-    except Exception as exc:
-        runs["fp8-triton"] = {"missing": repr(exc)[:160]}
-    with open(sys.argv[2], "w") as f:
-        json.dump(runs, f, indent=1)
-EOF
+python3 scripts/gpu/fp8_gemm.py benches "$BENCH_TMP"
 
 log "== summary ($(( $(date +%s) - T0 ))s)"
-python3 - "$OUT" <<'EOF' 2>&1 | tee -a "$OUT/log.txt"
-import json, os, sys
-out = sys.argv[1]
-def load(name):
-    try:
-        with open(os.path.join(out, name)) as f:
-            return json.load(f)
-    except Exception as exc:
-        return {"missing": repr(exc)[:120]}
-runs = load("benches.json")
-base = runs.get("bf16", {})
-print("variant       seconds  out tok/s  x bf16  KV blocks  x bf16  % roofline")
-for name, r in runs.items() if isinstance(runs, dict) else []:
-    if "elapsed_s" not in r:
-        print(f"{name:12}  failed ({r.get('missing', '')})")
-        continue
-    speed = r["output_tokens_per_s"] / base["output_tokens_per_s"] if "output_tokens_per_s" in base else float("nan")
-    blocks = r["num_kv_blocks"] / base["num_kv_blocks"] if "num_kv_blocks" in base else float("nan")
-    print(f"{name:12} {r['elapsed_s']:8.2f} {r['output_tokens_per_s']:10.0f} {speed:7.2f} {r['num_kv_blocks']:10d} "
-          f"{blocks:7.2f} {r.get('percent_of_roofline') or float('nan'):10.1f}")
-sweep = load("gemm_sweep.json")
-print(f"torch {sweep.get('torch')} cuda {sweep.get('cuda')} cuBLASLt runtime {sweep.get('cublaslt_runtime')}")
-for row in sweep.get("rows", []):
-    for variant, names in row.get("kernels", {}).items():
-        print(f"kernels {row['shape']} M={row['m']} {variant}: " + " | ".join(n[:90] for n in names))
-for shape, s in sweep.get("summary", {}).items():
-    print(f"gemm {shape}: cuBLASLt (with the scales pass) faster than row-wise at M = {s['cublaslt_faster_at_m']}")
-    for m, ratios in s["speedup_over_bf16"].items():
-        print(f"   M={m:>5}: x bf16 " + ", ".join(f"{k.removeprefix('fp8_')} {v}" for k, v in ratios.items()))
-with open(os.path.join(out, "profile.txt")) as f:
-    for line in f:
-        if line.startswith("## "):
-            print("profile", line[3:].strip())
-EOF
+python3 scripts/gpu/fp8_gemm.py summary 2>&1 | tee -a "$OUT/log.txt"
 rm -rf "$BENCH_TMP"

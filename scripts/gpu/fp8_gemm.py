@@ -11,6 +11,8 @@ scripts/gpu/fp8-gemm.sh can time each:
   profile VARIANT  one decode step of 256 rows (eager, so each kernel shows) of the qwen2-7b shape under
                    torch.profiler: bf16, fp8-rowwise or fp8-auto; top kernels by GPU time -> appended to
                    $OUT/profile.txt
+  benches DIR      the `bench throughput` JSONs fp8-gemm.sh left in DIR -> $OUT/benches.json
+  summary          the run in a few lines (fp8-gemm.sh appends them to $OUT/log.txt)
 
 DRY_RUN=1: the same steps on the CPU with small shapes and the embedded tiny model (the named tensor-core
 GEMMs and the Triton kernels do not run there: those variants record their error (the kernel tests run the
@@ -285,8 +287,57 @@ def profile(variant: str) -> None:
     eng.shutdown()
 
 
+BENCH_VARIANTS = ("bf16", "fp8-rowwise", "fp8-auto", "fp8-auto-kv", "fp8-triton")
+
+
+def _load(path: str) -> dict:
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except Exception as exc:  # noqa: BLE001 - a step that failed or never ran: say so in its place
+        return {"missing": repr(exc)[:160]}
+
+
+def benches(bench_dir: str) -> None:
+    """The `bench throughput` outputs in bench_dir (one JSON each) -> $OUT/benches.json (fp8-triton if it ran)."""
+    runs = {name: _load(os.path.join(bench_dir, name + ".json")) for name in BENCH_VARIANTS
+            if name != "fp8-triton" or os.path.exists(os.path.join(bench_dir, name + ".json"))}
+    with open(os.path.join(OUT, "benches.json"), "w") as f:
+        json.dump(runs, f, indent=1)
+
+
+def summary() -> None:
+    """The run in a few lines: throughput side by side, where each GEMM wins, which kernels ran, the profiles."""
+    runs = _load(os.path.join(OUT, "benches.json"))
+    base = runs.get("bf16", {})
+    print("variant       seconds  out tok/s  x bf16  KV blocks  x bf16  % roofline")
+    for name, r in runs.items():
+        if "elapsed_s" not in r:
+            print(f"{name:12}  failed ({r.get('missing', '')})")
+            continue
+        speed = r["output_tokens_per_s"] / base["output_tokens_per_s"] if "output_tokens_per_s" in base else math.nan
+        blocks = r["num_kv_blocks"] / base["num_kv_blocks"] if "num_kv_blocks" in base else math.nan
+        print(f"{name:12} {r['elapsed_s']:8.2f} {r['output_tokens_per_s']:10.0f} {speed:7.2f} {r['num_kv_blocks']:10d} "
+              f"{blocks:7.2f} {r.get('percent_of_roofline') or math.nan:10.1f}")
+    sweep_out = _load(os.path.join(OUT, "gemm_sweep.json"))
+    print(f"torch {sweep_out.get('torch')} cuda {sweep_out.get('cuda')} cuBLASLt {sweep_out.get('cublaslt_runtime')}")
+    for row in sweep_out.get("rows", []):
+        for variant, names in row.get("kernels", {}).items():
+            print(f"kernels {row['shape']} M={row['m']} {variant}: " + " | ".join(n[:90] for n in names))
+    for shape, s in sweep_out.get("summary", {}).items():
+        print(f"gemm {shape}: cuBLASLt (+ scales pass) faster than row-wise at M = {s['cublaslt_faster_at_m']}; "
+              f"Triton faster than both at M = {s['triton_faster_than_both_at_m']}")
+        for m, ratios in s["speedup_over_bf16"].items():
+            print(f"   M={m:>5}: x bf16 " + ", ".join(f"{k.removeprefix('fp8_')} {v}" for k, v in ratios.items()))
+    try:
+        with open(os.path.join(OUT, "profile.txt")) as f:
+            for line in f:
+                if line.startswith("## "):
+                    print("profile", line[3:].strip())
+    except OSError as exc:
+        print("profile missing:", exc)
+
+
 if __name__ == "__main__":
-    if sys.argv[1] == "sweep":
-        sweep()
-    else:
-        profile(sys.argv[2])
+    {"sweep": sweep, "profile": lambda: profile(sys.argv[2]), "benches": lambda: benches(sys.argv[2]),
+     "summary": summary}[sys.argv[1]]()

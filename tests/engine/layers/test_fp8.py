@@ -78,23 +78,25 @@ def _cpu_scaled_mm_takes_row_scales() -> bool:
 
 @pytest.mark.skipif(not _cpu_scaled_mm_takes_row_scales(),
                     reason="this torch's CPU _scaled_mm has no row-wise scales (the GPU test below checks the call)")
-def test_scaled_mm_arguments_give_what_the_dequantizing_reference_gives():
-    """The GEMM call the GPU makes, checked where torch implements it on the CPU (float32 output: exact)."""
+def _small_gemm_operands():
+    """e4m3 operands with their scales and a bias (33 tokens, 64 -> 48), and the dequantizing reference's result."""
     x, w, b = _randn(33, 64, seed=4), _randn(48, 64, seed=5), _randn(48, seed=6)
     xq, xs = quantize_per_token_ref(x)
     q, scale = quantize_rows(w)
-    want = dequantized_linear(xq, xs, q, scale, b, torch.float32)
-    torch.testing.assert_close(scaled_mm(xq, xs, q, scale, b, torch.float32), want, atol=1e-4, rtol=1e-5)
+    return (xq, xs, q, scale, b), dequantized_linear(xq, xs, q, scale, b, torch.float32)
+
+
+def test_scaled_mm_arguments_give_what_the_dequantizing_reference_gives():
+    """The GEMM call the GPU makes, checked where torch implements it on the CPU (float32 output: exact)."""
+    operands, want = _small_gemm_operands()
+    torch.testing.assert_close(scaled_mm(*operands, torch.float32), want, atol=1e-4, rtol=1e-5)
 
 
 def test_unscaled_gemm_then_the_scales_gives_what_the_dequantizing_reference_gives():
     """The cuBLASLt path's call, where torch implements it on the CPU (scalar scales, float32 out; 2.11 and 2.13):
     the unit-scale GEMM sums e4m3 products exactly in float32, and the scales and bias come after."""
-    x, w, b = _randn(33, 64, seed=4), _randn(48, 64, seed=5), _randn(48, seed=6)
-    xq, xs = quantize_per_token_ref(x)
-    q, scale = quantize_rows(w)
-    want = dequantized_linear(xq, xs, q, scale, b, torch.float32)
-    torch.testing.assert_close(unscaled_mm(xq, xs, q, scale, b, torch.float32), want, atol=1e-4, rtol=1e-5)
+    operands, want = _small_gemm_operands()
+    torch.testing.assert_close(unscaled_mm(*operands, torch.float32), want, atol=1e-4, rtol=1e-5)
 
 
 def test_the_scales_multiply_each_row_by_its_token_and_each_column_by_its_channel():
