@@ -200,6 +200,7 @@ def sweep() -> None:
                     row["triton_configs_us"][label] = f"{type(exc).__name__}: {str(exc)[:100]}"
             rows_out.append(row)
             print(json.dumps(row), flush=True)
+            save_sweep(rows_out, time.time() - start, quiet=True)  # a timeout later keeps what is measured
             del x, xq
         del ws, qs
         if DEV.type == "cuda":
@@ -211,12 +212,14 @@ def _us(row: dict, variant: str) -> float:
     return row.get(variant, {}).get("us", math.inf)
 
 
-def save_sweep(rows: list[dict], seconds: float) -> None:
+def save_sweep(rows: list[dict], seconds: float, quiet: bool = False) -> None:
     """The rows, and per shape the rows where cuBLASLt (scales pass included) beats the row-wise kernel and the
     FP8/bf16 time ratio of each path (the numbers CUBLASLT_MAX_TOKENS is chosen from)."""
     summary = {}
     for name in SHAPES:
         mine = [r for r in rows if r["shape"] == name]
+        if not mine:
+            continue
         summary[name] = {
             "cublaslt_faster_at_m": [r["m"] for r in mine if _us(r, "fp8_cublaslt") < _us(r, "fp8_rowwise")],
             "triton_faster_than_both_at_m": [r["m"] for r in mine if _us(r, "fp8_triton") < min(
@@ -237,6 +240,8 @@ def save_sweep(rows: list[dict], seconds: float) -> None:
               "fp8_peak_for_roofline": round(790.0 * fp8_best / bf16_best, 1) if bf16_best and fp8_best else None}
     with open(os.path.join(OUT, "gemm_sweep.json"), "w") as f:
         json.dump(result, f, indent=1)
+    if quiet:
+        return
     for name, s in summary.items():
         print(f"{name}: cuBLASLt with its scales pass faster than row-wise at M = {s['cublaslt_faster_at_m']}; "
               f"Triton faster than both at M = {s['triton_faster_than_both_at_m']}", flush=True)

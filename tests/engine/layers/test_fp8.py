@@ -149,6 +149,26 @@ def test_tensor_core_fp8_linear_matches_the_reference_path_on_the_gpu(fp8_gemm):
     assert (excess <= 2.0 ** -10 * magnitude).all(), f"worst excess {(excess / magnitude).max().item():.2e} of S"
 
 
+@pytest.mark.skipif(not (torch.cuda.is_available() and scaled_mm_supported(torch.device("cuda"), torch.bfloat16)),
+                    reason="needs FP8 tensor cores (compute capability 8.9+)")
+@pytest.mark.parametrize("fp8_gemm", GEMMS)
+def test_each_tensor_core_gemm_replays_from_a_cuda_graph_as_it_ran_eagerly(fp8_gemm):
+    """The engine captures decode steps after eager warm-up runs (cuda_graphs.py): what a GEMM path makes at its
+    first call (cuBLASLt's unit scale, Triton's compiled and autotuned kernels) must then serve the replays."""
+    dev = torch.device("cuda")
+    x = _randn(256, 512, seed=20).to(dev, torch.bfloat16)
+    q, scale = quantize_rows(_randn(384, 512, seed=21, scale=0.02).to(dev))
+    b = _randn(384, seed=22).to(dev, torch.bfloat16)
+    eager = fp8_linear(x, q, scale, b, fp8_gemm)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = fp8_linear(x, q, scale, b, fp8_gemm)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(captured, eager)
+
+
 def _layers(kind: str, ps: ParallelState):
     """One layer of each parallel kind, FP8, with the tiny model's shapes (64 hidden, 4 heads of 16, 2 KV)."""
     if kind == "column":
