@@ -314,6 +314,9 @@ def benches(bench_dir: str) -> None:
 def summary() -> None:
     """The run in a few lines: throughput side by side, where each GEMM wins, which kernels ran, the profiles."""
     runs = _load(os.path.join(OUT, "benches.json"))
+    if "missing" in runs:
+        print("benches.json:", runs["missing"])
+        runs = {}
     base = runs.get("bf16", {})
     print("variant       seconds  out tok/s  x bf16  KV blocks  x bf16  % roofline")
     for name, r in runs.items():
