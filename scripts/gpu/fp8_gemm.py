@@ -157,6 +157,8 @@ def sweep() -> None:
                     xq, qs[i].t(), scale_a=xs, scale_b=scale.view(1, -1), out_dtype=torch.bfloat16,
                     use_fast_accum=True), len(qs)),
                 "fp8_cublaslt": (lambda i: unscaled_mm(xq, xs, qs[i], scale, None, torch.bfloat16), len(qs)),
+                "fp8_cublaslt_bf16_acc": (lambda i: unscaled_mm(xq, xs, qs[i], scale, None, torch.bfloat16,
+                                                                torch.bfloat16), len(qs)),
                 "fp8_cublaslt_gemm_only": (lambda i: torch._scaled_mm(
                     xq, qs[i].t(), scale_a=one, scale_b=one, out_dtype=torch.float32), len(qs)),
                 "fp8_cublaslt_fast_accum": (fast_unscaled, len(qs)),
@@ -225,7 +227,8 @@ def save_sweep(rows: list[dict], seconds: float, quiet: bool = False) -> None:
             "triton_faster_than_both_at_m": [r["m"] for r in mine if _us(r, "fp8_triton") < min(
                 _us(r, "fp8_rowwise"), _us(r, "fp8_cublaslt"))],
             "speedup_over_bf16": {r["m"]: {v: round(_us(r, "bf16") / _us(r, v), 2) for v in (
-                "fp8_rowwise", "fp8_rowwise_fast_accum", "fp8_cublaslt", "fp8_cublaslt_fast_accum",
+                "fp8_rowwise", "fp8_rowwise_fast_accum", "fp8_cublaslt", "fp8_cublaslt_bf16_acc",
+                "fp8_cublaslt_fast_accum",
                 "fp8_per_tensor_bf16_out", "fp8_triton", "fp8_triton_fast_accum", "fp8_linear_auto",
                 "fp8_linear_rowwise")} for r in mine},
         }

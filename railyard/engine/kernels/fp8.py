@@ -108,7 +108,7 @@ def _apply_scales_kernel(acc_ptr, xs_ptr, ws_ptr, b_ptr, y_ptr, N, HAS_BIAS: tl.
     row = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = cols < N
-    acc = tl.load(acc_ptr + row * N + cols, mask=mask, other=0.0)
+    acc = tl.load(acc_ptr + row * N + cols, mask=mask, other=0.0).to(tl.float32)
     y = acc * tl.load(xs_ptr + row) * tl.load(ws_ptr + cols, mask=mask, other=0.0)
     if HAS_BIAS:
         y = y + tl.load(b_ptr + cols, mask=mask, other=0.0).to(tl.float32)
@@ -117,12 +117,13 @@ def _apply_scales_kernel(acc_ptr, xs_ptr, ws_ptr, b_ptr, y_ptr, N, HAS_BIAS: tl.
 
 def apply_scales(acc: torch.Tensor, x_scale: torch.Tensor, weight_scale: torch.Tensor, bias: torch.Tensor | None,
                  dtype: torch.dtype) -> torch.Tensor:
-    """float32 acc [M, N] (contiguous) -> dtype((acc * x_scale[M, 1]) * weight_scale[N] (+ bias)), one pass.
+    """acc [M, N] (contiguous; float32, or bf16 / fp16) -> dtype((float32(acc) * x_scale[M, 1]) * weight_scale[N]
+    (+ bias)), one pass.
 
     Bit for bit layers.fp8.apply_scales_ref: the same float32 multiplications in the same order, and no fused
     multiply-add (enable_fp_fusion=False) where the bias is added."""
-    if acc.dim() != 2 or not acc.is_contiguous() or acc.dtype != torch.float32:
-        raise ValueError(f"apply_scales wants a contiguous 2-D float32 input, got {acc.dtype} {tuple(acc.shape)} "
+    if acc.dim() != 2 or not acc.is_contiguous() or not acc.is_floating_point():
+        raise ValueError(f"apply_scales wants a contiguous 2-D float input, got {acc.dtype} {tuple(acc.shape)} "
                          f"strides {acc.stride()}")
     m, n = acc.shape
     y = torch.empty((m, n), dtype=dtype, device=acc.device)

@@ -58,12 +58,13 @@ def test_per_token_quantization_kernel_reads_strided_rows():
     assert torch.equal(scale, want_scale) and torch.equal(_bits(q), _bits(want_q))
 
 
+@pytest.mark.parametrize("acc_dtype", [torch.float32, torch.float16])  # bf16 as float16: interpreter casts
 @pytest.mark.parametrize("out_dtype", DTYPES)
 @pytest.mark.parametrize("n, with_bias", [(48, True), (48, False), (1000, True), (4608, True)])
-def test_apply_scales_kernel_is_bit_identical_to_torch(out_dtype, n, with_bias):
+def test_apply_scales_kernel_is_bit_identical_to_torch(out_dtype, n, with_bias, acc_dtype):
     """The pass after the unscaled cuBLASLt GEMM: widths under, over and at multiples of the kernel's block."""
     g = torch.Generator().manual_seed(n)
-    acc = (torch.randn((9, n), generator=g) * 3e4).to(DEVICE)  # sums of e4m3 products: hundreds to tens of thousands
+    acc = (torch.randn((9, n), generator=g) * 3e4).to(acc_dtype).to(DEVICE)  # sums of e4m3 products: large
     xs = (torch.rand((9, 1), generator=g) * 0.05 + 1e-4).to(DEVICE)
     ws = (torch.rand(n, generator=g) * 1e-4 + 1e-6).to(DEVICE)
     bias = torch.randn(n, generator=g).to(out_dtype).to(DEVICE) if with_bias else None

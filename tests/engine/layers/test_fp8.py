@@ -124,6 +124,22 @@ GEMMS = ["rowwise", "cublaslt", "triton"]
 
 @pytest.mark.skipif(not (torch.cuda.is_available() and scaled_mm_supported(torch.device("cuda"), torch.bfloat16)),
                     reason="needs FP8 tensor cores (compute capability 8.9+)")
+def test_the_unscaled_gemm_into_bf16_stays_within_two_bf16_roundings_on_the_gpu():
+    """unscaled_mm's acc_dtype bfloat16 (a sweep variant): the unscaled sums round to bf16 before the scales, then
+    the result again; two roundings of 2^-9 each, plus the accumulation bound of the test above."""
+    dev = torch.device("cuda")
+    x = _randn(300, 3584, seed=7).to(dev, torch.bfloat16)
+    q, scale = quantize_rows(_randn(4608, 3584, seed=8, scale=0.02).to(dev))
+    xq, xs = quantize_per_token(x)
+    got = unscaled_mm(xq, xs, q, scale, None, torch.bfloat16, torch.bfloat16)
+    want = dequantized_linear(xq, xs, q, scale, None, torch.float32)
+    magnitude = (xq.float().abs() * xs) @ (q.float().abs() * scale[:, None]).t()
+    excess = (got.float() - want).abs() - 2.0 ** -8 * want.abs()
+    assert (excess <= 2.0 ** -10 * magnitude).all(), f"worst excess {(excess / magnitude).max().item():.2e} of S"
+
+
+@pytest.mark.skipif(not (torch.cuda.is_available() and scaled_mm_supported(torch.device("cuda"), torch.bfloat16)),
+                    reason="needs FP8 tensor cores (compute capability 8.9+)")
 @pytest.mark.parametrize("fp8_gemm", GEMMS)
 def test_tensor_core_fp8_linear_matches_the_reference_path_on_the_gpu(fp8_gemm):
     """The same e4m3 numbers through torch._scaled_mm and through the dequantizing float32 reference differ by two
