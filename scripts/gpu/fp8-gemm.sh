@@ -1,9 +1,10 @@
 #!/bin/bash
 # Issue 15, the FP8 GEMM at decode sizes (the `fp8_gemm` engine option), in one device call on one H200 (~7 min):
-#   1. the FP8 layer and kernel tests on the GPU (both tensor-core GEMMs against the reference, the scales pass
-#      bit for bit against torch);
-#   2. the GEMM sweep: qwen2-7b qkv / o / gate_up / down at 16 ... 16,384 rows, bf16 against FP8 row-wise
-#      (CUTLASS), unscaled cuBLASLt + scales pass, their fast-accumulation and per-tensor relatives (gemm_sweep.json);
+#   1. the FP8 layer and kernel tests on the GPU (each tensor-core GEMM against the reference and replayed from
+#      a CUDA graph, the scales pass bit for bit against torch, the Triton GEMM autotuned);
+#   2. the GEMM sweep: qwen2-7b qkv / o / gate_up / down at 16 ... 16,384 rows, bf16 against FP8 row-wise,
+#      unscaled cuBLASLt + scales pass, the Triton GEMM, their fast-accumulation and per-tensor relatives, and
+#      which kernels each ran (gemm_sweep.json);
 #   3. `bench throughput`, issue-7 workload (256 prompts 100-1024 -> 256, budget 16,384), qwen2-7b shape: bf16, FP8
 #      with the row-wise GEMM everywhere (the code before fp8_gemm), FP8 with fp8_gemm auto (new), auto + FP8 KV;
 #   4. one decode step of 256 rows under torch.profiler, bf16 / FP8 row-wise / FP8 auto (profile.txt);
@@ -69,6 +70,7 @@ python3 scripts/gpu/fp8_gemm.py benches "$BENCH_TMP"
 if [ -n "$DRY_RUN" ]; then PROFILES="bf16 fp8-auto"; else PROFILES="bf16 fp8-rowwise fp8-auto"; fi
 for v in $PROFILES; do
   step "profile $v" 60 bash -c "python3 scripts/gpu/fp8_gemm.py profile $v > \"$BENCH_TMP/profile-$v.log\" 2>&1; rc=\$?; tail -n 2 \"$BENCH_TMP/profile-$v.log\"; exit \$rc"
+  { echo "## profile $v"; tail -n 12 "$BENCH_TMP/profile-$v.log" 2>/dev/null; } >> "$OUT/bench_logs.txt"
 done
 
 # Last, if time is left: the engine with the Triton GEMM everywhere (a candidate; auto does not take it).
