@@ -113,8 +113,8 @@ def kernel_names(fn) -> list[str]:
 
 
 def cublaslt_version() -> int | None:
-    """The cuBLASLt the process loaded: torch sends row-wise scales to it (outer-vector scaling) instead of its own
-    CUTLASS kernel on sm_90 when this and the build's cuBLAS are 12.9+ (aten ScaledBlas.cpp, _scaled_rowwise_rowwise)."""
+    """The cuBLASLt the process loaded: torch sends row-wise scales to it (outer-vector scaling) instead of its
+    own CUTLASS kernel on sm_90 when this and the build's cuBLAS are 12.9+ (ScaledBlas.cpp, _scaled_rowwise_rowwise)."""
     import ctypes
 
     for name in ("libcublasLt.so.13", "libcublasLt.so.12", "libcublasLt.so"):
@@ -203,10 +203,6 @@ def sweep() -> None:
             rows_out.append(row)
             print(json.dumps(row), flush=True)
             save_sweep(rows_out, time.time() - start, quiet=True)  # a timeout later keeps what is measured
-            del x, xq
-        del ws, qs
-        if DEV.type == "cuda":
-            torch.cuda.empty_cache()
     save_sweep(rows_out, time.time() - start)
 
 
