@@ -69,7 +69,8 @@ def _set_fp8_gemm(model: torch.nn.Module, fp8_gemm: str, device: torch.device, d
     one needs FP8 tensor cores and a bfloat16 model: elsewhere the reference path runs, which "auto" accepts)."""
     if fp8_gemm != "auto" and not scaled_mm_supported(device, dtype):
         raise ConfigError(f"fp8_gemm {fp8_gemm!r} needs FP8 tensor cores (compute capability 8.9+) and a bfloat16 "
-                          f"model; here the FP8 GEMMs are the {gemm_path(device, dtype)} (fp8_gemm auto runs it)")
+                          f"model; this run's FP8 GEMMs are the {gemm_path(device, dtype)}: leave fp8_gemm at auto to run "
+                          "them")
     if fp8_gemm == "triton" and fp8_ops() is None:
         raise ConfigError("fp8_gemm 'triton' needs triton, which does not import here")
     for module in model.modules():
