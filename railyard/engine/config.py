@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
-from typing import Literal
+from typing import Literal, get_args
 
 from railyard.engine.structured.params import StructuredOutputsParams
 from railyard.errors import ConfigError, InvalidRequestError
@@ -12,6 +12,7 @@ from railyard.model.spec import check_max_model_len
 
 SchedulingPolicy = Literal["fcfs", "priority"]
 PreemptionMode = Literal["recompute", "swap"]
+Fp8Gemm = Literal["auto", "rowwise", "cublaslt", "triton"]  # layers/fp8.py's FP8_GEMMS
 
 DEFAULT_MAX_NUM_BATCHED_TOKENS = 8192
 _DEVICES = ("auto", "cpu", "cuda")
@@ -50,6 +51,11 @@ class EngineConfig:
     # "fp8": linear layers in float8_e4m3fn with per-output-channel scales (quantized at load unless the
     # checkpoint already is FP8), activations quantized per token; the embedding and LM head stay as they are.
     quantization: str | None = None
+    # With FP8 weights on FP8 tensor cores, which GEMM: "rowwise" (torch's CUTLASS kernel, row-wise scales),
+    # "cublaslt" (an unscaled cuBLASLt GEMM, the scales applied after), "auto" (cuBLASLt for small batches such
+    # as decode steps, row-wise above) or "triton" (a Triton GEMM, scales in its epilogue); layers/fp8.py says
+    # why. Elsewhere only "auto" (the reference path) runs.
+    fp8_gemm: Fp8Gemm = "auto"
     # "fp8": the KV cache in float8_e4m3fn with one K and one V scale per layer (half the bytes of bf16).
     kv_cache_dtype: str = "auto"
     enforce_eager: bool = False
@@ -99,6 +105,7 @@ class EngineConfig:
         _choice("attention_backend", self.attention_backend, _BACKENDS)
         check_quantization(self.quantization)  # the precisions of model/precision.py, which sizes them
         check_kv_cache_dtype(self.kv_cache_dtype)
+        _choice("fp8_gemm", self.fp8_gemm, get_args(Fp8Gemm))
 
     def resolve(self, model_max_len: int) -> None:
         """Fill the options whose defaults depend on the model (called once the config.json is read)."""

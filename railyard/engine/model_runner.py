@@ -17,7 +17,8 @@ import torch
 from railyard.engine.attention import AttentionMetadata, get_backend
 from railyard.engine.cuda_graphs import DecodeGraphs, padded_block_tables
 from railyard.engine.config import EngineConfig
-from railyard.engine.layers.fp8 import FP8, cache_bits, gemm_path
+from railyard.engine.kernels import fp8_ops
+from railyard.engine.layers.fp8 import FP8, cache_bits, gemm_path, scaled_mm_supported
 from railyard.engine.models.loader import build_empty, fill_from_checkpoint, random_weights
 from railyard.engine.parallel import SINGLE, ParallelState
 from railyard.engine.piecewise_graphs import PiecewiseGraphs
@@ -61,6 +62,20 @@ def _fp8_attention_backend(name: str, device: torch.device) -> str:
                           f"8.9 or newer (Ada, Hopper); this one is {cap}: use --attention-backend torch")
     log.warning("kv_cache_dtype fp8 on a GPU of compute capability %s: the torch attention backend runs it", cap)
     return "torch"
+
+
+def _set_fp8_gemm(model: torch.nn.Module, fp8_gemm: str, device: torch.device, dtype: torch.dtype) -> None:
+    """Give every FP8 linear layer the tensor-core GEMM fp8_gemm names; ConfigError where none will run (a named
+    one needs FP8 tensor cores and a bfloat16 model: elsewhere the reference path runs, which "auto" accepts)."""
+    if fp8_gemm != "auto" and not scaled_mm_supported(device, dtype):
+        raise ConfigError(f"fp8_gemm {fp8_gemm!r} needs FP8 tensor cores (compute capability 8.9+) and a bfloat16 "
+                          f"model; this run's FP8 GEMMs are the {gemm_path(device, dtype)}: leave fp8_gemm at auto to run "
+                          "them")
+    if fp8_gemm == "triton" and fp8_ops() is None:
+        raise ConfigError("fp8_gemm 'triton' needs triton, which does not import here")
+    for module in model.modules():
+        if getattr(module, "quant", None) == "fp8":
+            module.fp8_gemm = fp8_gemm
 
 
 @dataclass
@@ -128,8 +143,12 @@ class ModelRunner:
         if load is not None:
             self.startup.record_weights(load, self.startup.phases["weight_loading"])
         if self.quantization == "fp8":
+            _set_fp8_gemm(self.model, config.fp8_gemm, self.device, self.dtype)
             log.info("FP8 weights (per-channel scales, per-token activations); GEMMs: %s",
-                     gemm_path(self.device, self.dtype))
+                     gemm_path(self.device, self.dtype, config.fp8_gemm))
+        elif config.fp8_gemm != "auto":
+            raise ConfigError(f"fp8_gemm {config.fp8_gemm!r} picks the GEMM of FP8 weights: this model has none "
+                              "(add --quantization fp8, or leave fp8_gemm at auto)")
         attn = self.model.model.layers[0].self_attn
         self.num_kv_heads, self.head_dim = attn.num_kv_heads, attn.head_dim
         self.block_size = config.block_size

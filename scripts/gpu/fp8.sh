@@ -15,29 +15,7 @@ cd "$(dirname "$0")/../.."
 export OUT=${OUT:-/tmp/fp8-out}
 mkdir -p "$OUT"
 BUDGET_S=${BUDGET_S:-470}
-T0=$(date +%s)
-log() { echo "$*" | tee -a "$OUT/log.txt"; }
-left() { echo $(( BUDGET_S - ($(date +%s) - T0) )); }
-# step NAME MAX_S CMD...: run CMD (a program or a function of this script) under timeout min(MAX_S, what is
-# left); skip it when under 20 s are left.
-step() {
-  local name=$1 max=$2; shift 2
-  local l; l=$(left)
-  if (( l < 20 )); then log "== $name SKIPPED (budget spent)"; return 0; fi
-  local t=$(( max < l ? max : l ))
-  log "== $name (timeout ${t}s) $(date +%T)"
-  local s; s=$(date +%s)
-  timeout "$t" bash -c '"$@"' _ "$@"
-  local rc=$?
-  log "   $name rc=$rc in $(( $(date +%s) - s ))s"
-  return 0
-}
-
-# railyard's engine needs msgspec (and the server pyzmq): carry .whl where the machine lacks them.
-if ls .whl/*.whl > /dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-    && export PYTHONPATH=/tmp/site:$PWD
-fi
+. scripts/gpu/steps.sh  # log, step (under the budget), the carried wheels
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$OUT/log.txt"
 git log --oneline -1 2>/dev/null | tee -a "$OUT/log.txt"
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" | tee -a "$OUT/log.txt"
@@ -49,7 +27,7 @@ tests() {
   tail -n 15 "$OUT/tests.txt" | tee -a "$OUT/log.txt"
   return $rc
 }
-export -f log tests
+export -f tests
 [ -z "$SKIP_TESTS" ] && step tests 150 tests
 
 step gemm 60 python3 scripts/gpu/fp8_check.py gemm > "$OUT/gemm.log" 2>&1

@@ -72,13 +72,14 @@ def test_flags_reach_the_engine_config():
     parser = argparse.ArgumentParser()
     add_engine_args(parser)
     config = engine_config_from_args(parser.parse_args(["--model", "m", "--quantization", "fp8",
-                                                        "--kv-cache-dtype", "fp8"]))
-    assert (config.quantization, config.kv_cache_dtype) == ("fp8", "fp8")
+                                                        "--kv-cache-dtype", "fp8", "--fp8-gemm", "rowwise"]))
+    assert (config.quantization, config.kv_cache_dtype, config.fp8_gemm) == ("fp8", "fp8", "rowwise")
 
 
 @pytest.mark.parametrize("field, value, message", [
     ("quantization", "int4", "quantization must be fp8 (or unset), got 'int4'"),
     ("kv_cache_dtype", "fp8_e5m2", "kv_cache_dtype must be one of auto, bfloat16, fp8; got 'fp8_e5m2'"),
+    ("fp8_gemm", "cutlass", "fp8_gemm must be one of auto, rowwise, cublaslt, triton; got 'cutlass'"),
 ])
 def test_unknown_values_are_config_errors(field, value, message):
     with pytest.raises(ConfigError) as err:
@@ -114,3 +115,18 @@ def test_an_fp8_cache_on_a_gpu_without_fp8_conversions_needs_the_torch_backend(m
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
     assert model_runner._fp8_attention_backend("triton", gpu) == "triton"
     assert model_runner._fp8_attention_backend("auto", torch.device("cpu")) == "auto"
+
+
+def test_a_named_fp8_gemm_without_fp8_tensor_cores_is_refused_and_auto_runs_the_reference(tiny_model):
+    """The CPU (and pre-Ada GPUs, and float32 models) have no tensor-core GEMM to pick: asking for one is an error
+    that says what runs instead, not a silent fallback; auto runs the dequantizing reference."""
+    with pytest.raises(ConfigError, match="fp8_gemm 'cublaslt' needs FP8 tensor cores .* reference: dequantize "
+                                          "then matmul"):
+        LLM(tiny_model, device="cpu", quantization="fp8", fp8_gemm="cublaslt")
+    runner = LLM(tiny_model, device="cpu", quantization="fp8").engine.executor.runner
+    assert {m.fp8_gemm for m in runner.model.modules() if getattr(m, "quant", None) == "fp8"} == {"auto"}
+
+
+def test_a_named_fp8_gemm_without_fp8_weights_is_refused(tiny_model):
+    with pytest.raises(ConfigError, match="fp8_gemm 'rowwise' picks the GEMM of FP8 weights: this model has none"):
+        LLM(tiny_model, device="cpu", fp8_gemm="rowwise")

@@ -1,5 +1,6 @@
-"""Triton FP8 pieces: per-token quantization of activations (the GPU path of layers.fp8.quantize_per_token)
-and the float32 -> e4m3 rounding every FP8 kernel here uses (the store-KV kernel too).
+"""Triton FP8 pieces: per-token quantization of activations (the GPU path of layers.fp8.quantize_per_token),
+the scales-and-bias pass after an unscaled cuBLASLt GEMM (layers.fp8.apply_scales) and the float32 -> e4m3
+rounding every FP8 kernel here uses (the store-KV kernel too).
 
 In torch the per-token quantization is five or six passes over the activations (float cast, abs, amax,
 scale, clamp, cast); before a down projection of a 16k-token prefill step those are gigabytes of traffic
@@ -97,3 +98,41 @@ def quantize_per_token(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
                                   INV_FP8_MAX=INV_FP8_MAX, MIN_SCALE=MIN_SCALE,
                                   num_warps=4 if block <= 2048 else 8)
     return q, scale
+
+
+_SCALES_BLOCK = 1024
+
+
+@triton.jit
+def _apply_scales_kernel(acc_ptr, xs_ptr, ws_ptr, b_ptr, y_ptr, N, HAS_BIAS: tl.constexpr, BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    mask = cols < N
+    acc = tl.load(acc_ptr + row * N + cols, mask=mask, other=0.0).to(tl.float32)
+    y = acc * tl.load(xs_ptr + row) * tl.load(ws_ptr + cols, mask=mask, other=0.0)
+    if HAS_BIAS:
+        y = y + tl.load(b_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    tl.store(y_ptr + row * N + cols, y.to(y_ptr.dtype.element_ty), mask=mask)
+
+
+def apply_scales(acc: torch.Tensor, x_scale: torch.Tensor, weight_scale: torch.Tensor, bias: torch.Tensor | None,
+                 dtype: torch.dtype) -> torch.Tensor:
+    """acc [M, N] (contiguous; float32, or bf16 / fp16) -> dtype((float32(acc) * x_scale[M, 1]) * weight_scale[N]
+    (+ bias)), one pass.
+
+    Bit for bit layers.fp8.apply_scales_ref: the same float32 multiplications in the same order, and no fused
+    multiply-add (enable_fp_fusion=False) where the bias is added."""
+    if acc.dim() != 2 or not acc.is_contiguous() or not acc.is_floating_point():
+        raise ValueError(f"apply_scales wants a contiguous 2-D float input, got {acc.dtype} {tuple(acc.shape)} "
+                         f"strides {acc.stride()}")
+    m, n = acc.shape
+    y = torch.empty((m, n), dtype=dtype, device=acc.device)
+    if m == 0 or n == 0:
+        return y
+    xs = x_scale.reshape(-1).contiguous()
+    ws = weight_scale.reshape(-1).contiguous()
+    b = bias.contiguous() if bias is not None else ws  # not read without HAS_BIAS
+    _apply_scales_kernel[(m, triton.cdiv(n, _SCALES_BLOCK))](acc, xs, ws, b, y, n, HAS_BIAS=bias is not None,
+                                                              BLOCK=_SCALES_BLOCK, num_warps=4,
+                                                              enable_fp_fusion=False)
+    return y

@@ -6,6 +6,19 @@ through torch._scaled_mm where the GPU has FP8 tensor cores (compute capability 
 elsewhere the same quantized numbers are dequantized and multiplied (the reference path), so results
 differ only by accumulation order.
 
+Which _scaled_mm (the `fp8_gemm` engine option): torch runs row-wise scales (per token x per channel) through
+its own CUTLASS kernel where its cuBLAS is older than 12.9 (aten ScaledBlas.cpp, _scaled_rowwise_rowwise; from
+12.9 on sm_90 it asks cuBLASLt's outer-vector scaling). That kernel's sm_90 dispatch (RowwiseScaledMM.cu) has
+two tiles, 64x128 and 128x128, and no split-K: a decode step's 256 x 4608 qkv GEMM makes 72 CTAs for 132 SMs,
+and the H200 ran it slower than bf16 (383 against 447 TFLOP/s; BENCHMARKS.md, FP8); its slow-accumulation
+schedules are slower still than tensor-wise cuBLAS (pytorch/pytorch#147971; torchao sends row-wise scales
+through cuBLAS with the scales applied after for that reason, pytorch/ao#1325). Tensor-wise (scalar) scales go
+to cuBLASLt, whose heuristics pick among many kernels for any shape. "cublaslt" keeps the
+per-token and per-channel numbers: an unscaled GEMM (unit scalar scales, float32 out) and then one pass that
+multiplies by both scales, adds the bias and casts (vLLM's torch_channelwise_w8a8_scaled_mm does the same
+in torch ops); the float32 output costs traffic the row-wise kernel's fused epilogue avoids, which matters at
+prefill sizes only. "auto" takes cuBLASLt up to CUBLASLT_MAX_TOKENS rows and the row-wise kernel above.
+
 One recipe, in IEEE float32 operations only, so that torch on the CPU, torch on CUDA and the Triton kernels
 (kernels/fp8.py, kernels/paged_attention.py) produce the same bytes: scale = max(amax * INV_FP8_MAX,
 MIN_SCALE), inv = 1 / scale (a rounded division), q = e4m3(clamp(x * inv, +-448)), rounded to nearest even.
@@ -24,6 +37,7 @@ import torch
 import torch.nn.functional as F
 
 from railyard.engine.kernels import fp8_ops
+from railyard.errors import ConfigError
 
 log = logging.getLogger("railyard.engine")
 
@@ -90,25 +104,61 @@ def scaled_mm_supported(device: torch.device, dtype: torch.dtype) -> bool:
     return device.type == "cuda" and dtype == torch.bfloat16 and _has_fp8_tensor_cores(device.index or 0)
 
 
-def gemm_path(device: torch.device, dtype: torch.dtype) -> str:
+# The tensor-core GEMMs fp8_linear can take (the engine's fp8_gemm option): "rowwise" torch's row-wise scaled
+# _scaled_mm, "cublaslt" an unscaled cuBLASLt GEMM then the scales, "auto" one or the other by the number of
+# rows, "triton" a Triton GEMM with the scales in its epilogue (kernels/fp8_gemm.py; a candidate, not in auto).
+FP8_GEMMS = ("auto", "rowwise", "cublaslt", "triton")
+# "auto" takes cuBLASLt up to this many rows (every decode step: at most cuda_graph_max_batch_size, 256 by
+# default) and the row-wise kernel above. Not measured yet: scripts/gpu/fp8-gemm.sh sweeps both over the 7B
+# GEMMs at 16-16,384 rows and says where they cross.
+CUBLASLT_MAX_TOKENS = 512
+
+
+def check_fp8_gemm(fp8_gemm: str) -> str:
+    """An fp8_gemm option value, or ConfigError naming the choices."""
+    if fp8_gemm not in FP8_GEMMS:
+        raise ConfigError(f"fp8_gemm must be one of {', '.join(FP8_GEMMS)}; got {fp8_gemm!r}")
+    return fp8_gemm
+
+
+def tensor_core_gemm(fp8_gemm: str, rows: int) -> str:
+    """The tensor-core GEMM ("rowwise" or "cublaslt") an fp8_gemm option picks for a batch of `rows` tokens."""
+    if fp8_gemm == "auto":
+        return "cublaslt" if rows <= CUBLASLT_MAX_TOKENS else "rowwise"
+    return check_fp8_gemm(fp8_gemm)
+
+
+def gemm_path(device: torch.device, dtype: torch.dtype, fp8_gemm: str = "auto") -> str:
     """Which FP8 GEMM a model on `device` in `dtype` runs, in words (the start-up report says it)."""
     if scaled_mm_supported(device, dtype):
-        return "torch._scaled_mm (FP8 tensor cores)"
+        which = {"auto": f"cuBLASLt up to {CUBLASLT_MAX_TOKENS} tokens, the row-wise CUTLASS kernel above",
+                 "rowwise": "the row-wise CUTLASS kernel", "cublaslt": "cuBLASLt, scales applied after",
+                 "triton": "a Triton GEMM, scales in its epilogue"}
+        return f"torch._scaled_mm (FP8 tensor cores; {which[check_fp8_gemm(fp8_gemm)]})"
     why = "no FP8 tensor cores" if device.type != "cuda" or not _has_fp8_tensor_cores(device.index or 0) \
         else f"a {str(dtype).removeprefix('torch.')} model: the tensor-core path is for bfloat16 models"
     return f"reference: dequantize then matmul ({why})"
 
 
 def fp8_linear(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor,
-               bias: torch.Tensor | None = None) -> torch.Tensor:
-    """y = x W^T (+ b) with W [N, K] fp8 and its per-channel scale [N]; x [..., K] in the model dtype."""
+               bias: torch.Tensor | None = None, fp8_gemm: str = "auto") -> torch.Tensor:
+    """y = x W^T (+ b) with W [N, K] fp8 and its per-channel scale [N]; x [..., K] in the model dtype.
+    fp8_gemm picks the tensor-core GEMM where there is one (FP8_GEMMS); the reference path ignores it."""
     lead = x.shape[:-1]
     if x.dim() != 2 or x.stride(-1) != 1:
         x = x.reshape(-1, x.shape[-1]).contiguous()
     xq, x_scale = quantize_per_token(x)
     n, k = weight.shape
     if scaled_mm_supported(x.device, x.dtype) and n % 16 == 0 and k % 16 == 0:  # _scaled_mm's shape rule
-        y = scaled_mm(xq, x_scale, weight, weight_scale, bias, x.dtype)
+        gemm = tensor_core_gemm(fp8_gemm, x.shape[0])
+        if gemm == "cublaslt":
+            y = unscaled_mm(xq, x_scale, weight, weight_scale, bias, x.dtype)
+        elif gemm == "triton":
+            from railyard.engine.kernels.fp8_gemm import fp8_gemm as triton_fp8_gemm
+
+            y = triton_fp8_gemm(xq, x_scale, weight, weight_scale, bias, x.dtype)
+        else:
+            y = scaled_mm(xq, x_scale, weight, weight_scale, bias, x.dtype)
     else:
         y = dequantized_linear(xq, x_scale, weight, weight_scale, bias, x.dtype)
     return y.view(*lead, n)
@@ -122,6 +172,54 @@ def scaled_mm(xq: torch.Tensor, x_scale: torch.Tensor, weight: torch.Tensor, wei
     row-wise scales as [M, 1] and [1, N] float32, and K and N multiples of 16."""
     return torch._scaled_mm(xq, weight.t(), scale_a=x_scale, scale_b=weight_scale.view(1, -1), bias=bias,
                             out_dtype=dtype)
+
+
+_UNIT_SCALES: dict[torch.device, torch.Tensor] = {}
+
+
+def unit_scale(device: torch.device) -> torch.Tensor:
+    """A float32 1.0 on `device`, one per device, for the scalar scales of the unscaled GEMM. Made outside any CUDA
+    graph capture (the graphs' eager warm-up runs come first): one first made while a graph is captured would be
+    filled only when that graph replays, so that case is an error, not a silently uninitialised scale."""
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    one = _UNIT_SCALES.get(device)
+    if one is None:
+        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            raise RuntimeError("unit_scale: first asked for inside a CUDA graph capture; run the layer eagerly first")
+        one = _UNIT_SCALES[device] = torch.ones((), dtype=torch.float32, device=device)
+    return one
+
+
+def unscaled_mm(xq: torch.Tensor, x_scale: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor,
+                bias: torch.Tensor | None, dtype: torch.dtype, acc_dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """The same product as scaled_mm through cuBLASLt: torch sends scalar scales there, so the GEMM runs with unit
+    scales into float32 (exact sums of e4m3 products, no rounding to bf16 before the scales) and apply_scales
+    then multiplies by the per-token and per-channel scales, adds the bias and casts, as scaled_mm's epilogue.
+    acc_dtype bfloat16 halves the traffic of that intermediate (a 256-token gate_up writes and reads 39 MB of
+    float32) for a second bf16 rounding (2^-9 relative, against e4m3's 2^-4); the sweep measures both."""
+    one = unit_scale(xq.device)
+    acc = torch._scaled_mm(xq, weight.t(), scale_a=one, scale_b=one, out_dtype=acc_dtype)
+    return apply_scales(acc, x_scale, weight_scale, bias, dtype)
+
+
+def apply_scales_ref(acc: torch.Tensor, x_scale: torch.Tensor, weight_scale: torch.Tensor,
+                     bias: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor:
+    """acc [M, N] -> dtype((float32(acc) * x_scale[M, 1]) * weight_scale[N] (+ float32(bias))); plain torch, the
+    oracle of the Triton kernel (the same float32 operations in the same order)."""
+    y = acc.float() * x_scale * weight_scale.view(1, -1)
+    if bias is not None:
+        y = y + bias.float()
+    return y.to(dtype)
+
+
+def apply_scales(acc: torch.Tensor, x_scale: torch.Tensor, weight_scale: torch.Tensor,
+                 bias: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor:
+    """apply_scales_ref in one Triton pass on CUDA (torch's would be three or four kernels over [M, N])."""
+    ops = fp8_ops() if acc.is_cuda else None
+    if ops is not None:
+        return ops.apply_scales(acc, x_scale, weight_scale, bias, dtype)
+    return apply_scales_ref(acc, x_scale, weight_scale, bias, dtype)
 
 
 def dequantized_linear(xq: torch.Tensor, x_scale: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor,

@@ -47,6 +47,7 @@ class _QuantizableWeight:
     def _make_weight(self, rows: int, cols: int, quant: str | None, dtype: torch.dtype | None) -> None:
         _check_quant(quant)
         self.quant = quant
+        self.fp8_gemm = "auto"  # which tensor-core GEMM (layers/fp8.py, FP8_GEMMS); the model runner sets it
         wdtype = FP8 if quant == "fp8" else dtype
         self.weight = _attach(nn.Parameter(torch.empty(rows, cols, dtype=wdtype), requires_grad=False),
                               self._load_weight if quant else self._load)
@@ -73,7 +74,7 @@ class _QuantizableWeight:
 
     def _matmul(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         if self.quant:
-            return fp8_linear(x, self.weight, self.weight_scale, bias)
+            return fp8_linear(x, self.weight, self.weight_scale, bias, self.fp8_gemm)
         return F.linear(x, self.weight, bias)
 
 

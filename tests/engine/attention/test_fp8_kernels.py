@@ -21,9 +21,11 @@ pytest.importorskip("triton")
 from railyard.engine.attention.torch_backend import TorchAttentionBackend  # noqa: E402
 from railyard.engine.attention.triton_backend import TritonAttentionBackend  # noqa: E402
 from railyard.engine.kernels import fp8 as fp8_kernels  # noqa: E402
+from railyard.engine.kernels import fp8_gemm  # noqa: E402
 from railyard.engine.kernels import paged_attention  # noqa: E402
 from railyard.engine.kernels.paged_attention import paged_decode, store_kv  # noqa: E402
-from railyard.engine.layers.fp8 import FP8, quantize_per_token_ref  # noqa: E402
+from railyard.engine.layers.fp8 import (FP8, apply_scales_ref, dequantized_linear, quantize_per_token_ref,  # noqa: E402
+                                        quantize_rows)
 from tests.engine.attention.paged_batch import DEVICE, random_batch  # noqa: E402
 
 # The interpreter's float32 -> bfloat16 cast truncates; bf16 inputs are checked on the GPU only.
@@ -54,6 +56,42 @@ def test_per_token_quantization_kernel_reads_strided_rows():
     q, scale = fp8_kernels.quantize_per_token(x)
     want_q, want_scale = quantize_per_token_ref(x)
     assert torch.equal(scale, want_scale) and torch.equal(_bits(q), _bits(want_q))
+
+
+@pytest.mark.parametrize("acc_dtype", [torch.float32, torch.float16])  # bf16 as float16: interpreter casts
+@pytest.mark.parametrize("out_dtype", DTYPES)
+@pytest.mark.parametrize("n, with_bias", [(48, True), (48, False), (1000, True), (4608, True)])
+def test_apply_scales_kernel_is_bit_identical_to_torch(out_dtype, n, with_bias, acc_dtype):
+    """The pass after the unscaled cuBLASLt GEMM: widths under, over and at multiples of the kernel's block."""
+    g = torch.Generator().manual_seed(n)
+    acc = (torch.randn((9, n), generator=g) * 3e4).to(acc_dtype).to(DEVICE)  # sums of e4m3 products: large
+    xs = (torch.rand((9, 1), generator=g) * 0.05 + 1e-4).to(DEVICE)
+    ws = (torch.rand(n, generator=g) * 1e-4 + 1e-6).to(DEVICE)
+    bias = torch.randn(n, generator=g).to(out_dtype).to(DEVICE) if with_bias else None
+    got = fp8_kernels.apply_scales(acc, xs, ws, bias, out_dtype)
+    want = apply_scales_ref(acc, xs, ws, bias, out_dtype)
+    assert got.dtype == out_dtype and got.shape == (9, n)
+    assert torch.equal(got, want)
+
+
+@pytest.mark.parametrize("config", [fp8_gemm.CONFIGS[0], fp8_gemm.CONFIGS[2], pytest.param(
+    None, marks=pytest.mark.skipif(DEVICE == "cpu", reason="the autotuner times configs on a GPU"))])  # autotuned
+@pytest.mark.parametrize("m, with_bias", [(3, True), (40, False)])
+def test_triton_fp8_gemm_gives_what_the_dequantizing_reference_gives(m, with_bias, config):
+    """The fp8_gemm="triton" path: the GEMM with both scales and the bias in its epilogue. Against the same
+    e4m3 numbers dequantized into a float32 matmul: float32 output, so only the summation order (and on sm_90
+    the per-BLOCK_K reduced-precision partial sums; tests/engine/layers/test_fp8.py bounds those) differs."""
+    g = torch.Generator().manual_seed(m)
+    x, w = torch.randn((m, 256), generator=g), torch.randn((80, 256), generator=g) * 0.05  # N not a tile multiple
+    bias = torch.randn(80, generator=g) if with_bias else None
+    xq, xs = quantize_per_token_ref(x)
+    q, ws = quantize_rows(w)
+    want = dequantized_linear(xq, xs, q, ws, bias, torch.float32)
+    got = fp8_gemm.fp8_gemm(xq.to(DEVICE), xs.to(DEVICE), q.to(DEVICE), ws.to(DEVICE),
+                            None if bias is None else bias.to(DEVICE), torch.float32, config=config)
+    magnitude = (xq.float().abs() * xs) @ (q.float().abs() * ws[:, None]).t()
+    assert got.shape == (m, 80) and got.dtype == torch.float32
+    assert ((got.cpu() - want).abs() <= 1e-5 * want.abs() + 2.0 ** -10 * magnitude).all()
 
 
 def _rounding_cases() -> torch.Tensor:

@@ -11,9 +11,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from railyard.engine.layers.fp8 import (FP8, FP8_MAX, INV_FP8_MAX, dequantized_linear, fp8_linear,
-                                        quantize_per_token, quantize_per_token_ref, quantize_rows, scaled_mm,
-                                        scaled_mm_supported)
+from railyard.engine.layers.fp8 import (CUBLASLT_MAX_TOKENS, FP8, FP8_MAX, INV_FP8_MAX, apply_scales_ref,
+                                        dequantized_linear, fp8_linear, quantize_per_token, quantize_per_token_ref,
+                                        quantize_rows, scaled_mm, scaled_mm_supported, tensor_core_gemm,
+                                        unscaled_mm)
 from railyard.engine.layers.linear import (ColumnParallelLinear, MergedColumnParallelLinear, QKVParallelLinear,
                                            RowParallelLinear)
 from railyard.engine.parallel import ParallelState
@@ -77,18 +78,70 @@ def _cpu_scaled_mm_takes_row_scales() -> bool:
 
 @pytest.mark.skipif(not _cpu_scaled_mm_takes_row_scales(),
                     reason="this torch's CPU _scaled_mm has no row-wise scales (the GPU test below checks the call)")
-def test_scaled_mm_arguments_give_what_the_dequantizing_reference_gives():
-    """The GEMM call the GPU makes, checked where torch implements it on the CPU (float32 output: exact)."""
+def _small_gemm_operands():
+    """e4m3 operands with their scales and a bias (33 tokens, 64 -> 48), and the dequantizing reference's result."""
     x, w, b = _randn(33, 64, seed=4), _randn(48, 64, seed=5), _randn(48, seed=6)
     xq, xs = quantize_per_token_ref(x)
     q, scale = quantize_rows(w)
-    want = dequantized_linear(xq, xs, q, scale, b, torch.float32)
-    torch.testing.assert_close(scaled_mm(xq, xs, q, scale, b, torch.float32), want, atol=1e-4, rtol=1e-5)
+    return (xq, xs, q, scale, b), dequantized_linear(xq, xs, q, scale, b, torch.float32)
+
+
+def test_scaled_mm_arguments_give_what_the_dequantizing_reference_gives():
+    """The GEMM call the GPU makes, checked where torch implements it on the CPU (float32 output: exact)."""
+    operands, want = _small_gemm_operands()
+    torch.testing.assert_close(scaled_mm(*operands, torch.float32), want, atol=1e-4, rtol=1e-5)
+
+
+def test_unscaled_gemm_then_the_scales_gives_what_the_dequantizing_reference_gives():
+    """The cuBLASLt path's call, where torch implements it on the CPU (scalar scales, float32 out; 2.11 and 2.13):
+    the unit-scale GEMM sums e4m3 products exactly in float32, and the scales and bias come after."""
+    operands, want = _small_gemm_operands()
+    torch.testing.assert_close(unscaled_mm(*operands, torch.float32), want, atol=1e-4, rtol=1e-5)
+
+
+def test_the_scales_multiply_each_row_by_its_token_and_each_column_by_its_channel():
+    acc = _randn(5, 7, seed=10) * 1000  # unscaled sums of e4m3 products are large
+    xs, ws, b = _randn(5, 1, seed=11).abs(), _randn(7, seed=12).abs(), _randn(7, seed=13)
+    got = apply_scales_ref(acc, xs, ws, b.to(torch.bfloat16), torch.bfloat16)
+    want = acc.double() * xs.double() * ws.double()[None, :] + b.to(torch.bfloat16).double()
+    assert got.dtype == torch.bfloat16
+    torch.testing.assert_close(got.double(), want, rtol=2.0 ** -8, atol=0)  # bf16's rounding, nothing more
+    torch.testing.assert_close(apply_scales_ref(acc, xs, ws, None, torch.float32).double(),
+                               acc.double() * xs.double() * ws.double()[None, :], rtol=1e-6, atol=0)
+
+
+@pytest.mark.parametrize("option, rows, gemm", [
+    ("auto", 1, "cublaslt"), ("auto", 256, "cublaslt"), ("auto", CUBLASLT_MAX_TOKENS, "cublaslt"),
+    ("auto", CUBLASLT_MAX_TOKENS + 1, "rowwise"), ("auto", 16384, "rowwise"),
+    ("rowwise", 1, "rowwise"), ("cublaslt", 16384, "cublaslt"), ("triton", 256, "triton"),
+])
+def test_auto_takes_cublaslt_for_small_batches_and_the_rowwise_kernel_above(option, rows, gemm):
+    assert tensor_core_gemm(option, rows) == gemm
+
+
+GEMMS = ["rowwise", "cublaslt", "triton"]
 
 
 @pytest.mark.skipif(not (torch.cuda.is_available() and scaled_mm_supported(torch.device("cuda"), torch.bfloat16)),
                     reason="needs FP8 tensor cores (compute capability 8.9+)")
-def test_tensor_core_fp8_linear_matches_the_reference_path_on_the_gpu():
+def test_the_unscaled_gemm_into_bf16_stays_within_two_bf16_roundings_on_the_gpu():
+    """unscaled_mm's acc_dtype bfloat16 (a sweep variant): the unscaled sums round to bf16 before the scales, then
+    the result again; two roundings of 2^-9 each, plus the accumulation bound of the test above."""
+    dev = torch.device("cuda")
+    x = _randn(300, 3584, seed=7).to(dev, torch.bfloat16)
+    q, scale = quantize_rows(_randn(4608, 3584, seed=8, scale=0.02).to(dev))
+    xq, xs = quantize_per_token(x)
+    got = unscaled_mm(xq, xs, q, scale, None, torch.bfloat16, torch.bfloat16)
+    want = dequantized_linear(xq, xs, q, scale, None, torch.float32)
+    magnitude = (xq.float().abs() * xs) @ (q.float().abs() * scale[:, None]).t()
+    excess = (got.float() - want).abs() - 2.0 ** -8 * want.abs()
+    assert (excess <= 2.0 ** -10 * magnitude).all(), f"worst excess {(excess / magnitude).max().item():.2e} of S"
+
+
+@pytest.mark.skipif(not (torch.cuda.is_available() and scaled_mm_supported(torch.device("cuda"), torch.bfloat16)),
+                    reason="needs FP8 tensor cores (compute capability 8.9+)")
+@pytest.mark.parametrize("fp8_gemm", GEMMS)
+def test_tensor_core_fp8_linear_matches_the_reference_path_on_the_gpu(fp8_gemm):
     """The same e4m3 numbers through torch._scaled_mm and through the dequantizing float32 reference differ by two
     roundings: bf16's of the output (at most 2^-8 of |y|) and the tensor cores' accumulation, which Hopper runs
     at reduced precision inside each MMA (an FP22 accumulator, 13 fraction bits; DeepSeek-V3 report, 3.3.2).
@@ -103,13 +156,33 @@ def test_tensor_core_fp8_linear_matches_the_reference_path_on_the_gpu():
     x = _randn(300, 3584, seed=7).to(dev, torch.bfloat16)  # a 7B hidden size; M not a multiple of 16
     w, b = _randn(4608, 3584, seed=8, scale=0.02).to(dev), _randn(4608, seed=9).to(dev, torch.bfloat16)
     q, scale = quantize_rows(w)
-    got = fp8_linear(x, q, scale, b)
+    got = fp8_linear(x, q, scale, b, fp8_gemm)
     xq, xs = quantize_per_token(x)  # the quantization fp8_linear ran: this checks the GEMM alone
     want = dequantized_linear(xq, xs, q, scale, b.float(), torch.float32)
     magnitude = (xq.float().abs() * xs) @ (q.float().abs() * scale[:, None]).t()
     assert got.dtype == torch.bfloat16 and got.shape == (300, 4608)
     excess = (got.float() - want).abs() - 2.0 ** -8 * want.abs()
     assert (excess <= 2.0 ** -10 * magnitude).all(), f"worst excess {(excess / magnitude).max().item():.2e} of S"
+
+
+@pytest.mark.skipif(not (torch.cuda.is_available() and scaled_mm_supported(torch.device("cuda"), torch.bfloat16)),
+                    reason="needs FP8 tensor cores (compute capability 8.9+)")
+@pytest.mark.parametrize("fp8_gemm", GEMMS)
+def test_each_tensor_core_gemm_replays_from_a_cuda_graph_as_it_ran_eagerly(fp8_gemm):
+    """The engine captures decode steps after eager warm-up runs (cuda_graphs.py): what a GEMM path makes at its
+    first call (cuBLASLt's unit scale, Triton's compiled and autotuned kernels) must then serve the replays."""
+    dev = torch.device("cuda")
+    x = _randn(256, 512, seed=20).to(dev, torch.bfloat16)
+    q, scale = quantize_rows(_randn(384, 512, seed=21, scale=0.02).to(dev))
+    b = _randn(384, seed=22).to(dev, torch.bfloat16)
+    eager = fp8_linear(x, q, scale, b, fp8_gemm)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = fp8_linear(x, q, scale, b, fp8_gemm)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(captured, eager)
 
 
 def _layers(kind: str, ps: ParallelState):
@@ -223,8 +296,10 @@ def test_fp8_linear_takes_batched_and_strided_inputs():
 
 
 @pytest.mark.parametrize("capability, dtype, path", [
-    ((9, 0), torch.bfloat16, "torch._scaled_mm (FP8 tensor cores)"),
-    ((8, 9), torch.bfloat16, "torch._scaled_mm (FP8 tensor cores)"),
+    ((9, 0), torch.bfloat16, f"torch._scaled_mm (FP8 tensor cores; cuBLASLt up to {CUBLASLT_MAX_TOKENS} tokens, "
+                             "the row-wise CUTLASS kernel above)"),
+    ((8, 9), torch.bfloat16, f"torch._scaled_mm (FP8 tensor cores; cuBLASLt up to {CUBLASLT_MAX_TOKENS} tokens, "
+                             "the row-wise CUTLASS kernel above)"),
     ((8, 0), torch.bfloat16, "reference: dequantize then matmul (no FP8 tensor cores)"),
     ((9, 0), torch.float32, "reference: dequantize then matmul (a float32 model: the tensor-core path is for "
                             "bfloat16 models)"),
