@@ -52,9 +52,10 @@ class EngineConfig:
     # checkpoint already is FP8), activations quantized per token; the embedding and LM head stay as they are.
     quantization: str | None = None
     # With FP8 weights on FP8 tensor cores, which GEMM: "rowwise" (torch's CUTLASS kernel, row-wise scales),
-    # "cublaslt" (an unscaled cuBLASLt GEMM, the scales applied after), "auto" (cuBLASLt for small batches such
-    # as decode steps, row-wise above) or "triton" (a Triton GEMM, scales in its epilogue); layers/fp8.py says
-    # why. Elsewhere only "auto" (the reference path) runs.
+    # "cublaslt" (an unscaled cuBLASLt GEMM, the scales applied after), "auto" (cuBLASLt up to
+    # layers/fp8.py's CUBLASLT_MAX_TOKENS rows, row-wise above: row-wise everywhere until measured) or "triton"
+    # (a Triton GEMM, scales in its epilogue); layers/fp8.py says why. Elsewhere only "auto" (the reference
+    # path) runs.
     fp8_gemm: Fp8Gemm = "auto"
     # "fp8": the KV cache in float8_e4m3fn with one K and one V scale per layer (half the bytes of bf16).
     kv_cache_dtype: str = "auto"

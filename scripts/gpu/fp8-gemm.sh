@@ -6,8 +6,10 @@
 #      unscaled cuBLASLt + scales pass, the Triton GEMM, their fast-accumulation and per-tensor relatives, and
 #      which kernels each ran (gemm_sweep.json);
 #   3. `bench throughput`, issue-7 workload (256 prompts 100-1024 -> 256, budget 16,384), qwen2-7b shape: bf16, FP8
-#      with the row-wise GEMM everywhere (the code before fp8_gemm), FP8 with fp8_gemm auto (new), auto + FP8 KV;
-#   4. one decode step of 256 rows under torch.profiler, bf16 / FP8 row-wise / FP8 auto (profile.txt);
+#      with the row-wise GEMM everywhere (the code before fp8_gemm, and auto's default), FP8 with cuBLASLt everywhere
+#      (--fp8-gemm cublaslt, new), cuBLASLt + FP8 KV; the sweep's cublaslt_faster_at_m then sets
+#      layers/fp8.py's CUBLASLT_MAX_TOKENS (auto's threshold, 0 until measured);
+#   4. one decode step of 256 rows under torch.profiler, bf16 / FP8 row-wise / FP8 cuBLASLt (profile.txt);
 #   5. if time is left, `bench throughput` with the Triton FP8 GEMM everywhere (--fp8-gemm triton).
 # Each step runs under `timeout` and none starts once BUDGET_S (default 450 s) is spent. Outputs, 7 files:
 # $OUT/log.txt (summary last), tests.txt, sweep.log, gemm_sweep.json, benches.json, bench_logs.txt, profile.txt.
@@ -42,11 +44,13 @@ log "   fp8 peak for the roofline: ${FP8_PEAK:-default (2x bf16)}"
 if [ -n "$DRY_RUN" ]; then
   WORKLOAD="--device cpu --num-prompts 8 --input-len 16-64 --output-len 8 --warmup-prompts 2"
   ROWWISE=""  # a named tensor-core GEMM is refused on the CPU: the dry run runs auto (the reference path) for all
+  CUBLASLT=""
   TRITON=""
 else
   WORKLOAD="--model qwen2-7b --num-prompts 256 --input-len 100-1024 --output-len 256 --max-num-batched-tokens 16384"
   WORKLOAD="$WORKLOAD ${FP8_PEAK:+--fp8-peak-tflops $FP8_PEAK}"
   ROWWISE="--fp8-gemm rowwise"
+  CUBLASLT="--fp8-gemm cublaslt"
   TRITON="--fp8-gemm triton"
 fi
 export WORKLOAD BENCH_TMP
@@ -62,12 +66,12 @@ bench() {  # variant flags...
 export -f bench
 step "bench bf16" 95 bench bf16
 step "bench fp8 rowwise (before)" 95 bench fp8-rowwise --quantization fp8 $ROWWISE
-step "bench fp8 auto (new)" 95 bench fp8-auto --quantization fp8
-step "bench fp8 auto + fp8 kv" 95 bench fp8-auto-kv --quantization fp8 --kv-cache-dtype fp8
+step "bench fp8 cublaslt (new)" 95 bench fp8-cublaslt --quantization fp8 $CUBLASLT
+step "bench fp8 cublaslt + fp8 kv" 95 bench fp8-cublaslt-kv --quantization fp8 --kv-cache-dtype fp8 $CUBLASLT
 python3 scripts/gpu/fp8_gemm.py benches "$BENCH_TMP"
 
 : > "$OUT/profile.txt"
-if [ -n "$DRY_RUN" ]; then PROFILES="bf16 fp8-auto"; else PROFILES="bf16 fp8-rowwise fp8-auto"; fi
+if [ -n "$DRY_RUN" ]; then PROFILES="bf16 fp8-auto"; else PROFILES="bf16 fp8-rowwise fp8-cublaslt"; fi
 for v in $PROFILES; do
   step "profile $v" 60 bash -c "python3 scripts/gpu/fp8_gemm.py profile $v > \"$BENCH_TMP/profile-$v.log\" 2>&1; rc=\$?; tail -n 2 \"$BENCH_TMP/profile-$v.log\"; exit \$rc"
   { echo "## profile $v"; tail -n 12 "$BENCH_TMP/profile-$v.log" 2>/dev/null; } >> "$OUT/bench_logs.txt"

@@ -9,7 +9,7 @@ scripts/gpu/fp8-gemm.sh can time each:
                    CUDA graphs of back-to-back calls over weight copies that overflow the L2 cache (a decode step
                    never finds a layer's weights there) -> $OUT/gemm_sweep.json
   profile VARIANT  one decode step of 256 rows (eager, so each kernel shows) of the qwen2-7b shape under
-                   torch.profiler: bf16, fp8-rowwise or fp8-auto; top kernels by GPU time -> appended to
+                   torch.profiler: bf16, fp8-rowwise, fp8-cublaslt or fp8-auto; top kernels by GPU time -> appended to
                    $OUT/profile.txt
   benches DIR      the `bench throughput` JSONs fp8-gemm.sh left in DIR -> $OUT/benches.json
   summary          the run in a few lines (fp8-gemm.sh appends them to $OUT/log.txt)
@@ -256,6 +256,7 @@ def profile(variant: str) -> None:
     from railyard.engine.tiny_model import ensure_tiny_model
 
     quant = {"bf16": {}, "fp8-rowwise": dict(quantization="fp8", fp8_gemm="rowwise"),
+             "fp8-cublaslt": dict(quantization="fp8", fp8_gemm="cublaslt"),
              "fp8-auto": dict(quantization="fp8", fp8_gemm="auto")}[variant]
     where = dict(model=str(ensure_tiny_model()), device="cpu") if DRY else dict(model="qwen2-7b", dtype="bfloat16")
     eng = Engine.from_config(EngineConfig(**where, **quant, enforce_eager=True, async_scheduling=False,
@@ -291,7 +292,7 @@ def profile(variant: str) -> None:
     eng.shutdown()
 
 
-BENCH_VARIANTS = ("bf16", "fp8-rowwise", "fp8-auto", "fp8-auto-kv", "fp8-triton")
+BENCH_VARIANTS = ("bf16", "fp8-rowwise", "fp8-cublaslt", "fp8-cublaslt-kv", "fp8-auto", "fp8-auto-kv", "fp8-triton")
 
 
 def _load(path: str) -> dict:

@@ -108,10 +108,11 @@ def scaled_mm_supported(device: torch.device, dtype: torch.dtype) -> bool:
 # _scaled_mm, "cublaslt" an unscaled cuBLASLt GEMM then the scales, "auto" one or the other by the number of
 # rows, "triton" a Triton GEMM with the scales in its epilogue (kernels/fp8_gemm.py; a candidate, not in auto).
 FP8_GEMMS = ("auto", "rowwise", "cublaslt", "triton")
-# "auto" takes cuBLASLt up to this many rows (every decode step: at most cuda_graph_max_batch_size, 256 by
-# default) and the row-wise kernel above. Not measured yet: scripts/gpu/fp8-gemm.sh sweeps both over the 7B
-# GEMMs at 16-16,384 rows and says where they cross.
-CUBLASLT_MAX_TOKENS = 512
+# "auto" takes cuBLASLt up to this many rows and the row-wise kernel above. 0 (the row-wise kernel everywhere, the
+# path every FP8 GPU test and benchmark so far ran) until the H200 shows where cuBLASLt wins:
+# scripts/gpu/fp8-gemm.sh sweeps both over the 7B GEMMs at 16-16,384 rows (its cublaslt_faster_at_m); the
+# cuBLASLt path has not run on a GPU yet, so it is opt-in (--fp8-gemm cublaslt) rather than a default.
+CUBLASLT_MAX_TOKENS = 0
 
 
 def check_fp8_gemm(fp8_gemm: str) -> str:
@@ -131,7 +132,9 @@ def tensor_core_gemm(fp8_gemm: str, rows: int) -> str:
 def gemm_path(device: torch.device, dtype: torch.dtype, fp8_gemm: str = "auto") -> str:
     """Which FP8 GEMM a model on `device` in `dtype` runs, in words (the start-up report says it)."""
     if scaled_mm_supported(device, dtype):
-        which = {"auto": f"cuBLASLt up to {CUBLASLT_MAX_TOKENS} tokens, the row-wise CUTLASS kernel above",
+        auto = f"cuBLASLt up to {CUBLASLT_MAX_TOKENS} tokens, the row-wise CUTLASS kernel above" \
+            if CUBLASLT_MAX_TOKENS else "the row-wise CUTLASS kernel"
+        which = {"auto": auto,
                  "rowwise": "the row-wise CUTLASS kernel", "cublaslt": "cuBLASLt, scales applied after",
                  "triton": "a Triton GEMM, scales in its epilogue"}
         return f"torch._scaled_mm (FP8 tensor cores; {which[check_fp8_gemm(fp8_gemm)]})"

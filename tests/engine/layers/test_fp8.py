@@ -11,6 +11,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+import railyard.engine.layers.fp8 as fp8_layer
 from railyard.engine.layers.fp8 import (CUBLASLT_MAX_TOKENS, FP8, FP8_MAX, INV_FP8_MAX, apply_scales_ref,
                                         dequantized_linear, fp8_linear, quantize_per_token, quantize_per_token_ref,
                                         quantize_rows, scaled_mm, scaled_mm_supported, tensor_core_gemm,
@@ -111,12 +112,17 @@ def test_the_scales_multiply_each_row_by_its_token_and_each_column_by_its_channe
 
 
 @pytest.mark.parametrize("option, rows, gemm", [
-    ("auto", 1, "cublaslt"), ("auto", 256, "cublaslt"), ("auto", CUBLASLT_MAX_TOKENS, "cublaslt"),
-    ("auto", CUBLASLT_MAX_TOKENS + 1, "rowwise"), ("auto", 16384, "rowwise"),
+    ("auto", 1, "cublaslt"), ("auto", 512, "cublaslt"), ("auto", 513, "rowwise"), ("auto", 16384, "rowwise"),
     ("rowwise", 1, "rowwise"), ("cublaslt", 16384, "cublaslt"), ("triton", 256, "triton"),
 ])
-def test_auto_takes_cublaslt_for_small_batches_and_the_rowwise_kernel_above(option, rows, gemm):
+def test_auto_takes_cublaslt_up_to_its_threshold_and_the_rowwise_kernel_above(option, rows, gemm, monkeypatch):
+    monkeypatch.setattr(fp8_layer, "CUBLASLT_MAX_TOKENS", 512)
     assert tensor_core_gemm(option, rows) == gemm
+
+
+def test_auto_is_the_rowwise_kernel_at_every_size_until_cublaslt_is_measured_on_a_gpu():
+    assert CUBLASLT_MAX_TOKENS == 0
+    assert {tensor_core_gemm("auto", rows) for rows in (1, 256, 16384)} == {"rowwise"}
 
 
 GEMMS = ["rowwise", "cublaslt", "triton"]
@@ -296,10 +302,8 @@ def test_fp8_linear_takes_batched_and_strided_inputs():
 
 
 @pytest.mark.parametrize("capability, dtype, path", [
-    ((9, 0), torch.bfloat16, f"torch._scaled_mm (FP8 tensor cores; cuBLASLt up to {CUBLASLT_MAX_TOKENS} tokens, "
-                             "the row-wise CUTLASS kernel above)"),
-    ((8, 9), torch.bfloat16, f"torch._scaled_mm (FP8 tensor cores; cuBLASLt up to {CUBLASLT_MAX_TOKENS} tokens, "
-                             "the row-wise CUTLASS kernel above)"),
+    ((9, 0), torch.bfloat16, "torch._scaled_mm (FP8 tensor cores; the row-wise CUTLASS kernel)"),
+    ((8, 9), torch.bfloat16, "torch._scaled_mm (FP8 tensor cores; the row-wise CUTLASS kernel)"),
     ((8, 0), torch.bfloat16, "reference: dequantize then matmul (no FP8 tensor cores)"),
     ((9, 0), torch.float32, "reference: dequantize then matmul (a float32 model: the tensor-core path is for "
                             "bfloat16 models)"),
