@@ -20,9 +20,8 @@ set -o pipefail
 export PYTHONUNBUFFERED=1
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/out}; mkdir -p $OUT; LOG=$OUT/log.txt
-[ -n "$SKIP_WHEELS" ] || python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-  --target /tmp/site .whl/*.whl 2>&1 | tail -3 || { echo "wheel install failed" | tee -a $LOG; exit 1; }
-export PYTHONPATH=/tmp/site:$PWD PATH=/tmp/site/bin:$PATH
+. scripts/gpu/wheels.sh
+carried_wheels .whl > /tmp/pip.log 2>&1 || { tail -3 /tmp/pip.log; echo "wheel install failed" | tee -a $LOG; exit 1; }
 CALL_S=${CALL_S:-450}; RUNS=${RUNS:-3}; CKPT=${CKPT:-/tmp/qwen2-7b}; SERVE_ARGS=${SERVE_ARGS:-"--log-level info"}
 SHAPE=${SHAPE:-qwen2-7b}; WORK=${WORK:-"--num-prompts 256 --input-len 100-1024 --output-len 256 --max-num-batched-tokens 16384"}
 [ -f $CKPT/config.json ] && KEEP_CKPT=1

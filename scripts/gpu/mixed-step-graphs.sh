@@ -17,9 +17,8 @@
 set -o pipefail
 export PYTHONUNBUFFERED=1
 cd "$(dirname "$0")/../.."
-[ -n "$SKIP_WHEELS" ] || python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-  --target /tmp/site .whl/*.whl || { echo "wheel install failed"; exit 1; }
-export PYTHONPATH=/tmp/site:$PWD PATH=/tmp/site/bin:$PATH
+. scripts/gpu/wheels.sh
+carried_wheels .whl || { echo "wheel install failed"; exit 1; }
 OUT=${OUT:-/tmp/out}; mkdir -p $OUT
 R=/tmp/results; rm -rf $R; mkdir -p $R; LOG=$R/log.txt
 CALL_S=${CALL_S:-470}; THRESHOLDS=${THRESHOLDS:-"256"}; MIXED_CAPS=${MIXED_CAPS-"128 192 256"}

@@ -10,9 +10,8 @@
 set -o pipefail
 export PYTHONUNBUFFERED=1
 cd "$(dirname "$0")/../.."
-[ -n "$SKIP_WHEELS" ] || python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-  --target /tmp/site .whl/*.whl || { echo "wheel install failed"; exit 1; }
-export PYTHONPATH=/tmp/site:$PWD PATH=/tmp/site/bin:$PATH
+. scripts/gpu/wheels.sh
+carried_wheels .whl || { echo "wheel install failed"; exit 1; }
 R=/tmp/results; mkdir -p $R; LOG=$R/log.txt
 CALL_S=${CALL_S:-540}; SERVE_BUDGET=${SERVE_BUDGET:-8192}; BUDGETS=${BUDGETS:-"8192"}
 THRESHOLDS=${THRESHOLDS:-"256 0 128 512"}; PROFILE_T=${PROFILE_T:-256}

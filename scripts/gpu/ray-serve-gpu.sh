@@ -57,9 +57,8 @@ if [ -n "$SMALL" ]; then  # CPU dry run: every step, tiny sizes
   T_UP=240 T_BENCH=120
 else
   # The wheels carried in .whl and .whl-ray (Ray 2.60 for Python 3.12 and what ray[serve] needs beyond the image).
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
-    .whl/*.whl .whl-ray/*.whl > $R/pip.log 2>&1 || { log "wheel install failed"; tail -5 $R/pip.log | tee -a "$LOG"; }
-  export PYTHONPATH=/tmp/site:$PWD PATH=/tmp/site/bin:$PATH
+  . scripts/gpu/wheels.sh
+  carried_wheels .whl .whl-ray > $R/pip.log 2>&1 || { log "wheel install failed"; tail -5 $R/pip.log | tee -a "$LOG"; }
   # No usage-stats reports (no network there); no OOM killer reading a VM's MemTotal, which starts small and grows.
   export RAY_USAGE_STATS_ENABLED=0 RAY_memory_monitor_refresh_ms=0
   MODEL=${MODEL:-qwen3-0.6b} BLOCKS=${BLOCKS:-16384} CPU_FLAG= DIRECT_FLAGS=

@@ -21,7 +21,5 @@ step() {
 export -f log
 
 # railyard's engine needs msgspec (and the server pyzmq): carry .whl where the machine lacks them.
-if ls .whl/*.whl > /dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-    && export PYTHONPATH=/tmp/site:$PWD
-fi
+. scripts/gpu/wheels.sh
+carried_wheels .whl

@@ -28,10 +28,8 @@ BUDGET_S=${CALL_S:-420}  # phase 2 (the BPE tokenizer) starts only if this much 
 PORT=${PORT:-8011}
 log() { echo "== $(date +%T) +${SECONDS}s $*" | tee -a "$OUT/log.txt"; }
 
-if ls .whl/*.whl > /dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-    && export PYTHONPATH=/tmp/site:$PWD
-fi
+. scripts/gpu/wheels.sh
+carried_wheels .whl  # a failure shows as the missing packages below
 python3 -c "import xgrammar, fastapi, uvicorn, pydantic" 2>> "$OUT/log.txt" \
   || { log "missing packages: carry .whl with xgrammar, apache-tvm-ffi and the serve wheels"; exit 1; }
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv,noheader 2>/dev/null | tee -a "$OUT/log.txt"
