@@ -12,7 +12,7 @@ from railyard.model.spec import check_max_model_len
 
 SchedulingPolicy = Literal["fcfs", "priority"]
 PreemptionMode = Literal["recompute", "swap"]
-Fp8Gemm = Literal["auto", "rowwise", "cublaslt", "triton"]  # layers/fp8.py's FP8_GEMMS
+Fp8Gemm = Literal["auto", "rowwise", "cublaslt", "triton"]  # the FP8 GEMMs of layers/fp8.py
 
 DEFAULT_MAX_NUM_BATCHED_TOKENS = 8192
 _DEVICES = ("auto", "cpu", "cuda")

@@ -32,10 +32,12 @@ from __future__ import annotations
 
 import functools
 import logging
+from typing import get_args
 
 import torch
 import torch.nn.functional as F
 
+from railyard.engine.config import Fp8Gemm
 from railyard.engine.kernels import fp8_ops
 from railyard.errors import ConfigError
 
@@ -107,7 +109,7 @@ def scaled_mm_supported(device: torch.device, dtype: torch.dtype) -> bool:
 # The tensor-core GEMMs fp8_linear can take (the engine's fp8_gemm option): "rowwise" torch's row-wise scaled
 # _scaled_mm, "cublaslt" an unscaled cuBLASLt GEMM then the scales, "auto" one or the other by the number of
 # rows, "triton" a Triton GEMM with the scales in its epilogue (kernels/fp8_gemm.py; a candidate, not in auto).
-FP8_GEMMS = ("auto", "rowwise", "cublaslt", "triton")
+FP8_GEMMS: tuple[str, ...] = get_args(Fp8Gemm)  # the engine option's choices, one list
 # "auto" takes cuBLASLt up to this many rows and the row-wise kernel above. 0 (the row-wise kernel everywhere, the
 # path every FP8 GPU test and benchmark so far ran) until the H200 shows where cuBLASLt wins:
 # scripts/gpu/fp8-gemm.sh sweeps both over the 7B GEMMs at 16-16,384 rows (its cublaslt_faster_at_m); the
