@@ -8,11 +8,10 @@ import json
 import logging
 import os
 import sys
-import threading
 import time
 
 from railyard.engine.args import add_engine_args, engine_config_from_args
-from railyard.engine.background import short_gil_switches
+from railyard.engine.background import Background
 from railyard.engine.startup import process_start_time
 from railyard.engine.tokenizer import with_shape_tokenizer
 from railyard.errors import ConfigError
@@ -78,14 +77,12 @@ def start_engine_client(config, *, engine_process: bool = True, **client_args):
 
 
 def _import_front() -> None:
-    # Short GIL switches: with --no-engine-process the model loads on this process's main thread meanwhile.
-    with short_gil_switches():
-        try:
-            import uvicorn  # noqa: F401
+    try:
+        import uvicorn  # noqa: F401
 
-            import railyard.api.app  # noqa: F401
-        except Exception:  # imported again where used, which raises it there
-            pass
+        import railyard.api.app  # noqa: F401
+    except Exception:  # imported again where used, which raises it there
+        pass
 
 
 def run_serve(args: argparse.Namespace) -> int:
@@ -96,13 +93,19 @@ def run_serve(args: argparse.Namespace) -> int:
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     config = engine_config_from_args(args, served_model_name=args.served_model_name)
     front_ready = time.time()
-    # The HTTP front's imports (FastAPI, uvicorn, transformers, torch) run while the engine starts, not before.
-    front_imports = threading.Thread(target=_import_front, name="railyard-front-imports", daemon=True)
-    front_imports.start()
-    engine = start_engine_client(config, engine_process=args.engine_process,
-                                 max_waiting_requests=args.max_waiting_requests)
+    # The HTTP front's imports (FastAPI, uvicorn, transformers, torch) run while the engine starts, not before; in
+    # the background's short GIL switches, since with --no-engine-process the model loads on this thread meanwhile.
+    front_imports = Background(_import_front, name="railyard-front-imports")
+    try:
+        engine = start_engine_client(config, engine_process=args.engine_process,
+                                     max_waiting_requests=args.max_waiting_requests)
+    except BaseException:
+        # Exiting while that thread is inside torch's import can abort the interpreter (exit 134 and "terminate
+        # called without an active exception", not the one line and exit 2): let the imports finish first.
+        front_imports.result()
+        raise
     waited = time.perf_counter()
-    front_imports.join()
+    front_imports.result()
     import uvicorn
 
     from railyard.api.app import build_app
