@@ -96,14 +96,8 @@ def run_serve(args: argparse.Namespace) -> int:
     # The HTTP front's imports (FastAPI, uvicorn, transformers, torch) run while the engine starts, not before; in
     # the background's short GIL switches, since with --no-engine-process the model loads on this thread meanwhile.
     front_imports = Background(_import_front, name="railyard-front-imports")
-    try:
-        engine = start_engine_client(config, engine_process=args.engine_process,
-                                     max_waiting_requests=args.max_waiting_requests)
-    except BaseException:
-        # Exiting while that thread is inside torch's import can abort the interpreter (exit 134 and "terminate
-        # called without an active exception", not the one line and exit 2): let the imports finish first.
-        front_imports.result()
-        raise
+    engine = start_engine_client(config, engine_process=args.engine_process,
+                                 max_waiting_requests=args.max_waiting_requests)
     waited = time.perf_counter()
     front_imports.result()
     import uvicorn

@@ -46,14 +46,18 @@ def short_gil_switches(interval_s: float = SHORT_SWITCH_INTERVAL_S) -> Iterator[
 
 
 class Background:
-    """Runs fn(*args) on a daemon thread at once, with short GIL switches while it runs; result() waits for it
-    and returns or raises what it did; seconds is how long it ran (None until it has finished)."""
+    """Runs fn(*args) on a thread at once, with short GIL switches while it runs; result() waits for it and
+    returns or raises what it did; seconds is how long it ran (None until it has finished).
+
+    Not a daemon thread: a process that exits early (a start-up error) waits for it, since leaving while it is
+    inside an import of torch can abort the interpreter (exit 134, "terminate called without an active
+    exception") instead of the error's one line and exit 2. Start-up work is bounded, so the wait is too."""
 
     def __init__(self, fn: Callable[..., Any], *args: Any, name: str = "railyard-background") -> None:
         self._value: Any = None
         self._error: BaseException | None = None
         self.seconds: float | None = None
-        self._thread = threading.Thread(target=self._run, args=(fn, args), name=name, daemon=True)
+        self._thread = threading.Thread(target=self._run, args=(fn, args), name=name)
         self._thread.start()
 
     def _run(self, fn: Callable[..., Any], args: tuple) -> None:
