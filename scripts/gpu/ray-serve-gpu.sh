@@ -19,6 +19,8 @@
 #      one adds.
 #   (one, not in the default phases) One engine replica with the whole GPU and 2 x BLOCKS blocks behind Ray: the Ray
 #      path's cost without two engines time-sharing the GPU.
+#   (pair, not in the default phases) Two `railyard serve` processes of BLOCKS blocks each sharing the GPU, no Ray:
+#      half the streams to each (two clients at once); what two engines time-slicing one GPU cost without Ray.
 # Each step runs under `timeout`, and none starts once the call's budget (CALL_S) is spent, so a failure or hang
 # costs its own step only. Results: $OUT/summary.json (every figure), $OUT/log.txt, $OUT/results.tgz (each
 # bench JSON, server and cluster logs, /metrics scrapes), $OUT/burst.png, $OUT/ray_logs.tgz (Ray's logs).
@@ -41,7 +43,7 @@ LOG=$OUT/log.txt; : > "$LOG"
 CALL_S=${CALL_S:-540}
 PHASES=" ${PHASES:-pp direct old opt p2 rr burst} "
 phase() { [[ $PHASES == *" $1 "* ]]; }
-PORT=${PORT:-8031} DIRECT_PORT=${DIRECT_PORT:-8032}
+PORT=${PORT:-8031} DIRECT_PORT=${DIRECT_PORT:-8032} PAIR_PORT_A=${PAIR_PORT_A:-8033} PAIR_PORT_B=${PAIR_PORT_B:-8034}
 log() { echo "== $* (t=${SECONDS}s)" | tee -a "$LOG"; }
 left() { echo $(( CALL_S - SECONDS )); }
 
@@ -87,11 +89,13 @@ python3 -c "from railyard.engine.tiny_model import ensure_tiny_model; ensure_tin
 stop() {  # SIGTERM first (cluster up removes its apps and its local Ray; serve stops its engine), then hard; not
   # SIGINT, which a background job of a script ignores. On the device, where no other Ray runs, at most 10 s,
   # then `ray stop --force`.
-  [ -z "$SERVER" ] && return
-  kill -TERM "$SERVER" 2>/dev/null
-  local n=60; [ -z "$SMALL" ] && n=20
-  for _ in $(seq 1 $n); do kill -0 "$SERVER" 2>/dev/null || break; sleep 0.5; done
-  kill -KILL "$SERVER" 2>/dev/null; wait "$SERVER" 2>/dev/null
+  [ -z "${SERVER// }" ] && return
+  local pid n=60; [ -z "$SMALL" ] && n=20
+  for pid in $SERVER; do kill -TERM $pid 2>/dev/null; done
+  for pid in $SERVER; do
+    for _ in $(seq 1 $n); do kill -0 $pid 2>/dev/null || break; sleep 0.5; done
+    kill -KILL $pid 2>/dev/null; wait $pid 2>/dev/null
+  done
   SERVER=
   [ -z "$SMALL" ] && { ray stop --force > /dev/null 2>&1; sleep 2; }
 }
@@ -133,6 +137,14 @@ for c in ("low", "high"):
         row[f"ray_{v}"] = ray
         if ray and direct and direct["output_tok_s"]:
             row[f"ray_{v}_over_direct"] = round(ray["output_tok_s"] / direct["output_tok_s"], 3)
+    a, b = load(f"pair_c{c}_a"), load(f"pair_c{c}_b")
+    if bench(a) and bench(b):  # two servers at once: their tokens over the longer run
+        tokens = sum(d["output_token_throughput"] * d["duration_s"] for d in (a, b))
+        pair = {"output_tok_s": round(tokens / max(a["duration_s"], b["duration_s"]), 1),
+                "failed": a["failed"] + b["failed"], "tpot_p50_ms": [a["tpot_ms"]["p50"], b["tpot_ms"]["p50"]]}
+        row["pair"] = pair
+        if direct and direct["output_tok_s"]:
+            row["pair_over_direct"] = round(pair["output_tok_s"] / direct["output_tok_s"], 3)
     summary["throughput"][c] = row
 for name in ("ray_pp", "ray_p2", "ray_rr", "direct"):
     summary["routing"][name] = {"bench": bench(load(f"{name}_prefix")), "prefix_cache": hit_rate(name)}
@@ -144,6 +156,9 @@ pathlib.Path(out).write_text(json.dumps(summary, indent=1))
 for c, row in summary["throughput"].items():
     d = row["direct"]
     print(f"{c:5s} direct {d and d['output_tok_s']} tok/s (TPOT p50 {d and d['tpot_p50_ms']} ms)")
+    if row.get("pair"):
+        print(f"      pair     {row['pair']['output_tok_s']} tok/s  ratio {row.get('pair_over_direct')}  "
+              f"TPOT p50 {row['pair']['tpot_p50_ms']} ms (two servers sharing the GPU, no Ray)")
     for v in VARIANTS:
         r = row[f"ray_{v}"]
         if r:
@@ -171,13 +186,13 @@ trap finish EXIT
 step() {
   local name=$1 max=$2; shift 2
   local l need=20; l=$(left)
-  case $3 in up|direct) need=60 ;; esac  # a server start with no time left to measure anything is skipped
+  case $1 in up|direct|pair_up) need=60 ;; esac  # a server start with no time left to measure anything is skipped
   if (( l < need )); then log "$name SKIPPED (budget spent)"; echo "$name skipped" >> $R/steps.txt; return 1; fi
   local t=$(( max < l ? max : l ))
   log "$name (timeout ${t}s)"
   local s=$SECONDS rc
   case $1 in
-    up|direct) WAIT_S=$t "$@" ;;
+    up|direct|pair_up) WAIT_S=$t "$@" ;;
     *) timeout "$t" bash -c '"$@"' _ "$@" ;;
   esac
   rc=$?
@@ -226,17 +241,31 @@ up() {  # name router stack: `railyard cluster up` in the background (its Ray pr
   grep "Ray at" $R/cluster_$1.log | tail -1
 }
 
-direct() {  # one `railyard serve` with both replicas' KV
-  python3 scripts/gpu/cli.py serve --model $MODEL --served-model-name qwen3 --port $DIRECT_PORT \
-    --max-model-len $MAXLEN --max-num-seqs $SEQS --max-num-batched-tokens $TOKENS --num-gpu-blocks $(( 2 * BLOCKS )) \
-    $DIRECT_FLAGS > $R/server_direct.log 2>&1 &
-  SERVER=$!
+direct() {  # [port blocks name]: one `railyard serve`, by default with both replicas' KV
+  local port=${1:-$DIRECT_PORT} blocks=${2:-$(( 2 * BLOCKS ))} name=${3:-direct}
+  python3 scripts/gpu/cli.py serve --model $MODEL --served-model-name qwen3 --port $port \
+    --max-model-len $MAXLEN --max-num-seqs $SEQS --max-num-batched-tokens $TOKENS --num-gpu-blocks $blocks \
+    $DIRECT_FLAGS > $R/server_$name.log 2>&1 &
+  SERVER="$SERVER $!"
+  local pid=$!
   for _ in $(seq 1 $(( WAIT_S * 2 ))); do
-    curl -sf $DIRECT_URL/health > /dev/null && return 0
-    kill -0 $SERVER 2>/dev/null || { tail -20 $R/server_direct.log; return 1; }
+    curl -sf http://127.0.0.1:$port/health > /dev/null && return 0
+    kill -0 $pid 2>/dev/null || { tail -20 $R/server_$name.log; return 1; }
     sleep 0.5
   done
   return 1
+}
+pair_up() {  # two `railyard serve` of one replica's KV each on the same GPU, started one after the other (each
+  # sizes its own memory; explicit block counts)
+  direct $PAIR_PORT_A $BLOCKS pair_a && direct $PAIR_PORT_B $BLOCKS pair_b
+}
+pair_bench() {  # name streams prompts: half the streams and prompts to each server at once; one JSON per server
+  local name=$1 c=$(( $2 / 2 )) n=$(( $3 / 2 ))
+  bench ${name}_a http://127.0.0.1:$PAIR_PORT_A $TPUT --num-prompts $n --max-concurrency $c &
+  local a=$!
+  bench ${name}_b http://127.0.0.1:$PAIR_PORT_B $TPUT --num-prompts $n --max-concurrency $c
+  local rc=$?
+  wait $a && return $rc
 }
 
 bench() {  # name url flags...: one `railyard bench serve`
@@ -259,7 +288,8 @@ burst() {  # the burst trace on the autoscaled stack; RAY_AUTH_MODE=token: it jo
   RAY_AUTH_MODE=token python3 -m railyard.cli bench burst --url $URL --model qwen3 $BURST --seed 0 --app gpu \
     --deployment engine-qwen3-default --ray-address "$RAY_GCS" --plot $R/burst.png > $R/burst.json 2> $R/burst.err
 }
-export -f bench warm scrape prefix_trace burst
+export -f bench warm scrape prefix_trace burst pair_bench
+export TPUT PAIR_PORT_A PAIR_PORT_B
 export R PREFIX URL BURST
 
 # 1. The Ray Serve stack, two half-GPU replicas, railyard's router: throughput through the proxy, prefix trace.
@@ -278,6 +308,15 @@ if phase direct && step "direct up" $T_UP direct; then
   step "direct c$C_LOW" $T_BENCH bench direct_clow $DIRECT_URL $TPUT --num-prompts $N_LOW --max-concurrency $C_LOW
   step "direct c$C_HIGH" $T_BENCH bench direct_chigh $DIRECT_URL $TPUT --num-prompts $N_HIGH --max-concurrency $C_HIGH
   step "direct prefix trace" $T_BENCH prefix_trace direct $DIRECT_URL
+fi
+stop
+
+# (pair) Two `railyard serve` sharing the GPU, no Ray: the same 64 / 256 streams split between them.
+if phase pair && step "pair up" $T_UP pair_up; then
+  step "warm-up" 60 warm http://127.0.0.1:$PAIR_PORT_A
+  step "warm-up" 60 warm http://127.0.0.1:$PAIR_PORT_B
+  step "pair c$C_LOW" $T_BENCH pair_bench pair_clow $C_LOW $N_LOW
+  step "pair c$C_HIGH" $T_BENCH pair_bench pair_chigh $C_HIGH $N_HIGH
 fi
 stop
 
