@@ -9,7 +9,7 @@ scripts/gpu/fp8-gemm.sh can time each:
                    CUDA graphs of back-to-back calls over weight copies that overflow the L2 cache (a decode step
                    never finds a layer's weights there) -> $OUT/gemm_sweep.json
   profile VARIANT  one decode step of 256 rows (eager, so each kernel shows) of the qwen2-7b shape under
-                   torch.profiler: bf16, fp8-rowwise, fp8-cublaslt or fp8-auto; top kernels by GPU time -> appended to
+                   torch.profiler: bf16, fp8-rowwise(-fast), fp8-cublaslt or fp8-auto; top kernels by GPU time -> appended to
                    $OUT/profile.txt
   benches DIR      the `bench throughput` JSONs fp8-gemm.sh left in DIR -> $OUT/benches.json
   summary          the run in a few lines (fp8-gemm.sh appends them to $OUT/log.txt)
@@ -256,6 +256,7 @@ def profile(variant: str) -> None:
     from railyard.engine.tiny_model import ensure_tiny_model
 
     quant = {"bf16": {}, "fp8-rowwise": dict(quantization="fp8", fp8_gemm="rowwise"),
+             "fp8-rowwise-fast": dict(quantization="fp8", fp8_gemm="rowwise-fast"),
              "fp8-cublaslt": dict(quantization="fp8", fp8_gemm="cublaslt"),
              "fp8-auto": dict(quantization="fp8", fp8_gemm="auto")}[variant]
     where = dict(model=str(ensure_tiny_model()), device="cpu") if DRY else dict(model="qwen2-7b", dtype="bfloat16")
@@ -292,7 +293,11 @@ def profile(variant: str) -> None:
     eng.shutdown()
 
 
-BENCH_VARIANTS = ("bf16", "fp8-rowwise", "fp8-cublaslt", "fp8-cublaslt-kv", "fp8-auto", "fp8-auto-kv", "fp8-triton")
+# The order benches.json lists them in; a variant whose bench never started (its step skipped) is left out, one
+# that failed keeps its place with the error. (Listing variants the script does not run made the first H200 run
+# report fp8-auto and fp8-auto-kv as FileNotFoundError: fp8-gemm.sh benches fp8-rowwise, auto's choice, instead.)
+BENCH_VARIANTS = ("bf16", "fp8-rowwise", "fp8-rowwise-fast", "fp8-rowwise-kv", "fp8-rowwise-fast-kv",
+                  "fp8-cublaslt", "fp8-cublaslt-kv", "fp8-auto", "fp8-auto-kv", "fp8-triton")
 
 
 def _load(path: str) -> dict:
@@ -304,9 +309,11 @@ def _load(path: str) -> dict:
 
 
 def benches(bench_dir: str) -> None:
-    """The `bench throughput` outputs in bench_dir (one JSON each) -> $OUT/benches.json (fp8-triton if it ran)."""
-    runs = {name: _load(os.path.join(bench_dir, name + ".json")) for name in BENCH_VARIANTS
-            if name != "fp8-triton" or os.path.exists(os.path.join(bench_dir, name + ".json"))}
+    """The `bench throughput` outputs in bench_dir (one JSON each, named for its variant) -> $OUT/benches.json:
+    every variant that ran, in BENCH_VARIANTS order, then any other."""
+    ran = [f.removesuffix(".json") for f in os.listdir(bench_dir) if f.endswith(".json")]
+    order = sorted(ran, key=lambda v: (BENCH_VARIANTS.index(v) if v in BENCH_VARIANTS else len(BENCH_VARIANTS), v))
+    runs = {name: _load(os.path.join(bench_dir, name + ".json")) for name in order}
     with open(os.path.join(OUT, "benches.json"), "w") as f:
         json.dump(runs, f, indent=1)
 

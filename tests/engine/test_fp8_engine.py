@@ -72,14 +72,14 @@ def test_flags_reach_the_engine_config():
     parser = argparse.ArgumentParser()
     add_engine_args(parser)
     config = engine_config_from_args(parser.parse_args(["--model", "m", "--quantization", "fp8",
-                                                        "--kv-cache-dtype", "fp8", "--fp8-gemm", "rowwise"]))
-    assert (config.quantization, config.kv_cache_dtype, config.fp8_gemm) == ("fp8", "fp8", "rowwise")
+                                                        "--kv-cache-dtype", "fp8", "--fp8-gemm", "rowwise-fast"]))
+    assert (config.quantization, config.kv_cache_dtype, config.fp8_gemm) == ("fp8", "fp8", "rowwise-fast")
 
 
 @pytest.mark.parametrize("field, value, message", [
     ("quantization", "int4", "quantization must be fp8 (or unset), got 'int4'"),
     ("kv_cache_dtype", "fp8_e5m2", "kv_cache_dtype must be one of auto, bfloat16, fp8; got 'fp8_e5m2'"),
-    ("fp8_gemm", "cutlass", "fp8_gemm must be one of auto, rowwise, cublaslt, triton; got 'cutlass'"),
+    ("fp8_gemm", "cutlass", "fp8_gemm must be one of auto, rowwise, rowwise-fast, cublaslt, triton; got 'cutlass'"),
 ])
 def test_unknown_values_are_config_errors(field, value, message):
     with pytest.raises(ConfigError) as err:
