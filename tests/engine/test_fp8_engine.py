@@ -127,6 +127,17 @@ def test_a_named_fp8_gemm_without_fp8_tensor_cores_is_refused_and_auto_runs_the_
     assert {m.fp8_gemm for m in runner.model.modules() if getattr(m, "quant", None) == "fp8"} == {"auto"}
 
 
+def test_with_fp8_weights_the_norms_before_qkv_and_gate_up_quantize_for_them_and_no_other_norm_does(tiny_model):
+    """kernels/fused.py's rms_norm_quant runs only where an FP8 linear layer is the norm's one reader: not before
+    the LM head (the final norm), not for q/k norms, not without FP8 weights."""
+    model = LLM(tiny_model, device="cpu", quantization="fp8").engine.executor.runner.model
+    quantizing = {name for name, m in model.named_modules() if getattr(m, "quantize_output", False)}
+    assert quantizing == {f"model.layers.{i}.{norm}" for i in range(len(model.model.layers))
+                          for norm in ("input_layernorm", "post_attention_layernorm")}
+    plain = LLM(tiny_model, device="cpu").engine.executor.runner.model
+    assert not any(getattr(m, "quantize_output", False) for m in plain.modules())
+
+
 def test_a_named_fp8_gemm_without_fp8_weights_is_refused(tiny_model):
     with pytest.raises(ConfigError, match="fp8_gemm 'rowwise' picks the GEMM of FP8 weights: this model has none"):
         LLM(tiny_model, device="cpu", fp8_gemm="rowwise")
