@@ -335,7 +335,8 @@ def summary() -> None:
         print(f"{name:12} {r['elapsed_s']:8.2f} {r['output_tokens_per_s']:10.0f} {speed:7.2f} {r['num_kv_blocks']:10d} "
               f"{blocks:7.2f} {r.get('percent_of_roofline') or math.nan:10.1f}")
     sweep_out = _load(os.path.join(OUT, "gemm_sweep.json"))
-    print(f"torch {sweep_out.get('torch')} cuda {sweep_out.get('cuda')} cuBLASLt {sweep_out.get('cublaslt_runtime')}")
+    if "missing" not in sweep_out:  # fp8-speed.sh runs no sweep and no profile
+        print(f"torch {sweep_out.get('torch')} cuda {sweep_out.get('cuda')} cuBLASLt {sweep_out.get('cublaslt_runtime')}")
     for row in sweep_out.get("rows", []):
         for variant, names in row.get("kernels", {}).items():
             print(f"kernels {row['shape']} M={row['m']} {variant}: " + " | ".join(n[:90] for n in names))
@@ -344,13 +345,11 @@ def summary() -> None:
               f"Triton faster than both at M = {s['triton_faster_than_both_at_m']}")
         for m, ratios in s["speedup_over_bf16"].items():
             print(f"   M={m:>5}: x bf16 " + ", ".join(f"{k.removeprefix('fp8_')} {v}" for k, v in ratios.items()))
-    try:
+    if os.path.exists(os.path.join(OUT, "profile.txt")):
         with open(os.path.join(OUT, "profile.txt")) as f:
             for line in f:
                 if line.startswith("## "):
                     print("profile", line[3:].strip())
-    except OSError as exc:
-        print("profile missing:", exc)
 
 
 if __name__ == "__main__":
