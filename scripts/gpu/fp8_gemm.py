@@ -296,8 +296,9 @@ def profile(variant: str) -> None:
 # The order benches.json lists them in; a variant whose bench never started (its step skipped) is left out, one
 # that failed keeps its place with the error. (Listing variants the script does not run made the first H200 run
 # report fp8-auto and fp8-auto-kv as FileNotFoundError: fp8-gemm.sh benches fp8-rowwise, auto's choice, instead.)
-BENCH_VARIANTS = ("bf16", "fp8-rowwise", "fp8-rowwise-fast", "fp8-rowwise-kv", "fp8-rowwise-fast-kv",
-                  "fp8-cublaslt", "fp8-cublaslt-kv", "fp8-auto", "fp8-auto-kv", "fp8-triton")
+BENCH_VARIANTS = ("bf16", "fp8-rowwise", "fp8-rowwise-fast", "fp8-rowwise-kv", "fp8-rowwise-kv-bf16-tiles",
+                  "fp8-rowwise-fast-kv", "fp8-rowwise-fast-kv-bf16-tiles", "fp8-cublaslt", "fp8-cublaslt-kv",
+                  "fp8-auto", "fp8-auto-kv", "fp8-triton")
 
 
 def _load(path: str) -> dict:

@@ -32,6 +32,8 @@ bf16's 8) for the P.V product.
 
 from __future__ import annotations
 
+import os
+
 import torch
 import triton
 import triton.language as tl
@@ -97,9 +99,13 @@ def _check_cache(kv_cache: torch.Tensor, hk: int, d: int) -> None:
 _CACHE_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float8_e4m3fn)
 
 
+# RAILYARD_FP8_KV_F16_DOTS=0: the FP8 cache widened to q's dtype as before F16_DOTS (for A/B measurements).
+_F16_DOTS_ON = os.environ.get("RAILYARD_FP8_KV_F16_DOTS", "1") != "0"
+
+
 def _f16_dots(q: torch.Tensor, kv_cache: torch.Tensor) -> bool:
     """An FP8 cache under 16-bit queries: both dot products in float16 (the module docstring says why)."""
-    return kv_cache.dtype == torch.float8_e4m3fn and q.dtype in (torch.bfloat16, torch.float16)
+    return _F16_DOTS_ON and kv_cache.dtype == torch.float8_e4m3fn and q.dtype in (torch.bfloat16, torch.float16)
 
 
 def _kv_scales(kv_cache: torch.Tensor, scale: float, k_scale: float, v_scale: float) -> tuple[float, bool]:
