@@ -163,9 +163,11 @@ def silu_and_mul_quant(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     q = torch.empty((t, n), dtype=torch.float8_e4m3fn, device=x.device)
     scale = torch.empty((t, 1), dtype=torch.float32, device=x.device)
     if t > 0:
-        _silu_and_mul_quant_kernel[(t,)](x, q, scale, x.stride(0), N=n, BLOCK=min(triton.next_power_of_2(n), 2048),
+        block = min(triton.next_power_of_2(n), QUANT_MAX_WIDTH)  # the per-token kernel's blocks and warps
+        _silu_and_mul_quant_kernel[(t,)](x, q, scale, x.stride(0), N=n, BLOCK=block,
                                          ROUND_TO_ODD=casts_through_fp16(x.device), FP8_MAX=FP8_MAX,
-                                         INV_FP8_MAX=INV_FP8_MAX, MIN_SCALE=MIN_SCALE, num_warps=4)
+                                         INV_FP8_MAX=INV_FP8_MAX, MIN_SCALE=MIN_SCALE,
+                                         num_warps=4 if block <= 2048 else 8)
     return q, scale
 
 
