@@ -126,6 +126,9 @@ FP8_GEMMS: tuple[str, ...] = get_args(Fp8Gemm)  # the engine option's choices, o
 # kernel everywhere won (4.29 s against 4.49 s; the scales pass and its float32 intermediate cost more than the
 # GEMM saves), so auto is "rowwise" at every size until a measurement says otherwise.
 CUBLASLT_MAX_TOKENS = 0
+# The row-wise GEMM "auto" takes above CUBLASLT_MAX_TOKENS: "rowwise", the one measured end to end; "rowwise-fast"
+# once scripts/gpu/fp8-speed.sh shows it faster end to end at the same accuracy.
+AUTO_ROWWISE = "rowwise"
 
 
 def check_fp8_gemm(fp8_gemm: str) -> str:
@@ -138,18 +141,18 @@ def check_fp8_gemm(fp8_gemm: str) -> str:
 def tensor_core_gemm(fp8_gemm: str, rows: int) -> str:
     """The tensor-core GEMM (any FP8_GEMMS choice but "auto") an fp8_gemm option picks for `rows` tokens."""
     if fp8_gemm == "auto":
-        return "cublaslt" if rows <= CUBLASLT_MAX_TOKENS else "rowwise"
+        return "cublaslt" if rows <= CUBLASLT_MAX_TOKENS else AUTO_ROWWISE
     return check_fp8_gemm(fp8_gemm)
 
 
 def gemm_path(device: torch.device, dtype: torch.dtype, fp8_gemm: str = "auto") -> str:
     """Which FP8 GEMM a model on `device` in `dtype` runs, in words (the start-up report says it)."""
     if scaled_mm_supported(device, dtype):
-        auto = f"cuBLASLt up to {CUBLASLT_MAX_TOKENS} tokens, row-wise scales above" \
-            if CUBLASLT_MAX_TOKENS else "row-wise scales"
-        which = {"auto": auto, "rowwise": "row-wise scales", "rowwise-fast": "row-wise scales, fast accumulation",
+        which = {"rowwise": "row-wise scales", "rowwise-fast": "row-wise scales, fast accumulation",
                  "cublaslt": "cuBLASLt, scales applied after",
                  "triton": "a Triton GEMM, scales in its epilogue"}
+        which["auto"] = f"cuBLASLt up to {CUBLASLT_MAX_TOKENS} tokens, {which[AUTO_ROWWISE]} above" \
+            if CUBLASLT_MAX_TOKENS else which[AUTO_ROWWISE]
         return f"torch._scaled_mm (FP8 tensor cores; {which[check_fp8_gemm(fp8_gemm)]})"
     why = "no FP8 tensor cores" if device.type != "cuda" or not _has_fp8_tensor_cores(device.index or 0) \
         else f"a {str(dtype).removeprefix('torch.')} model: the tensor-core path is for bfloat16 models"
