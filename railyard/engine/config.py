@@ -12,7 +12,7 @@ from railyard.model.spec import check_max_model_len
 
 SchedulingPolicy = Literal["fcfs", "priority"]
 PreemptionMode = Literal["recompute", "swap"]
-Fp8Gemm = Literal["auto", "rowwise", "cublaslt", "triton"]  # the FP8 GEMMs of layers/fp8.py
+Fp8Gemm = Literal["auto", "rowwise", "rowwise-fast", "cublaslt", "triton"]  # the FP8 GEMMs of layers/fp8.py
 
 DEFAULT_MAX_NUM_BATCHED_TOKENS = 8192
 _DEVICES = ("auto", "cpu", "cuda")
@@ -51,8 +51,8 @@ class EngineConfig:
     # "fp8": linear layers in float8_e4m3fn with per-output-channel scales (quantized at load unless the
     # checkpoint already is FP8), activations quantized per token; the embedding and LM head stay as they are.
     quantization: str | None = None
-    # With FP8 weights on FP8 tensor cores, which GEMM: "rowwise" (torch's CUTLASS kernel, row-wise scales),
-    # "cublaslt" (an unscaled cuBLASLt GEMM, the scales applied after), "auto" (cuBLASLt up to
+    # With FP8 weights on FP8 tensor cores, which GEMM: "rowwise" (torch's row-wise scaled _scaled_mm),
+    # "rowwise-fast" (the same with fast accumulation), "cublaslt" (an unscaled cuBLASLt GEMM, the scales applied after), "auto" (cuBLASLt up to
     # layers/fp8.py's CUBLASLT_MAX_TOKENS rows, row-wise above: row-wise everywhere until measured) or "triton"
     # (a Triton GEMM, scales in its epilogue); layers/fp8.py says why. Elsewhere only "auto" (the reference
     # path) runs.

@@ -22,10 +22,8 @@ mkdir -p "$OUT"
 BENCH_TMP=$(mktemp -d)
 BUDGET_S=${BUDGET_S:-450}
 : > "$OUT/log.txt"
-. scripts/gpu/steps.sh  # log, step (under the budget), the carried wheels
-[ -z "$DRY_RUN" ] && nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee -a "$OUT/log.txt"
-git log --oneline -1 2>/dev/null | tee -a "$OUT/log.txt"
-python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" | tee -a "$OUT/log.txt"
+. scripts/gpu/steps.sh  # log, step (under the budget), header, bench, the carried wheels
+header
 
 tests() {
   python3 -m pytest -q -p no:cacheprovider tests/engine/layers/test_fp8.py tests/engine/attention/test_fp8_kernels.py \
@@ -54,16 +52,6 @@ else
   TRITON="--fp8-gemm triton"
 fi
 export WORKLOAD BENCH_TMP
-bench() {  # variant flags...
-  local variant=$1; shift
-  python3 scripts/gpu/cli.py bench throughput $WORKLOAD "$@" > "$BENCH_TMP/$variant.json" 2> "$BENCH_TMP/$variant.err"
-  local rc=$?
-  grep -h "memory profile\|engine ready\|GEMMs:\|roofline:\|Error\|error:" "$BENCH_TMP/$variant.err" | cut -c1-300 \
-    | tee -a "$OUT/log.txt"
-  { echo "## $variant (rc=$rc)"; tail -n 25 "$BENCH_TMP/$variant.err"; } >> "$OUT/bench_logs.txt"
-  return $rc
-}
-export -f bench
 step "bench bf16" 95 bench bf16
 step "bench fp8 rowwise (before)" 95 bench fp8-rowwise --quantization fp8 $ROWWISE
 step "bench fp8 cublaslt (new)" 95 bench fp8-cublaslt --quantization fp8 $CUBLASLT

@@ -5,6 +5,8 @@
   accuracy  qwen2-7b shape, random weights, bf16 reference vs FP8 weights / FP8 KV / both: per-layer
             cosine, logit KL, teacher-forced top-1 (railyard/bench/accuracy.py), Triton backend; FP8
             weights again through the dequantizing reference GEMMs, and bf16 against float32 (a control).
+  gemm-accuracy  the accuracy step's measures for FP8 weights through each tensor-core GEMM (rowwise,
+            rowwise-fast) only: what fast accumulation costs.
   tiny      the float32 tiny models on the GPU (Triton, CUDA graphs): greedy tokens with an FP8 KV cache
             against a bf16 one, and FP8 weights against none.
 Each writes $OUT/fp8_<step>.json.
@@ -106,6 +108,33 @@ def accuracy() -> None:
                       **{name: r.to_dict() for name, r in results.items()}})
 
 
+def gemm_accuracy() -> None:
+    """FP8 weights through each tensor-core GEMM choice against bf16 on the qwen2-7b shape (the accuracy step's
+    prompts and measures): fast accumulation's cost in accuracy, next to the default's. DRY_RUN=1: the embedded
+    tiny model on the CPU, every choice through the reference path (named GEMMs need FP8 tensor cores)."""
+    from railyard.bench.accuracy import compare_prefill
+    from railyard.bench.workload import LengthRange, synthetic_requests
+
+    dry = os.environ.get("DRY_RUN") == "1"
+    if dry:
+        from railyard.engine.tiny_model import ensure_tiny_model
+
+        model, common, gemms = str(ensure_tiny_model()), dict(device="cpu", max_model_len=512), {"auto": "auto"}
+        prompts = [r.prompt_token_ids for r in synthetic_requests(2, LengthRange(16, 48), LengthRange(1, 1), 256,
+                                                                  11, 100, 100)]
+    else:
+        model, common = "qwen2-7b", dict(device="cuda", attention_backend="triton", max_model_len=4096)
+        gemms = {g: g for g in ("rowwise", "rowwise-fast")}
+        prompts = [r.prompt_token_ids for r in synthetic_requests(4, LengthRange(128, 512), LengthRange(1, 1),
+                                                                  152064, 11, 100, 100)]
+    start = time.time()
+    results = compare_prefill(model, prompts, {}, {f"fp8 weights, {name}": dict(quantization="fp8", fp8_gemm=g)
+                                                   for name, g in gemms.items()}, dtype="bfloat16", **common)
+    save("gemm_accuracy", {"model": model, "reference": "bf16", "prompt_lens": [len(p) for p in prompts],
+                           "seconds": round(time.time() - start, 1),
+                           **{name: r.to_dict() for name, r in results.items()}})
+
+
 def tiny() -> None:
     from railyard.bench.accuracy import greedy_agreement
     from railyard.engine.config import SamplingParams
@@ -134,4 +163,4 @@ def tiny() -> None:
 
 
 if __name__ == "__main__":
-    {"gemm": gemm, "accuracy": accuracy, "tiny": tiny}[sys.argv[1]]()
+    {"gemm": gemm, "accuracy": accuracy, "gemm-accuracy": gemm_accuracy, "tiny": tiny}[sys.argv[1]]()

@@ -9,7 +9,7 @@ scripts/gpu/fp8-gemm.sh can time each:
                    CUDA graphs of back-to-back calls over weight copies that overflow the L2 cache (a decode step
                    never finds a layer's weights there) -> $OUT/gemm_sweep.json
   profile VARIANT  one decode step of 256 rows (eager, so each kernel shows) of the qwen2-7b shape under
-                   torch.profiler: bf16, fp8-rowwise, fp8-cublaslt or fp8-auto; top kernels by GPU time -> appended to
+                   torch.profiler: bf16, fp8-rowwise(-fast), fp8-cublaslt or fp8-auto; top kernels by GPU time -> appended to
                    $OUT/profile.txt
   benches DIR      the `bench throughput` JSONs fp8-gemm.sh left in DIR -> $OUT/benches.json
   summary          the run in a few lines (fp8-gemm.sh appends them to $OUT/log.txt)
@@ -256,6 +256,7 @@ def profile(variant: str) -> None:
     from railyard.engine.tiny_model import ensure_tiny_model
 
     quant = {"bf16": {}, "fp8-rowwise": dict(quantization="fp8", fp8_gemm="rowwise"),
+             "fp8-rowwise-fast": dict(quantization="fp8", fp8_gemm="rowwise-fast"),
              "fp8-cublaslt": dict(quantization="fp8", fp8_gemm="cublaslt"),
              "fp8-auto": dict(quantization="fp8", fp8_gemm="auto")}[variant]
     where = dict(model=str(ensure_tiny_model()), device="cpu") if DRY else dict(model="qwen2-7b", dtype="bfloat16")
@@ -292,7 +293,12 @@ def profile(variant: str) -> None:
     eng.shutdown()
 
 
-BENCH_VARIANTS = ("bf16", "fp8-rowwise", "fp8-cublaslt", "fp8-cublaslt-kv", "fp8-auto", "fp8-auto-kv", "fp8-triton")
+# The order benches.json lists them in; a variant whose bench never started (its step skipped) is left out, one
+# that failed keeps its place with the error. (Listing variants the script does not run made the first H200 run
+# report fp8-auto and fp8-auto-kv as FileNotFoundError: fp8-gemm.sh benches fp8-rowwise, auto's choice, instead.)
+BENCH_VARIANTS = ("bf16", "fp8-rowwise", "fp8-rowwise-fast", "fp8-rowwise-kv", "fp8-rowwise-kv-bf16-tiles",
+                  "fp8-rowwise-fast-kv", "fp8-rowwise-fast-kv-bf16-tiles", "fp8-cublaslt", "fp8-cublaslt-kv",
+                  "fp8-auto", "fp8-auto-kv", "fp8-triton")
 
 
 def _load(path: str) -> dict:
@@ -304,9 +310,11 @@ def _load(path: str) -> dict:
 
 
 def benches(bench_dir: str) -> None:
-    """The `bench throughput` outputs in bench_dir (one JSON each) -> $OUT/benches.json (fp8-triton if it ran)."""
-    runs = {name: _load(os.path.join(bench_dir, name + ".json")) for name in BENCH_VARIANTS
-            if name != "fp8-triton" or os.path.exists(os.path.join(bench_dir, name + ".json"))}
+    """The `bench throughput` outputs in bench_dir (one JSON each, named for its variant) -> $OUT/benches.json:
+    every variant that ran, in BENCH_VARIANTS order, then any other."""
+    ran = [f.removesuffix(".json") for f in os.listdir(bench_dir) if f.endswith(".json")]
+    order = sorted(ran, key=lambda v: (BENCH_VARIANTS.index(v) if v in BENCH_VARIANTS else len(BENCH_VARIANTS), v))
+    runs = {name: _load(os.path.join(bench_dir, name + ".json")) for name in order}
     with open(os.path.join(OUT, "benches.json"), "w") as f:
         json.dump(runs, f, indent=1)
 
@@ -328,7 +336,8 @@ def summary() -> None:
         print(f"{name:12} {r['elapsed_s']:8.2f} {r['output_tokens_per_s']:10.0f} {speed:7.2f} {r['num_kv_blocks']:10d} "
               f"{blocks:7.2f} {r.get('percent_of_roofline') or math.nan:10.1f}")
     sweep_out = _load(os.path.join(OUT, "gemm_sweep.json"))
-    print(f"torch {sweep_out.get('torch')} cuda {sweep_out.get('cuda')} cuBLASLt {sweep_out.get('cublaslt_runtime')}")
+    if "missing" not in sweep_out:  # fp8-speed.sh runs no sweep and no profile
+        print(f"torch {sweep_out.get('torch')} cuda {sweep_out.get('cuda')} cuBLASLt {sweep_out.get('cublaslt_runtime')}")
     for row in sweep_out.get("rows", []):
         for variant, names in row.get("kernels", {}).items():
             print(f"kernels {row['shape']} M={row['m']} {variant}: " + " | ".join(n[:90] for n in names))
@@ -337,13 +346,11 @@ def summary() -> None:
               f"Triton faster than both at M = {s['triton_faster_than_both_at_m']}")
         for m, ratios in s["speedup_over_bf16"].items():
             print(f"   M={m:>5}: x bf16 " + ", ".join(f"{k.removeprefix('fp8_')} {v}" for k, v in ratios.items()))
-    try:
+    if os.path.exists(os.path.join(OUT, "profile.txt")):
         with open(os.path.join(OUT, "profile.txt")) as f:
             for line in f:
                 if line.startswith("## "):
                     print("profile", line[3:].strip())
-    except OSError as exc:
-        print("profile missing:", exc)
 
 
 if __name__ == "__main__":

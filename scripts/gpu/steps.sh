@@ -1,8 +1,11 @@
-# Sourced by the one-call GPU scripts (fp8.sh, fp8-gemm.sh): a time budget split into steps, and the carried
-# wheels. Needs OUT and BUDGET_S set; starts the clock (T0) when sourced.
+# Sourced by the one-call GPU scripts (fp8.sh, fp8-gemm.sh, fp8-speed.sh): a time budget split into steps, the
+# run's header and `bench throughput` runs, and the carried wheels. Needs OUT and BUDGET_S set; starts the clock
+# (T0) when sourced.
 #   log TEXT...         echo and append to $OUT/log.txt
 #   step NAME MAX_S CMD run CMD (a program or an exported function) under timeout min(MAX_S, what is left);
 #                       skipped when under 20 s are left, so an early failure or hang costs its own step only
+#   header              the GPU, commit and versions -> log.txt
+#   bench VARIANT FLAGS `bench throughput` $WORKLOAD FLAGS -> $BENCH_TMP/VARIANT.json
 T0=$(date +%s)
 log() { echo "$*" | tee -a "$OUT/log.txt"; }
 left() { echo $(( BUDGET_S - ($(date +%s) - T0) )); }
@@ -19,6 +22,27 @@ step() {
   return 0
 }
 export -f log
+
+# header: the GPU (not in a DRY_RUN), the commit, the torch and triton versions -> log.txt.
+header() {
+  [ -z "$DRY_RUN" ] && nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee -a "$OUT/log.txt"
+  git log --oneline -1 2>/dev/null | tee -a "$OUT/log.txt"
+  python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" \
+    | tee -a "$OUT/log.txt"
+}
+
+# bench VARIANT FLAGS...: `bench throughput` $WORKLOAD FLAGS -> $BENCH_TMP/VARIANT.json (its log VARIANT.err);
+# the start-up and roofline lines -> log.txt, the log's tail -> bench_logs.txt (fp8-gemm.sh, fp8-speed.sh).
+bench() {
+  local variant=$1; shift
+  python3 scripts/gpu/cli.py bench throughput $WORKLOAD "$@" > "$BENCH_TMP/$variant.json" 2> "$BENCH_TMP/$variant.err"
+  local rc=$?
+  grep -h "memory profile\|engine ready\|GEMMs:\|roofline:\|Error\|error:" "$BENCH_TMP/$variant.err" | cut -c1-300 \
+    | tee -a "$OUT/log.txt"
+  { echo "## $variant (rc=$rc)"; tail -n 25 "$BENCH_TMP/$variant.err"; } >> "$OUT/bench_logs.txt"
+  return $rc
+}
+export -f bench
 
 # railyard's engine needs msgspec (and the server pyzmq): carry .whl where the machine lacks them.
 . scripts/gpu/wheels.sh

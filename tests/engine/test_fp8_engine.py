@@ -72,14 +72,14 @@ def test_flags_reach_the_engine_config():
     parser = argparse.ArgumentParser()
     add_engine_args(parser)
     config = engine_config_from_args(parser.parse_args(["--model", "m", "--quantization", "fp8",
-                                                        "--kv-cache-dtype", "fp8", "--fp8-gemm", "rowwise"]))
-    assert (config.quantization, config.kv_cache_dtype, config.fp8_gemm) == ("fp8", "fp8", "rowwise")
+                                                        "--kv-cache-dtype", "fp8", "--fp8-gemm", "rowwise-fast"]))
+    assert (config.quantization, config.kv_cache_dtype, config.fp8_gemm) == ("fp8", "fp8", "rowwise-fast")
 
 
 @pytest.mark.parametrize("field, value, message", [
     ("quantization", "int4", "quantization must be fp8 (or unset), got 'int4'"),
     ("kv_cache_dtype", "fp8_e5m2", "kv_cache_dtype must be one of auto, bfloat16, fp8; got 'fp8_e5m2'"),
-    ("fp8_gemm", "cutlass", "fp8_gemm must be one of auto, rowwise, cublaslt, triton; got 'cutlass'"),
+    ("fp8_gemm", "cutlass", "fp8_gemm must be one of auto, rowwise, rowwise-fast, cublaslt, triton; got 'cutlass'"),
 ])
 def test_unknown_values_are_config_errors(field, value, message):
     with pytest.raises(ConfigError) as err:
@@ -125,6 +125,17 @@ def test_a_named_fp8_gemm_without_fp8_tensor_cores_is_refused_and_auto_runs_the_
         LLM(tiny_model, device="cpu", quantization="fp8", fp8_gemm="cublaslt")
     runner = LLM(tiny_model, device="cpu", quantization="fp8").engine.executor.runner
     assert {m.fp8_gemm for m in runner.model.modules() if getattr(m, "quant", None) == "fp8"} == {"auto"}
+
+
+def test_with_fp8_weights_the_norms_before_qkv_and_gate_up_quantize_for_them_and_no_other_norm_does(tiny_model):
+    """kernels/fused.py's rms_norm_quant runs only where an FP8 linear layer is the norm's one reader: not before
+    the LM head (the final norm), not for q/k norms, not without FP8 weights."""
+    model = LLM(tiny_model, device="cpu", quantization="fp8").engine.executor.runner.model
+    quantizing = {name for name, m in model.named_modules() if getattr(m, "quantize_output", False)}
+    assert quantizing == {f"model.layers.{i}.{norm}" for i in range(len(model.model.layers))
+                          for norm in ("input_layernorm", "post_attention_layernorm")}
+    plain = LLM(tiny_model, device="cpu").engine.executor.runner.model
+    assert not any(getattr(m, "quantize_output", False) for m in plain.modules())
 
 
 def test_a_named_fp8_gemm_without_fp8_weights_is_refused(tiny_model):

@@ -50,6 +50,19 @@ def to_e4m3(v, ROUND_TO_ODD: tl.constexpr):
 
 
 @triton.jit
+def row_scale(amax, INV_FP8_MAX: tl.constexpr, MIN_SCALE: tl.constexpr):
+    """A row's absolute maximum (float32) -> (scale, 1 / scale), the recipe's roundings."""
+    scale = tl.maximum(amax * INV_FP8_MAX, MIN_SCALE)
+    return scale, tl.math.div_rn(1.0, scale)
+
+
+@triton.jit
+def quantize_row(v, inv, ROUND_TO_ODD: tl.constexpr, FP8_MAX: tl.constexpr):
+    """float32 values and the reciprocal of their row's scale -> e4m3, saturating."""
+    return to_e4m3(tl.minimum(tl.maximum(v * inv, -FP8_MAX), FP8_MAX), ROUND_TO_ODD)
+
+
+@triton.jit
 def _per_token_quant_kernel(x_ptr, q_ptr, s_ptr, x_stride, N: tl.constexpr, BLOCK: tl.constexpr,
                             ONE_PASS: tl.constexpr, ROUND_TO_ODD: tl.constexpr, FP8_MAX: tl.constexpr,
                             INV_FP8_MAX: tl.constexpr, MIN_SCALE: tl.constexpr):
@@ -68,18 +81,15 @@ def _per_token_quant_kernel(x_ptr, q_ptr, s_ptr, x_stride, N: tl.constexpr, BLOC
             x = tl.load(x_row + c, mask=c < N, other=0.0).to(tl.float32)
             run = tl.maximum(run, tl.abs(x))
         amax = tl.max(run, 0)
-    scale = tl.maximum(amax * INV_FP8_MAX, MIN_SCALE)
-    inv = tl.math.div_rn(1.0, scale)
+    scale, inv = row_scale(amax, INV_FP8_MAX, MIN_SCALE)
     tl.store(s_ptr + row, scale)
     if ONE_PASS:
-        q = tl.minimum(tl.maximum(x * inv, -FP8_MAX), FP8_MAX)
-        tl.store(q_row + cols, to_e4m3(q, ROUND_TO_ODD), mask=mask)
+        tl.store(q_row + cols, quantize_row(x, inv, ROUND_TO_ODD, FP8_MAX), mask=mask)
     else:
         for start in range(0, N, BLOCK):
             c = start + cols
             x = tl.load(x_row + c, mask=c < N, other=0.0).to(tl.float32)
-            q = tl.minimum(tl.maximum(x * inv, -FP8_MAX), FP8_MAX)
-            tl.store(q_row + c, to_e4m3(q, ROUND_TO_ODD), mask=c < N)
+            tl.store(q_row + c, quantize_row(x, inv, ROUND_TO_ODD, FP8_MAX), mask=c < N)
 
 
 def quantize_per_token(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

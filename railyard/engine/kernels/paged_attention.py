@@ -16,9 +16,23 @@ The cache may be narrower than q (bf16 or float8_e4m3fn): `store_kv` rounds into
 kernels widen each tile to q's dtype in registers (exact). An FP8 cache has one K and one V scale per
 layer: stored values are k / k_scale (k times the scale's float32 reciprocal), the kernels fold k_scale
 into the softmax scale and multiply the output by v_scale, so the inner loop does no extra work.
+
+An FP8 cache under 16-bit queries (F16_DOTS) runs both dot products in float16, whatever q's dtype: Triton
+(3.6, sm_90) widens e4m3 to float16 with one cvt.rn.f16x2.e4m3x2 per two elements, but to bfloat16 through that
+and two more conversions (cvt.bf16.f16 each). At 16 conversions per clock per SM (the CUDA guide's rate for
+most conversions) three per two elements would take longer than reading the bytes at the H200's bandwidth, one
+per two would not: the likely reason the H200 run with an FP8 cache was slower than with bf16 (4.65 against
+4.49 s; not yet measured kernel by kernel). Every e4m3 value is exact in float16. q is scaled by a power of
+two that brings its largest element into [2^14, 2^15) before its float16 cast (one scale per program; exact
+for each element within 2^29 of that maximum, and no overflow for a bf16 q beyond float16's range), and the
+score scale takes the inverse power, so the scores are what the bf16 dot product gives, up to the tensor
+cores' accumulation order. The softmax weights p in [0, 1] round to float16 (11 significant bits, against
+bf16's 8) for the P.V product.
 """
 
 from __future__ import annotations
+
+import os
 
 import torch
 import triton
@@ -85,11 +99,33 @@ def _check_cache(kv_cache: torch.Tensor, hk: int, d: int) -> None:
 _CACHE_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float8_e4m3fn)
 
 
+# RAILYARD_FP8_KV_F16_DOTS=0: the FP8 cache widened to q's dtype as before F16_DOTS (for A/B measurements).
+_F16_DOTS_ON = os.environ.get("RAILYARD_FP8_KV_F16_DOTS", "1") != "0"
+
+
+def _f16_dots(q: torch.Tensor, kv_cache: torch.Tensor) -> bool:
+    """An FP8 cache under 16-bit queries: both dot products in float16 (the module docstring says why)."""
+    return _F16_DOTS_ON and kv_cache.dtype == torch.float8_e4m3fn and q.dtype in (torch.bfloat16, torch.float16)
+
+
 def _kv_scales(kv_cache: torch.Tensor, scale: float, k_scale: float, v_scale: float) -> tuple[float, bool]:
     """The kernels' score scale (log2 domain, an FP8 cache's k_scale folded in) and whether to scale V."""
     if kv_cache.dtype != torch.float8_e4m3fn:
         return scale * _LOG2E, False
     return scale * k_scale * _LOG2E, v_scale != 1.0
+
+
+@triton.jit
+def _f16_queries(q, qk_scale):
+    """q (16-bit) -> (q * 2^k as float16, qk_scale * 2^-k): 2^k brings max |q| into [2^14, 2^15) (k clamped so
+    both powers stay normal float32), so the cast is exact for every element within 2^29 of that maximum and
+    the scores s * qk_scale come out as from q itself (scaling by a power of two commutes with each rounding)."""
+    amax = tl.max(tl.max(tl.abs(q.to(tl.float32)), 1), 0)
+    e = (amax.to(tl.int32, bitcast=True) >> 23) & 0xFF  # amax's biased exponent (0 for zero)
+    k = tl.minimum(tl.maximum(268 - e, 1), 253)  # biased exponent of 2^(14 - (e - 127))
+    up = (k << 23).to(tl.float32, bitcast=True)
+    down = ((254 - k) << 23).to(tl.float32, bitcast=True)
+    return (q.to(tl.float32) * up).to(tl.float16), qk_scale * down
 
 
 @triton.jit
@@ -131,7 +167,7 @@ def _decode_split_kernel(q_ptr, cache_ptr, block_tables_ptr, seq_lens_ptr, part_
                          NUM_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr, GROUP: tl.constexpr,
                          G_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr,
                          PAGE: tl.constexpr, BLOCK_N: tl.constexpr, IEEE: tl.constexpr, DIRECT: tl.constexpr,
-                         SCALE_V: tl.constexpr):
+                         SCALE_V: tl.constexpr, F16_DOTS: tl.constexpr = False):
     b = tl.program_id(0)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
@@ -148,6 +184,8 @@ def _decode_split_kernel(q_ptr, cache_ptr, block_tables_ptr, seq_lens_ptr, part_
     heads = kvh * GROUP + g
     q = tl.load(q_ptr + b * q_stride_t + heads[:, None] * q_stride_h + d[None, :],
                 mask=gmask[:, None] & dmask[None, :], other=0.0)
+    if F16_DOTS:
+        q, qk_scale = _f16_queries(q, qk_scale)
     m = tl.full([G_PAD], float("-inf"), tl.float32)
     l = tl.zeros([G_PAD], tl.float32)
     acc = tl.zeros([G_PAD, D_PAD], tl.float32)
@@ -221,7 +259,8 @@ def paged_decode(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Te
         num_splits,
         NUM_HEADS=num_heads, NUM_KV_HEADS=hk, GROUP=group, G_PAD=max(16, triton.next_power_of_2(group)),
         HEAD_DIM=d, D_PAD=d_pad, PAGE=page, BLOCK_N=block_n or (64 if d_pad <= 128 else 32),
-        IEEE=q.dtype == torch.float32, DIRECT=direct, SCALE_V=scale_v, num_warps=num_warps, num_stages=num_stages)
+        IEEE=q.dtype == torch.float32, DIRECT=direct, SCALE_V=scale_v, F16_DOTS=_f16_dots(q, kv_cache),
+        num_warps=num_warps, num_stages=num_stages)
     if direct:
         return out
     _merge_splits_kernel[(b, num_heads)](
@@ -236,7 +275,7 @@ def _prefill_kernel(q_ptr, cache_ptr, block_tables_ptr, seq_lens_ptr, query_star
                     qk_scale, v_scale, q_stride_t, q_stride_h, out_stride_t, out_stride_h, bt_stride, plane_stride,
                     NUM_KV_HEADS: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr,
                     D_PAD: tl.constexpr, PAGE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                    IEEE: tl.constexpr, SCALE_V: tl.constexpr):
+                    IEEE: tl.constexpr, SCALE_V: tl.constexpr, F16_DOTS: tl.constexpr = False):
     q_block = tl.program_id(0)
     b = tl.program_id(1)
     h = tl.program_id(2)
@@ -252,6 +291,8 @@ def _prefill_kernel(q_ptr, cache_ptr, block_tables_ptr, seq_lens_ptr, query_star
         dmask = d < HEAD_DIM
         q = tl.load(q_ptr + (q_start + rows)[:, None].to(tl.int64) * q_stride_t + h * q_stride_h + d[None, :],
                     mask=rmask[:, None] & dmask[None, :], other=0.0)
+        if F16_DOTS:
+            q, qk_scale = _f16_queries(q, qk_scale)
         q_pos = ctx + rows
         m = tl.full([BLOCK_M], float("-inf"), tl.float32)
         l = tl.zeros([BLOCK_M], tl.float32)
@@ -289,5 +330,5 @@ def paged_prefill(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.T
         q.stride(0), q.stride(1), out.stride(0), out.stride(1), block_tables.stride(0), kv_cache.stride(0),
         NUM_KV_HEADS=hk, GROUP=num_heads // hk, HEAD_DIM=d, D_PAD=d_pad, PAGE=page, BLOCK_M=block_m,
         BLOCK_N=64 if d_pad <= 128 else 32, IEEE=q.dtype == torch.float32, SCALE_V=scale_v,
-        num_warps=4, num_stages=2)
+        F16_DOTS=_f16_dots(q, kv_cache), num_warps=4, num_stages=2)
     return out

@@ -6,18 +6,27 @@ through torch._scaled_mm where the GPU has FP8 tensor cores (compute capability 
 elsewhere the same quantized numbers are dequantized and multiplied (the reference path), so results
 differ only by accumulation order.
 
-Which _scaled_mm (the `fp8_gemm` engine option): torch runs row-wise scales (per token x per channel) through
-its own CUTLASS kernel where its cuBLAS is older than 12.9 (aten ScaledBlas.cpp, _scaled_rowwise_rowwise; from
-12.9 on sm_90 it asks cuBLASLt's outer-vector scaling). That kernel's sm_90 dispatch (RowwiseScaledMM.cu) has
-two tiles, 64x128 and 128x128, and no split-K: a decode step's 256 x 4608 qkv GEMM makes 72 CTAs for 132 SMs,
-and the H200 ran it slower than bf16 (383 against 447 TFLOP/s; BENCHMARKS.md, FP8); its slow-accumulation
-schedules are slower still than tensor-wise cuBLAS (pytorch/pytorch#147971; torchao sends row-wise scales
-through cuBLAS with the scales applied after for that reason, pytorch/ao#1325). Tensor-wise (scalar) scales go
-to cuBLASLt, whose heuristics pick among many kernels for any shape. "cublaslt" keeps the
+Which _scaled_mm (the `fp8_gemm` engine option). torch sends row-wise scales (per token x per channel) to its
+own CUTLASS kernel (RowwiseScaledMM.cu: two sm_90 tiles, no split-K) only where its cuBLAS is older than 12.9;
+from 12.9 on sm_90 it asks cuBLASLt for outer-vector scaling (aten ScaledBlas.cpp, _scaled_rowwise_rowwise).
+The H200 runs (torch 2.11+cu130, cuBLASLt 130100; scripts/gpu/fp8-gemm.sh, BENCHMARKS.md, FP8) show the
+latter: every row-wise call, at every M from 16 to 16,384 rows, ran one cuBLASLt nvjet kernel with the scales
+in its epilogue (nvjet_sm90_qqtst_128x128_128x6_1x1_h_bz_coopA_algo2_ovscale_TNT; with use_fast_accum the
+..._4x2_h_bz_ovscale_TNT or _2x1_v_bz_ovscale_TNT variants), not the CUTLASS kernel; an older torch or cuBLAS
+may still run CUTLASS. "rowwise" is that call; "rowwise-fast" the same with use_fast_accum=True: Hopper's FP8
+MMA accumulates at reduced precision (about 14 significant bits; DeepSeek-V3 report, 3.3.2) and without fast
+accumulation the kernel promotes its partial sums to float32 every few K blocks; with it, it does not (vLLM's
+CUTLASS sm90 FP8 kernels use the FP8 fast-accumulation schedules). The sweep measured it 1.72-1.94x bf16 at
+16,384 rows (1.61-1.78x without) and 1.01-1.69x at 256 (0.99-1.56x); its error bound is the GPU test's
+(tests/engine/layers/test_fp8.py). Tensor-wise (scalar) scales also go to cuBLASLt. "cublaslt" keeps the
 per-token and per-channel numbers: an unscaled GEMM (unit scalar scales, float32 out) and then one pass that
-multiplies by both scales, adds the bias and casts (vLLM's torch_channelwise_w8a8_scaled_mm does the same
-in torch ops); the float32 output costs traffic the row-wise kernel's fused epilogue avoids, which matters at
-prefill sizes only. "auto" takes cuBLASLt up to CUBLASLT_MAX_TOKENS rows and the row-wise kernel above.
+multiplies by both scales, adds the bias and casts (vLLM's torch_channelwise_w8a8_scaled_mm does the same in
+torch ops); end to end on the 7B workload it was slower than "rowwise" (4.49 against 4.29 s), so "auto" takes
+cuBLASLt up to CUBLASLT_MAX_TOKENS rows (0) and "rowwise" above.
+
+The per-token quantization of an activation can come fused into the kernel that makes it (kernels/fused.py:
+RMSNorm before qkv and gate_up, SiLU-and-mul before down): those pass fp8_linear a QuantizedActivation, the
+same bytes quantize_per_token would make, and fp8_linear skips its own pass.
 
 One recipe, in IEEE float32 operations only, so that torch on the CPU, torch on CUDA and the Triton kernels
 (kernels/fp8.py, kernels/paged_attention.py) produce the same bytes: scale = max(amax * INV_FP8_MAX,
@@ -32,6 +41,7 @@ from __future__ import annotations
 
 import functools
 import logging
+from dataclasses import dataclass
 from typing import get_args
 
 import torch
@@ -107,14 +117,18 @@ def scaled_mm_supported(device: torch.device, dtype: torch.dtype) -> bool:
 
 
 # The tensor-core GEMMs fp8_linear can take (the engine's fp8_gemm option): "rowwise" torch's row-wise scaled
-# _scaled_mm, "cublaslt" an unscaled cuBLASLt GEMM then the scales, "auto" one or the other by the number of
-# rows, "triton" a Triton GEMM with the scales in its epilogue (kernels/fp8_gemm.py; a candidate, not in auto).
+# _scaled_mm, "rowwise-fast" the same with fast accumulation, "cublaslt" an unscaled cuBLASLt GEMM then the
+# scales, "auto" cuBLASLt or rowwise by the number of rows, "triton" a Triton GEMM with the scales in its
+# epilogue (kernels/fp8_gemm.py; a candidate, not in auto).
 FP8_GEMMS: tuple[str, ...] = get_args(Fp8Gemm)  # the engine option's choices, one list
-# "auto" takes cuBLASLt up to this many rows and the row-wise kernel above. 0 (the row-wise kernel everywhere, the
-# path every FP8 GPU test and benchmark so far ran) until the H200 shows where cuBLASLt wins:
-# scripts/gpu/fp8-gemm.sh sweeps both over the 7B GEMMs at 16-16,384 rows (its cublaslt_faster_at_m); the
-# cuBLASLt path has not run on a GPU yet, so it is opt-in (--fp8-gemm cublaslt) rather than a default.
+# "auto" takes cuBLASLt up to this many rows and the row-wise kernel above. 0: the H200 sweep found the GEMM alone
+# faster through cuBLASLt + the scales pass at some decode sizes, but end to end on the 7B workload the row-wise
+# kernel everywhere won (4.29 s against 4.49 s; the scales pass and its float32 intermediate cost more than the
+# GEMM saves), so auto is "rowwise" at every size until a measurement says otherwise.
 CUBLASLT_MAX_TOKENS = 0
+# The row-wise GEMM "auto" takes above CUBLASLT_MAX_TOKENS: "rowwise", the one measured end to end; "rowwise-fast"
+# once scripts/gpu/fp8-speed.sh shows it faster end to end at the same accuracy.
+AUTO_ROWWISE = "rowwise"
 
 
 def check_fp8_gemm(fp8_gemm: str) -> str:
@@ -125,58 +139,73 @@ def check_fp8_gemm(fp8_gemm: str) -> str:
 
 
 def tensor_core_gemm(fp8_gemm: str, rows: int) -> str:
-    """The tensor-core GEMM ("rowwise" or "cublaslt") an fp8_gemm option picks for a batch of `rows` tokens."""
+    """The tensor-core GEMM (any FP8_GEMMS choice but "auto") an fp8_gemm option picks for `rows` tokens."""
     if fp8_gemm == "auto":
-        return "cublaslt" if rows <= CUBLASLT_MAX_TOKENS else "rowwise"
+        return "cublaslt" if rows <= CUBLASLT_MAX_TOKENS else AUTO_ROWWISE
     return check_fp8_gemm(fp8_gemm)
 
 
 def gemm_path(device: torch.device, dtype: torch.dtype, fp8_gemm: str = "auto") -> str:
     """Which FP8 GEMM a model on `device` in `dtype` runs, in words (the start-up report says it)."""
     if scaled_mm_supported(device, dtype):
-        auto = f"cuBLASLt up to {CUBLASLT_MAX_TOKENS} tokens, the row-wise CUTLASS kernel above" \
-            if CUBLASLT_MAX_TOKENS else "the row-wise CUTLASS kernel"
-        which = {"auto": auto,
-                 "rowwise": "the row-wise CUTLASS kernel", "cublaslt": "cuBLASLt, scales applied after",
+        which = {"rowwise": "row-wise scales", "rowwise-fast": "row-wise scales, fast accumulation",
+                 "cublaslt": "cuBLASLt, scales applied after",
                  "triton": "a Triton GEMM, scales in its epilogue"}
+        which["auto"] = f"cuBLASLt up to {CUBLASLT_MAX_TOKENS} tokens, {which[AUTO_ROWWISE]} above" \
+            if CUBLASLT_MAX_TOKENS else which[AUTO_ROWWISE]
         return f"torch._scaled_mm (FP8 tensor cores; {which[check_fp8_gemm(fp8_gemm)]})"
     why = "no FP8 tensor cores" if device.type != "cuda" or not _has_fp8_tensor_cores(device.index or 0) \
         else f"a {str(dtype).removeprefix('torch.')} model: the tensor-core path is for bfloat16 models"
     return f"reference: dequantize then matmul ({why})"
 
 
-def fp8_linear(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor,
+@dataclass(frozen=True)
+class QuantizedActivation:
+    """An activation already quantized per token by the kernel that made it: q [M, K] e4m3 (row-major), scale
+    [M, 1] float32 (quantize_per_token's outputs, bit for bit), dtype the model dtype it stands for."""
+
+    q: torch.Tensor
+    scale: torch.Tensor
+    dtype: torch.dtype
+
+
+def fp8_linear(x: torch.Tensor | QuantizedActivation, weight: torch.Tensor, weight_scale: torch.Tensor,
                bias: torch.Tensor | None = None, fp8_gemm: str = "auto") -> torch.Tensor:
-    """y = x W^T (+ b) with W [N, K] fp8 and its per-channel scale [N]; x [..., K] in the model dtype.
-    fp8_gemm picks the tensor-core GEMM where there is one (FP8_GEMMS); the reference path ignores it."""
-    lead = x.shape[:-1]
-    if x.dim() != 2 or x.stride(-1) != 1:
-        x = x.reshape(-1, x.shape[-1]).contiguous()
-    xq, x_scale = quantize_per_token(x)
+    """y = x W^T (+ b) with W [N, K] fp8 and its per-channel scale [N]; x [..., K] in the model dtype, or a
+    2-D QuantizedActivation (its quantization done). fp8_gemm picks the tensor-core GEMM where there is one
+    (FP8_GEMMS); the reference path ignores it."""
+    if isinstance(x, QuantizedActivation):
+        lead, (xq, x_scale), dtype = x.q.shape[:-1], (x.q, x.scale), x.dtype
+    else:
+        lead, dtype = x.shape[:-1], x.dtype
+        if x.dim() != 2 or x.stride(-1) != 1:
+            x = x.reshape(-1, x.shape[-1]).contiguous()
+        xq, x_scale = quantize_per_token(x)
     n, k = weight.shape
-    if scaled_mm_supported(x.device, x.dtype) and n % 16 == 0 and k % 16 == 0:  # _scaled_mm's shape rule
-        gemm = tensor_core_gemm(fp8_gemm, x.shape[0])
+    if scaled_mm_supported(xq.device, dtype) and n % 16 == 0 and k % 16 == 0:  # _scaled_mm's shape rule
+        gemm = tensor_core_gemm(fp8_gemm, xq.shape[0])
         if gemm == "cublaslt":
-            y = unscaled_mm(xq, x_scale, weight, weight_scale, bias, x.dtype)
+            y = unscaled_mm(xq, x_scale, weight, weight_scale, bias, dtype)
         elif gemm == "triton":
             from railyard.engine.kernels.fp8_gemm import fp8_gemm as triton_fp8_gemm
 
-            y = triton_fp8_gemm(xq, x_scale, weight, weight_scale, bias, x.dtype)
+            y = triton_fp8_gemm(xq, x_scale, weight, weight_scale, bias, dtype)
         else:
-            y = scaled_mm(xq, x_scale, weight, weight_scale, bias, x.dtype)
+            y = scaled_mm(xq, x_scale, weight, weight_scale, bias, dtype, fast_accum=gemm == "rowwise-fast")
     else:
-        y = dequantized_linear(xq, x_scale, weight, weight_scale, bias, x.dtype)
+        y = dequantized_linear(xq, x_scale, weight, weight_scale, bias, dtype)
     return y.view(*lead, n)
 
 
 def scaled_mm(xq: torch.Tensor, x_scale: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor,
-              bias: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor:
-    """The FP8 tensor-core GEMM: (xq W^T) * x_scale * weight_scale (+ bias), accumulated in float32.
+              bias: torch.Tensor | None, dtype: torch.dtype, fast_accum: bool = False) -> torch.Tensor:
+    """The FP8 tensor-core GEMM: (xq W^T) * x_scale * weight_scale (+ bias), accumulated in float32 (fast_accum:
+    the MMA's reduced-precision accumulator, promoted to float32 less often; see the module docstring).
 
     _scaled_mm wants its first operand row-major, its second column-major (W^T of a row-major W is),
     row-wise scales as [M, 1] and [1, N] float32, and K and N multiples of 16."""
     return torch._scaled_mm(xq, weight.t(), scale_a=x_scale, scale_b=weight_scale.view(1, -1), bias=bias,
-                            out_dtype=dtype)
+                            out_dtype=dtype, use_fast_accum=fast_accum)
 
 
 _UNIT_SCALES: dict[torch.device, torch.Tensor] = {}

@@ -65,7 +65,7 @@ class MLP(nn.Module):
         self.down_proj = RowParallelLinear(inter, spec.hidden_size, False, ps, quant=quant)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(silu_and_mul(self.gate_up_proj(x)))
+        return self.down_proj(silu_and_mul(self.gate_up_proj(x), quantize_output=self.down_proj.quant == "fp8"))
 
 
 class DecoderLayer(nn.Module):
@@ -73,8 +73,10 @@ class DecoderLayer(nn.Module):
         super().__init__()
         self.self_attn = Attention(spec, rotary, backend_cls, ps)
         self.mlp = MLP(spec, ps)
-        self.input_layernorm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
-        self.post_attention_layernorm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
+        # Each feeds one linear layer only (qkv, gate_up): with FP8 weights, the norm quantizes for it (GPU).
+        fp8 = spec.quantization == "fp8"
+        self.input_layernorm = RMSNorm(spec.hidden_size, spec.rms_norm_eps, quantize_output=fp8)
+        self.post_attention_layernorm = RMSNorm(spec.hidden_size, spec.rms_norm_eps, quantize_output=fp8)
 
     def pre_attention(self, positions, x, residual):
         """Input norm (adding the residual first, except in layer 0) and the attention's projections:

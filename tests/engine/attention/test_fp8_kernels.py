@@ -200,6 +200,43 @@ def test_bf16_queries_over_an_fp8_cache_with_7b_head_shapes():
              dtype=torch.bfloat16)
 
 
+@pytest.mark.parametrize("cached, new", [([5, 40, 1, 77], [1, 1, 1, 1]), ([16, 24, 0], [5, 40, 17])])
+def test_fp16_queries_over_an_fp8_cache_take_float16_dot_products_and_match_the_torch_backend(cached, new):
+    """16-bit queries over an FP8 cache run both dot products in float16 (paged_attention.py's F16_DOTS: one
+    e4m3 -> float16 conversion per two elements), q scaled by a power of two first; decode and prefill."""
+    _compare(cached=cached, new=new, heads=14, kv_heads=2, dim=64, k_scale=0.25, v_scale=3.0, dtype=torch.float16)
+
+
+@pytest.mark.parametrize("q_multiplier", [1.0, 1e-3, 200.0])
+def test_the_power_of_two_scaling_of_fp16_queries_changes_no_output(q_multiplier, monkeypatch):
+    """For an fp16 q both paths take float16 dot products; the F16_DOTS one scales q by 2^k and the score scale by
+    2^-k first, which commutes with every rounding: the outputs are the same bits (decode, one split and five)."""
+    q, k, v, cache, meta = random_batch([300, 9, 150], [1, 1, 1], 14, 2, 64, torch.float16, seed=4, cache_dtype=FP8)
+    q = q * q_multiplier
+    store_kv(cache, k, v, meta.slot_mapping, 0.5, 2.0)
+    for splits in (1, 5):
+        args = (q, cache, meta.block_tables, meta.seq_lens, 0.125)
+        scaled = paged_decode(*args, num_splits=splits, k_scale=0.5, v_scale=2.0)
+        monkeypatch.setattr(paged_attention, "_f16_dots", lambda q, kv_cache: False)
+        plain = paged_decode(*args, num_splits=splits, k_scale=0.5, v_scale=2.0)
+        monkeypatch.undo()
+        assert torch.equal(scaled, plain)
+
+
+def test_bf16_queries_beyond_float16s_range_give_what_the_same_scores_give_within_it():
+    """q * 2^17 (|q| far past float16's 65504) with the softmax scale / 2^17 has the same scores as q with the
+    scale: the power-of-two normalisation before the float16 cast makes them the same bits, where a plain cast
+    would give inf. (The interpreter's bf16 output rounding is the same in both runs.)"""
+    q, k, v, cache, meta = random_batch([200, 9], [1, 1], 28, 4, 128, torch.bfloat16, seed=8, cache_dtype=FP8)
+    store_kv(cache, k, v, meta.slot_mapping, 0.5, 2.0)
+    big = q * 2.0 ** 17
+    assert big.abs().max().item() > 65504
+    want = paged_decode(q, cache, meta.block_tables, meta.seq_lens, 0.088, num_splits=1, k_scale=0.5, v_scale=2.0)
+    got = paged_decode(big, cache, meta.block_tables, meta.seq_lens, 0.088 * 2.0 ** -17, num_splits=1,
+                       k_scale=0.5, v_scale=2.0)
+    assert torch.isfinite(got).all() and torch.equal(got, want)
+
+
 def test_split_context_decode_over_an_fp8_cache_equals_one_split():
     q, k, v, cache, meta = random_batch([300, 9, 150], [1, 1, 1], 4, 2, 32, torch.float32, seed=3, cache_dtype=FP8)
     store_kv(cache, k, v, meta.slot_mapping, 0.5, 2.0)
