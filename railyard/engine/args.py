@@ -35,7 +35,7 @@ _HELP = {
     "enforce_eager": "never capture CUDA graphs",
     "quantization": "fp8: FP8 weights (per-channel scales) and per-token FP8 activations; FP8 checkpoints are "
                     "detected from config.json",
-    "fp8_gemm": "with FP8 weights on FP8 tensor cores: auto (the measured best; today rowwise), rowwise (torch's "
+    "fp8_gemm": "with FP8 weights on FP8 tensor cores: auto (the measured best; today rowwise-fast), rowwise (torch's "
                 "row-wise scaled _scaled_mm), rowwise-fast (the same with FP8 fast accumulation), cublaslt (an "
                 "unscaled cuBLASLt GEMM, scales after) or triton",
     "kv_cache_dtype": "auto (the model dtype), bfloat16 or fp8 (e4m3, per-layer K/V scales: twice the blocks of bf16)",
