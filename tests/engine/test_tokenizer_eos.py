@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from pathlib import Path
 
 import pytest
 from transformers import AutoTokenizer
@@ -15,7 +16,7 @@ from railyard.engine.tokenizer import LazyTokenizer
 
 def _variant(tiny_model, tmp_path, config_change=None, special_tokens_map=None):
     shutil.copy(f"{tiny_model}/tokenizer.json", tmp_path)
-    config = json.loads(open(f"{tiny_model}/tokenizer_config.json").read())
+    config = json.loads((Path(tiny_model) / "tokenizer_config.json").read_text())
     if config_change is not None:
         config_change(config)
     (tmp_path / "tokenizer_config.json").write_text(json.dumps(config))
@@ -25,13 +26,14 @@ def _variant(tiny_model, tmp_path, config_change=None, special_tokens_map=None):
 
 
 VARIANTS = {
-    "a string": dict(),
-    "an AddedToken": dict(config_change=lambda c: c.update(eos_token={"content": "<|endoftext|>", "__type": "AddedToken"})),
-    "a byte token": dict(config_change=lambda c: c.update(eos_token="a")),
-    "none": dict(config_change=lambda c: c.pop("eos_token")),
-    "one the vocabulary lacks": dict(config_change=lambda c: c.update(eos_token="<|not-there|>")),
-    "in special_tokens_map.json only": dict(config_change=lambda c: c.pop("eos_token"),
-                                            special_tokens_map={"eos_token": "<|endoftext|>"}),
+    "a string": {},
+    "an AddedToken": {"config_change": lambda c: c.update(eos_token={"content": "<|endoftext|>",
+                                                                    "__type": "AddedToken"})},
+    "a byte token": {"config_change": lambda c: c.update(eos_token="a")},
+    "none": {"config_change": lambda c: c.pop("eos_token")},
+    "one the vocabulary lacks": {"config_change": lambda c: c.update(eos_token="<|not-there|>")},
+    "in special_tokens_map.json only": {"config_change": lambda c: c.pop("eos_token"),
+                                        "special_tokens_map": {"eos_token": "<|endoftext|>"}},
 }
 
 
