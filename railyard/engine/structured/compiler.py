@@ -31,9 +31,12 @@ class GrammarCompiler:
     def __init__(self, load_tokenizer: Callable[[], Any], model_vocab_size: int, stop_token_ids: tuple[int, ...],
                  max_entries: int = DEFAULT_CACHE_ENTRIES) -> None:
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="railyard-grammar")
-        # The tokenizer is loaded (importing transformers) and its token table read once, on the compile thread:
-        # for a 150k vocabulary that takes a while, and neither start-up nor the step loop must wait for it.
-        self._compiler: Future = self._pool.submit(_make_compiler, load_tokenizer, model_vocab_size, stop_token_ids)
+        # The tokenizer is loaded (importing transformers), xgrammar imported and the token table read once, on the
+        # compile thread, when the first constraint arrives (as vLLM sets up its grammar backend): seconds of Python
+        # that would otherwise take the GIL from the engine's start-up or its first steps, which most engines
+        # never need; the step loop never waits for it.
+        self._setup = (load_tokenizer, model_vocab_size, stop_token_ids)
+        self._compiler: Future | None = None
         self._cache: OrderedDict[str, Future] = OrderedDict()
         self.max_entries = max_entries
         self.num_compiled = 0
@@ -43,6 +46,7 @@ class GrammarCompiler:
         key = spec.key()
         future = self._cache.get(key)
         if future is None:
+            self._set_up()
             future = self._cache[key] = self._pool.submit(self._compile, spec)
             while len(self._cache) > self.max_entries:
                 self._cache.popitem(last=False)
@@ -50,13 +54,19 @@ class GrammarCompiler:
             self._cache.move_to_end(key)
         return future
 
+    def _set_up(self) -> Future:
+        """The future of (xgrammar's compiler, the ids it covers), its making queued on the compile thread once."""
+        if self._compiler is None:
+            self._compiler = self._pool.submit(_make_compiler, *self._setup)
+        return self._compiler
+
     @property
     def vocab_size(self) -> int:
         """The ids the grammars cover (grammar_vocab_size); waits for the tokenizer's load."""
-        return self._compiler.result()[1]
+        return self._set_up().result()[1]
 
     def _compile(self, spec: StructuredOutputsParams):
-        compiler = self._compiler.result()[0]
+        compiler = self._set_up().result()[0]
         source = grammar_source(spec)
         start = time.perf_counter()
         if source.kind == "json":

@@ -64,8 +64,8 @@ class StructuredOutputManager:
                  disable_any_whitespace: bool = False) -> None:
         """load_tokenizer: the engine's tokenizer, called once on the compile thread (None: the engine has none)."""
         self.disable_any_whitespace = disable_any_whitespace  # the default of requests that leave it unset
-        # Started at once: the tokenizer's load, xgrammar's import and the token table run on the compile thread,
-        # not on the step loop when the first constrained request arrives.
+        # The tokenizer's load, xgrammar's import and the token table run on the compile thread when the first
+        # constrained request arrives (GrammarCompiler), not on the step loop and not at start-up.
         self._compiler = GrammarCompiler(load_tokenizer, vocab_size, stop_token_ids) if load_tokenizer is not None \
             else None
         self._compiling: dict[str, _Compiling] = {}  # by request id
