@@ -89,7 +89,7 @@ class _StartupCollector:
             family.add_metric([*labels, part, st.weights_reader or ""], seconds)
         yield family
         family = GaugeMetricFamily("railyard:startup_background_seconds",
-                                   "Seconds of start-up work run on threads beside the phases (the engine's tokenizer).",
+                                   "Seconds of start-up work run on threads beside the phases (the front's tokenizer).",
                                    labels=(*_LABELS, "task"))
         for task, seconds in st.background.items():
             family.add_metric([*labels, task], seconds)

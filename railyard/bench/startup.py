@@ -46,7 +46,7 @@ class StartupRun:
     triton_compiled: int = 0
     weights_reader: str | None = None  # mapped or staged
     weight_parts_s: dict[str, float] = field(default_factory=dict)  # weight_loading by part: read, to_device, ...
-    background_s: dict[str, float] = field(default_factory=dict)  # work on threads beside the phases (tokenizer)
+    background_s: dict[str, float] = field(default_factory=dict)  # threads beside the phases: the front's tokenizer
     output_tail: list[str] = field(default_factory=list)  # the server's last lines (its start-up report among them)
 
 

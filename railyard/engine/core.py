@@ -17,7 +17,6 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
 
-from railyard.engine.background import Background
 from railyard.engine.block_manager import BlockManager
 from railyard.engine.caches import configure_triton_cache
 from railyard.engine.config import EngineConfig, SamplingParams
@@ -30,7 +29,7 @@ from railyard.engine.scheduler import Scheduler
 from railyard.engine.sequence import PLACEHOLDER, Sequence
 from railyard.engine.startup import StartupTimes
 from railyard.engine.structured.manager import Accepted, StructuredOutputManager
-from railyard.engine.tokenizer import load_tokenizer
+from railyard.engine.tokenizer import LazyTokenizer, expects_tokenizer
 from railyard.engine.validation import check_priority, check_prompt_token_ids, check_sampling_params
 from railyard.errors import ConfigError, InvalidRequestError
 from railyard.model.spec import ModelSpec, read_model_spec
@@ -87,12 +86,13 @@ class EngineCore:
         else:  # a named shape with random weights (GPU benchmarks); token ids only
             model_dir = None
             tokenizer_path = config.tokenizer
-        # The core needs the tokenizer for its EOS id and for grammars (structured outputs); the front
-        # detokenises with its own copy.
-        # Loaded on a thread while the model loads (importing transformers takes seconds), with short GIL switches
-        # so that it does not hold up the loader's every return from torch (background.py).
-        tokenizer = Background(load_tokenizer, tokenizer_path, name="railyard-tokenizer") if tokenizer_path else None
+        # The core needs of the tokenizer its EOS id (read from its files below) and, for grammars (structured
+        # outputs) and in-process fronts, the HF tokenizer: loaded by its first user, after start-up (LazyTokenizer);
+        # a served engine's front detokenises with its own copy.
+        self._tokenizer = LazyTokenizer(tokenizer_path if expects_tokenizer(tokenizer_path) else None)
         self.tokenizer_path = tokenizer_path
+        with self.startup.phase("tokenizer_eos"):  # before the model: a broken tokenizer fails fast
+            tokenizer_eos = self._tokenizer.eos_token_id()
         self.model_dir = model_dir
         self.spec = spec
         config.resolve(spec.max_position_embeddings)
@@ -104,10 +104,6 @@ class EngineCore:
                 self.startup.merge(timed)
             self.startup.add("executor", time.perf_counter() - executor_started - (timed.total_s if timed else 0.0))
         self.executor = executor
-        with self.startup.phase("tokenizer_wait"):  # what of the tokenizer's load the model's did not hide
-            self.tokenizer = tokenizer.result() if tokenizer is not None else None
-        if tokenizer is not None:
-            self.startup.background["tokenizer"] = tokenizer.seconds
         bm = BlockManager(self.executor.num_gpu_blocks, self.executor.num_cpu_blocks, config.block_size,
                           config.enable_prefix_caching)
         if bm.gpu.num_blocks * config.block_size < config.max_model_len:
@@ -119,12 +115,13 @@ class EngineCore:
         self.block_manager = bm
         self.scheduler = Scheduler(config, bm)
         eos = set(spec.eos_token_ids)
-        if self.tokenizer is not None and self.tokenizer.eos_token_id is not None:
-            eos.add(self.tokenizer.eos_token_id)
+        if tokenizer_eos is not None:
+            eos.add(tokenizer_eos)
         self.eos_token_ids = tuple(sorted(eos))
         self.requests: dict[str, _Request] = {}
         # [structured outputs] grammars and matchers of constrained sequences (idle until the first one)
-        self.structured = StructuredOutputManager(self.tokenizer, spec.vocab_size, self.eos_token_ids,
+        self.structured = StructuredOutputManager(self._tokenizer.get if self._tokenizer.path is not None else None,
+                                                  spec.vocab_size, self.eos_token_ids,
                                                   config.structured_outputs_disable_any_whitespace)
         self._refused: list[tuple[str, str]] = []  # (request id, why): constraints that failed to compile
         self._seq_ids = itertools.count()
@@ -143,6 +140,11 @@ class EngineCore:
         log.info("engine ready: %d KV blocks of %d tokens (%d CPU swap blocks); max_model_len %d; "
                  "%d sequences of max_model_len fit at once", bm.gpu.num_blocks, config.block_size,
                  bm.cpu.num_blocks, config.max_model_len, bm.gpu.num_blocks * config.block_size // config.max_model_len)
+
+    @property
+    def tokenizer(self):
+        """The HF tokenizer (None: token ids only), loaded on first use: in-process fronts take it from here."""
+        return self._tokenizer.get()
 
     def model_info(self) -> ModelInfo:
         """The model's facts and limits, for fronts (they validate requests at the door with them)."""

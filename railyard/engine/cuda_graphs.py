@@ -70,8 +70,9 @@ class DecodeGraphs:
         pool = None
         for bs in reversed(self.sizes):  # largest first: smaller graphs reuse its memory pool
             ids, pos, meta = self._views(bs)
-            for _ in range(2):  # compile kernels, create library handles and workspaces outside capture
-                self.model.compute_logits(self.model(ids, pos, self.kv_caches, meta))
+            # One eager run compiles (or loads) the kernels and creates library handles and workspaces outside
+            # capture: one run per size, as vLLM v1 and the piecewise graphs (which run fine on the H200) do.
+            self.model.compute_logits(self.model(ids, pos, self.kv_caches, meta))
             torch.cuda.synchronize(self.device)
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=pool):

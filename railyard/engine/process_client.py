@@ -73,6 +73,8 @@ class EngineProcessClient(CoreClient):
             tokenizer = prefetch.result(info.tokenizer)
             if info.startup is not None:
                 info.startup.add("front_tokenizer", time.perf_counter() - started)
+                if prefetch.seconds is not None:  # the front's load, in its own process beside the engine's start
+                    info.startup.background["tokenizer"] = prefetch.seconds
         except BaseException:
             self._finalizer()
             raise
@@ -224,6 +226,11 @@ class _TokenizerPrefetch:
     def __init__(self, config: EngineConfig) -> None:
         self.path = config.tokenizer or (config.model if Path(config.model).is_dir() else None)
         self._load = Background(load_tokenizer, self.path, name="railyard-tokenizer") if self.path else None
+
+    @property
+    def seconds(self) -> float | None:
+        """How long the prefetch took (None: none ran, or it has not finished)."""
+        return self._load.seconds if self._load is not None else None
 
     def result(self, path: str | None):
         """The tokenizer at `path` (the core's): the prefetched one if it is that, else loaded now (and an error

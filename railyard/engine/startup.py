@@ -26,8 +26,8 @@ from pathlib import Path
 # the copy into the parameters and shows there: its read part is only safetensors' bookkeeping.
 WEIGHT_PARTS = ("read", "to_device", "copy", "other")
 # The order phases happen in (a phase that did not happen is absent).
-PHASE_ORDER = ("front_imports", "engine_spawn", "imports", "model_construction", "weight_loading", "kv_profile",
-               "kv_allocation", "cuda_graphs", "executor", "tokenizer_wait", "engine_other", "front_tokenizer",
+PHASE_ORDER = ("front_imports", "engine_spawn", "imports", "tokenizer_eos", "model_construction", "weight_loading",
+               "kv_profile", "kv_allocation", "cuda_graphs", "executor", "engine_other", "front_tokenizer",
                "front_imports_wait", "server_start")
 
 

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import logging
+import threading
 from pathlib import Path
 
 from railyard.errors import ModelLoadError
@@ -34,6 +36,71 @@ def load_tokenizer(path: str | Path):
         return AutoTokenizer.from_pretrained(str(path), local_files_only=True, truncation_side="left")
     except Exception as exc:  # transformers raises many types for a broken tokenizer
         raise ModelLoadError(f"cannot load the tokenizer from {path}: {exc}") from None
+
+
+def expects_tokenizer(path: str | Path | None) -> bool:
+    """Whether load_tokenizer(path) gives a tokenizer (or an error), rather than None for a directory with no
+    tokenizer files, known without loading it."""
+    return path is not None and not (Path(path).is_dir() and not has_tokenizer_files(path))
+
+
+class LazyTokenizer:
+    """The HF tokenizer at `path`, loaded once by its first user (any thread), for an engine core that needs it
+    only after start-up: for grammars (structured outputs, on their compile thread) and in-process fronts.
+    Loading it at start cost a served 7B engine seconds: importing transformers is seconds of Python, and beside
+    the weight load and CUDA-graph capture it took the GIL from them (weights 2x slower, tokenizer 8-11 s)."""
+
+    def __init__(self, path: str | Path | None) -> None:
+        self.path = path
+        self._lock = threading.Lock()
+        self._loaded = False
+        self._value = None
+
+    def get(self):
+        """The tokenizer (None: the directory has none); a load error is raised to every caller until one loads."""
+        with self._lock:
+            if not self._loaded:
+                self._value = load_tokenizer(self.path) if self.path is not None else None
+                self._loaded = True
+            return self._value
+
+    def eos_token_id(self) -> int | None:
+        """get().eos_token_id, read without transformers where the files say it plainly (_plain_eos_token_id);
+        anything else (no tokenizer.json, no eos_token, one the vocabulary lacks, which transformers would add)
+        loads the tokenizer and asks it."""
+        if self.path is None:
+            return None
+        token_id = _plain_eos_token_id(Path(self.path))
+        if token_id is not None:
+            return token_id
+        tokenizer = self.get()
+        return tokenizer.eos_token_id if tokenizer is not None else None
+
+
+def _plain_eos_token_id(path: Path) -> int | None:
+    """The EOS id where the files say it plainly: tokenizer_config.json's eos_token (special_tokens_map.json
+    agreeing), found in tokenizer.json by `tokenizers` (milliseconds); else None."""
+    token = _eos_content(path / "tokenizer_config.json")
+    mapped = _eos_content(path / "special_tokens_map.json")
+    if token is None or mapped not in (None, token) or not (path / "tokenizer.json").is_file():
+        return None
+    from tokenizers import Tokenizer
+
+    try:
+        return Tokenizer.from_file(str(path / "tokenizer.json")).token_to_id(token)
+    except Exception:  # a tokenizer.json `tokenizers` cannot read: transformers will say what is wrong with it
+        return None
+
+
+def _eos_content(file: Path) -> str | None:
+    """The eos_token a tokenizer file names (a string, or an AddedToken's content), None if it names none."""
+    try:
+        token = json.loads(file.read_text()).get("eos_token")
+    except (OSError, ValueError, AttributeError):
+        return None
+    if isinstance(token, dict):
+        token = token.get("content")
+    return token if isinstance(token, str) else None
 
 
 def make_detokenizer(tokenizer, prompt_ids: list[int], skip_special_tokens: bool = True):

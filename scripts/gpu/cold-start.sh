@@ -4,11 +4,12 @@
 # (deliberately: the runs load from the page cache), then starts `railyard serve` on it RUNS times, the first with
 # an empty railyard cache (Triton compiles every kernel), the rest warm, each to its first /health 200, with the
 # server's start-up phases from /metrics (weight loading split into read / to_device / copy / other, and the
-# engine's tokenizer thread beside it). One more start with the staged reader ($RAILYARD_WEIGHTS_READER=staged,
-# its own empty cache, so cold). Then weight loading both ways the reader can go, alone, beside the tokenizer
-# load (plain thread: the engine before this change; Background: short GIL switches) and from disk
-# (scripts/gpu/load_paths.py; it drops the checkpoint from the page cache last). Then issue 7's decode
-# benchmark, unchanged, in the same call.
+# front's tokenizer load beside it, in the front's own process: since 0d55b5e the engine process loads no HF
+# tokenizer before it is ready, its EOS id read from the files in the tokenizer_eos phase). One more start with
+# the staged reader ($RAILYARD_WEIGHTS_READER=staged, its own empty cache, so cold). Then weight loading both ways
+# the reader can go, alone, beside a tokenizer load in the same process (plain thread and Background: how the
+# engine process loaded before 0d55b5e, for comparison) and from disk (scripts/gpu/load_paths.py; it drops the
+# checkpoint from the page cache last). Then issue 7's decode benchmark, unchanged, in the same call.
 # Writes $OUT/startup.json, $OUT/startup_staged.json, $OUT/load_paths.json, $OUT/throughput.json and
 # $OUT/log.txt (its summary at the end, also on stdout).
 #   carry: .whl (fastapi, starlette, uvicorn, pydantic(-core), httptools, pyzmq, msgspec, ...)
@@ -49,7 +50,7 @@ for name in ("startup.json", "startup_staged.json"):
         print(f"{name} run {i} {r['cache']}: wall {r['wall_s']:.2f} s, server {r['total_s']:.2f} s, weights "
               f"{r['weights_gb_per_s']} GB/s ({r.get('weights_reader')}: "
               + ", ".join(f"{p} {s:.2f}" for p, s in (r.get("weight_parts_s") or {}).items())
-              + f"; beside it {r.get('background_s')}), Triton JIT {r['triton_jit_s']:.2f} s for "
+              + f"; beside it, the front's {r.get('background_s')}), Triton JIT {r['triton_jit_s']:.2f} s for "
               f"{r['triton_kernels']} kernels ({r['triton_compiled']} compiled), page cache {r['page_cache_resident']}")
         print("   ", ", ".join(f"{p} {s:.2f}" for p, s in r["phases_s"].items()))
 try:

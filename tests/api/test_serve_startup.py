@@ -1,7 +1,7 @@
 """`railyard serve` reports where its start-up went: once on stdout, and as railyard:startup_phase_seconds on
 /metrics; the phases are the ones a start goes through, none negative, and they add up to no more than the
 wall time this test measures from starting the process to its first /health 200. Weight loading's parts
-(railyard:startup_weight_loading_seconds) add up to its phase, and the engine's tokenizer thread is counted."""
+(railyard:startup_weight_loading_seconds) add up to its phase, and the front's tokenizer load is counted."""
 
 from __future__ import annotations
 

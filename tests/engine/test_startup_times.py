@@ -1,9 +1,10 @@
 """An engine times its start-up by phase: every phase it went through is there, none is negative, the weights'
-bytes are the checkpoint's, weight loading is split into its parts, the tokenizer's load beside the phases is
-counted, and the report crosses the EngineClient interface in ModelInfo."""
+bytes are the checkpoint's, weight loading is split into its parts, the HF tokenizer is not loaded to start (its
+EOS id is read from its files), and the report crosses the EngineClient interface in ModelInfo."""
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
 import msgspec
@@ -16,7 +17,7 @@ from railyard.engine.model_info import ModelInfo
 from railyard.engine.startup import WEIGHT_PARTS, StartupTimes
 
 CORE_PHASES = {"model_construction", "weight_loading", "kv_profile", "kv_allocation", "cuda_graphs", "executor",
-               "tokenizer_wait", "engine_other"}
+               "tokenizer_eos", "engine_other"}
 
 
 @pytest.fixture(scope="module")
@@ -48,8 +49,27 @@ def test_weight_loading_splits_into_its_parts_which_add_up_to_it(core):
     assert startup.weight_parts["read"] > 0.0
 
 
-def test_the_tokenizers_load_beside_the_phases_is_counted(core):
-    assert core.model_info().startup.background["tokenizer"] > 0.0
+def test_the_core_starts_without_loading_the_hf_tokenizer_yet_has_its_eos_id(tiny_model, monkeypatch):
+    """Importing transformers is seconds of Python that took the GIL from the weight load and graph capture: the
+    start-up reads the EOS id from the tokenizer's files, and the HF tokenizer is loaded by its first user (an
+    in-process front, or the first constrained request's grammar compile)."""
+    from transformers import AutoTokenizer
+
+    real_load = AutoTokenizer.from_pretrained
+    loads: list[str] = []
+
+    def recording_load(*args, **kwargs):
+        loads.append(threading.current_thread().name)
+        return real_load(*args, **kwargs)
+
+    monkeypatch.setattr(AutoTokenizer, "from_pretrained", recording_load)
+    core = EngineCore(EngineConfig(model=tiny_model, device="cpu", max_model_len=128, num_gpu_blocks=64))
+    try:
+        assert loads == []
+        assert real_load(tiny_model).eos_token_id in core.eos_token_ids  # transformers, the oracle
+        assert core.tokenizer is not None and loads == [threading.current_thread().name]  # its first user
+    finally:
+        core.shutdown()
 
 
 def test_the_report_survives_the_engine_process_wire(core):

@@ -198,7 +198,7 @@ def test_ids_past_the_tokenizer_are_never_allowed(tiny_model):
     the tokenizer's ids, every id past them is masked too, and the EOS the tokenizer has ends a grammar."""
     vocab, eos = 152_064, (151_643, 258)
     tokenizer = load_tokenizer(tiny_model)
-    manager = StructuredOutputManager(tokenizer, vocab, eos)
+    manager = StructuredOutputManager(lambda: tokenizer, vocab, eos)
 
     class Seq:
         seq_id, request_id, is_finished = 0, "r", False

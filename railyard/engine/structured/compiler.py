@@ -13,7 +13,9 @@ import logging
 import os
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
 
 from railyard.engine.structured.grammar import grammar_source
 from railyard.engine.structured.params import StructuredOutputsParams
@@ -26,12 +28,15 @@ DEFAULT_CACHE_ENTRIES = 1024
 class GrammarCompiler:
     """xgrammar's GrammarCompiler over the engine's tokenizer, behind a cache of futures."""
 
-    def __init__(self, tokenizer, vocab_size: int, stop_token_ids: tuple[int, ...],
+    def __init__(self, load_tokenizer: Callable[[], Any], model_vocab_size: int, stop_token_ids: tuple[int, ...],
                  max_entries: int = DEFAULT_CACHE_ENTRIES) -> None:
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="railyard-grammar")
-        # The tokenizer's token table is read once, on the compile thread: for a 150k vocabulary that
-        # takes a while, and the step loop must not wait for it.
-        self._compiler: Future = self._pool.submit(_make_compiler, tokenizer, vocab_size, stop_token_ids)
+        # The tokenizer is loaded (importing transformers), xgrammar imported and the token table read once, on the
+        # compile thread, when the first constraint arrives (as vLLM sets up its grammar backend): seconds of Python
+        # that would otherwise take the GIL from the engine's start-up or its first steps, which most engines
+        # never need; the step loop never waits for it.
+        self._setup = (load_tokenizer, model_vocab_size, stop_token_ids)
+        self._compiler: Future | None = None
         self._cache: OrderedDict[str, Future] = OrderedDict()
         self.max_entries = max_entries
         self.num_compiled = 0
@@ -41,6 +46,7 @@ class GrammarCompiler:
         key = spec.key()
         future = self._cache.get(key)
         if future is None:
+            self._set_up()
             future = self._cache[key] = self._pool.submit(self._compile, spec)
             while len(self._cache) > self.max_entries:
                 self._cache.popitem(last=False)
@@ -48,8 +54,19 @@ class GrammarCompiler:
             self._cache.move_to_end(key)
         return future
 
+    def _set_up(self) -> Future:
+        """The future of (xgrammar's compiler, the ids it covers), its making queued on the compile thread once."""
+        if self._compiler is None:
+            self._compiler = self._pool.submit(_make_compiler, *self._setup)
+        return self._compiler
+
+    @property
+    def vocab_size(self) -> int:
+        """The ids the grammars cover (grammar_vocab_size); waits for the tokenizer's load."""
+        return self._set_up().result()[1]
+
     def _compile(self, spec: StructuredOutputsParams):
-        compiler = self._compiler.result()
+        compiler = self._set_up().result()[0]
         source = grammar_source(spec)
         start = time.perf_counter()
         if source.kind == "json":
@@ -73,12 +90,15 @@ def grammar_vocab_size(tokenizer, model_vocab_size: int) -> int:
     return min(len(tokenizer), model_vocab_size)
 
 
-def _make_compiler(tokenizer, vocab_size: int, stop_token_ids: tuple[int, ...]):
+def _make_compiler(load_tokenizer: Callable[[], Any], model_vocab_size: int, stop_token_ids: tuple[int, ...]):
+    """(xgrammar's compiler, the ids it covers)."""
     import xgrammar as xgr
 
+    tokenizer = load_tokenizer()
+    vocab_size = grammar_vocab_size(tokenizer, model_vocab_size)
     # The stop tokens are the engine's EOS ids (those the tokenizer has): they end a finished grammar.
     stops = [t for t in stop_token_ids if t < vocab_size] or None
     info = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size, stop_token_ids=stops)
     threads = max(1, min(8, (os.cpu_count() or 2) // 2))
     # Our own cache (by constraint) holds the compiled grammars; xgrammar's second one would only double them.
-    return xgr.GrammarCompiler(info, max_threads=threads, cache_enabled=False)
+    return xgr.GrammarCompiler(info, max_threads=threads, cache_enabled=False), vocab_size

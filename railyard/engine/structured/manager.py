@@ -16,15 +16,17 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from enum import Enum
+from typing import Any
 
 import torch
 
 from railyard.engine.scheduler import SchedulerOutput
 from railyard.engine.sequence import Sequence
-from railyard.engine.structured.compiler import GrammarCompiler, grammar_vocab_size
+from railyard.engine.structured.compiler import GrammarCompiler
 from railyard.engine.structured.grammar import check, clean_message
 from railyard.engine.structured.params import StructuredOutputsParams
 from railyard.errors import InvalidRequestError
@@ -58,14 +60,13 @@ class _Compiling:
 class StructuredOutputManager:
     """Grammars and matchers for one engine's constrained sequences (idle until the first one)."""
 
-    def __init__(self, tokenizer, vocab_size: int, stop_token_ids: tuple[int, ...],
+    def __init__(self, load_tokenizer: Callable[[], Any] | None, vocab_size: int, stop_token_ids: tuple[int, ...],
                  disable_any_whitespace: bool = False) -> None:
-        self.tokenizer = tokenizer
+        """load_tokenizer: the engine's tokenizer, called once on the compile thread (None: the engine has none)."""
         self.disable_any_whitespace = disable_any_whitespace  # the default of requests that leave it unset
-        self.vocab_size = grammar_vocab_size(tokenizer, vocab_size) if tokenizer is not None else vocab_size
-        # Started at once: xgrammar's import and the tokenizer's token table load on the compile thread, not
-        # on the step loop when the first constrained request arrives.
-        self._compiler = GrammarCompiler(tokenizer, self.vocab_size, stop_token_ids) if tokenizer is not None \
+        # The tokenizer's load, xgrammar's import and the token table run on the compile thread when the first
+        # constrained request arrives (GrammarCompiler), not on the step loop and not at start-up.
+        self._compiler = GrammarCompiler(load_tokenizer, vocab_size, stop_token_ids) if load_tokenizer is not None \
             else None
         self._compiling: dict[str, _Compiling] = {}  # by request id
         self._matchers: dict[int, object] = {}  # by seq id: xgrammar GrammarMatcher
@@ -77,7 +78,7 @@ class StructuredOutputManager:
     # -- requests --------------------------------------------------------------------------------
     def validate(self, spec: StructuredOutputsParams) -> None:
         """Refuse a constraint this engine cannot apply (InvalidRequestError), before it is queued."""
-        if self.tokenizer is None:
+        if self._compiler is None:
             raise InvalidRequestError("structured outputs need a tokenizer, and this engine has none (a named shape "
                                       "without --tokenizer)")
         check(spec)
@@ -87,6 +88,12 @@ class StructuredOutputManager:
         if spec.disable_any_whitespace is None:
             spec = dataclasses.replace(spec, disable_any_whitespace=self.disable_any_whitespace)
         self._compiling[request_id] = _Compiling(seqs, self._compiler.compile(spec))
+
+    @property
+    def vocab_size(self) -> int:
+        """The ids a bitmask covers (the tokenizer's, at most the model's): known once the tokenizer has loaded,
+        which every compiled grammar waited for."""
+        return self._compiler.vocab_size
 
     @property
     def num_compiling(self) -> int:
