@@ -14,7 +14,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from railyard.errors import ConfigError
-from railyard.model.precision import check_kv_cache_dtype, check_quantization
+from railyard.model.precision import Fp8Gemm, check_kv_cache_dtype, check_quantization
 
 SERVE_IMPORT_PATH = "railyard.serve.app:build_app"
 
@@ -76,6 +76,8 @@ class EngineOptions(_Strict):
     # "fp8": FP8 linear weights (an FP8 checkpoint is FP8 without it); "fp8" KV cache: twice the blocks of bf16.
     quantization: str | None = None
     kv_cache_dtype: str | None = None
+    # Which FP8 tensor-core GEMM (railyard serve's --fp8-gemm); unset: auto, the measured best.
+    fp8_gemm: Fp8Gemm | None = None
     enable_prefix_caching: bool | None = None
     # The KV pool in blocks instead of the profiled share of gpu_memory_utilization: replicas sharing a GPU
     # (gpu_fraction < 1) need it, since each engine's profile counts the other's memory as used.

@@ -7,12 +7,11 @@ from typing import Literal, get_args
 
 from railyard.engine.structured.params import StructuredOutputsParams
 from railyard.errors import ConfigError, InvalidRequestError
-from railyard.model.precision import DTYPES, check_kv_cache_dtype, check_quantization
+from railyard.model.precision import DTYPES, Fp8Gemm, check_kv_cache_dtype, check_quantization
 from railyard.model.spec import check_max_model_len
 
 SchedulingPolicy = Literal["fcfs", "priority"]
 PreemptionMode = Literal["recompute", "swap"]
-Fp8Gemm = Literal["auto", "rowwise", "rowwise-fast", "cublaslt", "triton"]  # the FP8 GEMMs of layers/fp8.py
 
 DEFAULT_MAX_NUM_BATCHED_TOKENS = 8192
 _DEVICES = ("auto", "cpu", "cuda")

@@ -8,6 +8,8 @@ name them (EngineConfig's dtype, kv_cache_dtype, quantization) are checked here,
 
 from __future__ import annotations
 
+from typing import Literal
+
 from railyard.errors import ConfigError
 
 # Activation / unquantized weight dtypes (HF config.json's torch_dtype names) -> bytes per element.
@@ -25,6 +27,9 @@ KV_CACHE_DTYPES = ("auto", *KV_CACHE_DTYPE_BYTES)
 # config.json may declare (model/quant_config.py) load as "fp8".
 QUANTIZATION_BYTES: dict[str, int] = {"fp8": 1}
 QUANTIZATION_SCALE_BYTES: dict[str, int] = {"fp8": 4}
+# The tensor-core GEMM of FP8 weights (engine option fp8_gemm; engine/layers/fp8.py says what each is): here, not
+# in the engine, so that a stack file can name one and be checked without importing the engine.
+Fp8Gemm = Literal["auto", "rowwise", "rowwise-fast", "cublaslt", "triton"]
 
 
 def check_dtype(dtype: str) -> str:

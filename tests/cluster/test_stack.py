@@ -175,3 +175,12 @@ def test_a_pools_latency_knobs_reach_its_engine_args():
     assert chat["engine"]["max_prefill_tokens_with_decodes"] == 192
     assert chat["engine"]["long_prefill_token_threshold"] == 512
     assert "max_prefill_tokens_with_decodes" not in batch["engine"]  # the engine's default: off
+
+
+def test_a_models_fp8_gemm_reaches_its_engine_args_and_a_wrong_one_is_refused():
+    model = {"name": "m", "model": "/m", "engine": {"quantization": "fp8", "fp8_gemm": "rowwise"}}
+    app = to_serve_config(parse_stack(dict(ONE_GPU, models=[model])))
+    engine = app["applications"][0]["args"]["models"][0]["engine"]
+    assert engine["fp8_gemm"] == "rowwise"
+    with pytest.raises(ConfigError, match="fp8_gemm"):
+        parse_stack(dict(ONE_GPU, models=[dict(model, engine={"fp8_gemm": "cutlass"})]))

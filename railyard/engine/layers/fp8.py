@@ -47,9 +47,9 @@ from typing import get_args
 import torch
 import torch.nn.functional as F
 
-from railyard.engine.config import Fp8Gemm
 from railyard.engine.kernels import fp8_ops
 from railyard.errors import ConfigError
+from railyard.model.precision import Fp8Gemm
 
 log = logging.getLogger("railyard.engine")
 
