@@ -68,9 +68,9 @@ class PendingPrefixRouter(RequestRouter):
     """Least pending work first; a replica already caching the prompt's prefix wins within a load bound."""
 
     def initialize_state(self, prefix_slack: int = 4, prefix_slack_ratio: float = 0.5,
-                         min_prefix_blocks: int = 1, affinity_ttl_s: float = 30.0,
+                         min_prefix_blocks: int = 1, rendezvous_slack: int = 2, affinity_ttl_s: float = 30.0,
                          affinity_max_blocks: int = 100_000, **_: Any) -> None:
-        self.options = RoutingOptions(prefix_slack, prefix_slack_ratio, min_prefix_blocks)
+        self.options = RoutingOptions(prefix_slack, prefix_slack_ratio, min_prefix_blocks, rendezvous_slack)
         # Blocks of prompts we sent but the replica has not reported yet (its report lags by
         # request_routing_stats_period_s): without them a burst sharing a prefix would scatter.
         self._affinity_ttl_s = affinity_ttl_s

@@ -27,6 +27,10 @@ class RoutingOptions:
     prefix_slack_ratio: float = 0.5
     # Blocks a prefix must share before affinity counts (one block of a system prompt is noise).
     min_prefix_blocks: int = 1
+    # A prefix no replica holds goes to its rendezvous replica while that one carries at most this much more
+    # pending work than the least loaded (and is within the bound above): a smaller detour than affinity's, since
+    # what it buys is only likely (the prefix's next request, through another ingress, finds it there).
+    rendezvous_slack: int = 2
 
 
 @dataclass(frozen=True)
@@ -55,7 +59,7 @@ def allowed_pending(min_pending: int, options: RoutingOptions) -> float:
 def rank(loads: list[ReplicaLoad], options: RoutingOptions = RoutingOptions(),
          rng: random.Random | None = None, prefix_key: int | None = None) -> Decision:
     """Affine replicas within the load bound first (longest match, then least pending); else, for a prompt with a
-    prefix key, the rendezvous replica among those within the bound; then the rest by least pending, most free KV
+    prefix key, the rendezvous replica among those within rendezvous_slack of the least loaded; then the rest by least pending, most free KV
     blocks; exact ties are broken at random so idle replicas share work evenly."""
     if not loads:
         return Decision([], "least_pending")
@@ -68,7 +72,8 @@ def rank(loads: list[ReplicaLoad], options: RoutingOptions = RoutingOptions(),
     affine.sort(key=lambda x: (-x.matched_blocks, x.pending, -x.free_blocks, jitter[x.replica_id]))
     reason = "prefix" if affine else "least_pending"
     if not affine and prefix_key is not None:
-        affine = [max((load for load in loads if load.pending <= bound),
+        near = min(bound, min_pending + options.rendezvous_slack)
+        affine = [max((load for load in loads if load.pending <= near),
                       key=lambda x: rendezvous_weight(prefix_key, x.replica_id))]
         reason = "rendezvous"
     chosen = {load.replica_id for load in affine}

@@ -94,15 +94,19 @@ def test_a_prefix_keeps_its_replica_when_another_replica_leaves_or_joins():
         assert rank(_idle("a", "b", "c", "d"), prefix_key=key).ranked[0] in (home, "d")  # a new one joined
 
 
-def test_the_rendezvous_replica_is_skipped_while_above_the_load_bound():
+def test_the_rendezvous_replica_is_skipped_while_busier_than_its_small_slack_allows():
+    """A new prefix's home may carry 2 more requests than the least loaded (affinity to a cached prefix: 4)."""
     key = prefix_key(prefix_block_hashes(list(range(64)), 16))
     home = rank(_idle("a", "b"), prefix_key=key).ranked[0]
     other = "b" if home == "a" else "a"
-    options = RoutingOptions(prefix_slack=4, prefix_slack_ratio=0.5)
-    within = rank([ReplicaLoad(home, 4), ReplicaLoad(other, 0)], options, prefix_key=key)
+    options = RoutingOptions(prefix_slack=4, prefix_slack_ratio=0.5, rendezvous_slack=2)
+    within = rank([ReplicaLoad(home, 2), ReplicaLoad(other, 0)], options, prefix_key=key)
     assert within.ranked[0] == home
-    overloaded = rank([ReplicaLoad(home, 5), ReplicaLoad(other, 0)], options, prefix_key=key)
-    assert overloaded.ranked == [other, home]
+    busier = rank([ReplicaLoad(home, 3), ReplicaLoad(other, 0)], options, prefix_key=key)
+    assert busier.ranked == [other, home]
+    # Never beyond the affinity bound, whatever the slack says.
+    wide = RoutingOptions(prefix_slack=4, prefix_slack_ratio=0.5, rendezvous_slack=10)
+    assert rank([ReplicaLoad(home, 5), ReplicaLoad(other, 0)], wide, prefix_key=key).ranked == [other, home]
 
 
 def test_a_replica_holding_the_prefix_wins_over_the_rendezvous_replica():
