@@ -4,8 +4,8 @@
 through `record_routing_stats`, refreshed by the router's own count of requests it has sent since)
 and on the prompt's prefix blocks each replica's KV cache really holds (the engine's block hash
 chain, not the prompt text), with bounded load; a prefix no replica is known to hold goes to its
-rendezvous replica, so the routers of several ingress processes agree without talking. `RoundRobinRouter` is the naive baseline for
-`railyard bench serve`.
+rendezvous replica, so the routers of several ingress processes agree without talking.
+`RoundRobinRouter` is the naive baseline for `railyard bench serve`.
 
 Both return one replica per tier, so Ray tries them in our order and only skips a replica that
 is at `max_ongoing_requests` or unreachable.
@@ -68,7 +68,7 @@ class PendingPrefixRouter(RequestRouter):
     """Least pending work first; a replica already caching the prompt's prefix wins within a load bound."""
 
     def initialize_state(self, prefix_slack: int = 4, prefix_slack_ratio: float = 0.5,
-                         min_prefix_blocks: int = 1, rendezvous_slack: int = 2, affinity_ttl_s: float = 30.0,
+                         min_prefix_blocks: int = 1, rendezvous_slack: int = 1, affinity_ttl_s: float = 30.0,
                          affinity_max_blocks: int = 100_000, **_: Any) -> None:
         self.options = RoutingOptions(prefix_slack, prefix_slack_ratio, min_prefix_blocks, rendezvous_slack)
         # Blocks of prompts we sent but the replica has not reported yet (its report lags by
@@ -211,7 +211,7 @@ class PendingPrefixRouter(RequestRouter):
 class _ReportSeen:
     """When this router first saw a replica's current report, and what it has sent the replica since."""
 
-    __slots__ = ("signature", "at", "sent_since")
+    __slots__ = ("at", "sent_since", "signature")
 
     def __init__(self) -> None:
         self.signature: Any = None

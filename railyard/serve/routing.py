@@ -30,7 +30,7 @@ class RoutingOptions:
     # A prefix no replica holds goes to its rendezvous replica while that one carries at most this much more
     # pending work than the least loaded (and is within the bound above): a smaller detour than affinity's, since
     # what it buys is only likely (the prefix's next request, through another ingress, finds it there).
-    rendezvous_slack: int = 2
+    rendezvous_slack: int = 1
 
 
 @dataclass(frozen=True)
@@ -59,8 +59,8 @@ def allowed_pending(min_pending: int, options: RoutingOptions) -> float:
 def rank(loads: list[ReplicaLoad], options: RoutingOptions = RoutingOptions(),
          rng: random.Random | None = None, prefix_key: int | None = None) -> Decision:
     """Affine replicas within the load bound first (longest match, then least pending); else, for a prompt with a
-    prefix key, the rendezvous replica among those within rendezvous_slack of the least loaded; then the rest by least pending, most free KV
-    blocks; exact ties are broken at random so idle replicas share work evenly."""
+    prefix key, the rendezvous replica among those within rendezvous_slack of the least loaded; then the rest by
+    least pending, most free KV blocks; exact ties are broken at random so idle replicas share work evenly."""
     if not loads:
         return Decision([], "least_pending")
     rng = rng or random
@@ -104,9 +104,10 @@ def current_pending(queued: int | None, queued_at: float | None, reported: int, 
     (at `queued_at`), plus this router's later sends, minus its completions. With several routers (one per ingress
     process) it never sees the others' completions, so for a replica this router stopped sending to it stays high
     and keeps it away (a stale count that feeds itself). While that count is older than the replica's last report
-    (seen at `reported_at`), the report plus what this router sent since is used when smaller."""
+    (seen at `reported_at`), the report plus what this router sent since caps it. Without a count, the report alone
+    (what we sent since may have finished: counting it would keep a replica looking busy the same way)."""
     if queued is None:
-        return reported + sent_since_report
+        return reported
     if reported_at is not None and (queued_at is None or queued_at < reported_at):
         return min(queued, reported + sent_since_report)
     return queued
