@@ -52,9 +52,11 @@ def placement(serve_logs: Path, groups: int, requests: int) -> dict:
     trace = served[-requests:]
     by_group: dict[int, set] = {}
     for i, (_, _, engine) in enumerate(trace):
-        by_group.setdefault(i % groups, set()).add(engine)
+        if engine is not None:  # its engine line not (yet) written: unknown, not a third replica
+            by_group.setdefault(i % groups, set()).add(engine)
     rounds = [Counter(f"{ing}->{eng}" for _, ing, eng in trace[k:k + groups]) for k in range(0, len(trace), groups)]
     return {"requests": len(trace), "groups": groups,
+            "requests_without_engine_line": sum(engine is None for _, _, engine in trace),
             "groups_split": sum(len(e) > 1 for e in by_group.values()),
             "extra_prefix_computations": sum(len(e) - 1 for e in by_group.values()),
             "per_round_ingress_to_replica": [dict(r) for r in rounds]}

@@ -263,6 +263,7 @@ prefix_trace() {  # name url: the shared-prefix trace, with /metrics before and 
 }
 placement() {  # name: which replica served each request of the prefix trace, from the newest Ray session's Serve
   # access logs (groups split over replicas = prefixes computed more than once; ingress -> replica per round)
+  sleep 2  # the replicas write a request's access line as its stream closes
   local logs; logs=$(ls -td ${RAY_TMPDIR:-/tmp}/ray/session_2*/logs/serve 2>/dev/null | head -1)
   [ -n "$logs" ] && python3 scripts/prefix_placement.py "$logs" --groups $PREFIX_GROUPS --requests $PREFIX_N \
     > $R/placement_$1.json 2>> $R/placement.err
