@@ -6,8 +6,9 @@ router itself knows more freshly (requests it just sent).
 
 Every ingress process has its own router and none talks to another: what one sent a replica the others learn
 only from the replica's next report. So a prefix nobody is known to hold goes where every router would send it
-without asking: to the replica within the load bound that rendezvous (highest-random-weight) hashing picks for
-the prompt's leading block (the same answer in every process; only that prefix moves when a replica comes or goes).
+without asking: to the replica that rendezvous (highest-random-weight) hashing picks for the prompt's leading
+block among those at most rendezvous_slack busier than the least loaded (the same answer in every process while
+their load views roughly agree; a replica coming or going moves only the prefixes it wins or held).
 """
 
 from __future__ import annotations
