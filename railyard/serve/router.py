@@ -3,8 +3,9 @@
 `PendingPrefixRouter` (the default) ranks replicas on the load their engines report (EngineStats
 through `record_routing_stats`, refreshed by the router's own count of requests it has sent since)
 and on the prompt's prefix blocks each replica's KV cache really holds (the engine's block hash
-chain, not the prompt text), with bounded load. `RoundRobinRouter` is the naive baseline for
-`railyard bench serve`.
+chain, not the prompt text), with bounded load; a prefix no replica is known to hold goes to its
+rendezvous replica, so the routers of several ingress processes agree without talking.
+`RoundRobinRouter` is the naive baseline for `railyard bench serve`.
 
 Both return one replica per tier, so Ray tries them in our order and only skips a replica that
 is at `max_ongoing_requests` or unreachable.
@@ -30,7 +31,9 @@ from railyard.serve import metrics
 from railyard.serve.routing import (
     ReplicaLoad,
     RoutingOptions,
+    current_pending,
     matched_prefix_blocks,
+    prefix_key,
     rank,
 )
 
@@ -65,15 +68,20 @@ class PendingPrefixRouter(RequestRouter):
     """Least pending work first; a replica already caching the prompt's prefix wins within a load bound."""
 
     def initialize_state(self, prefix_slack: int = 4, prefix_slack_ratio: float = 0.5,
-                         min_prefix_blocks: int = 1, affinity_ttl_s: float = 30.0,
+                         min_prefix_blocks: int = 1, rendezvous_slack: int = 1, affinity_ttl_s: float = 30.0,
                          affinity_max_blocks: int = 100_000, **_: Any) -> None:
-        self.options = RoutingOptions(prefix_slack, prefix_slack_ratio, min_prefix_blocks)
+        self.options = RoutingOptions(prefix_slack, prefix_slack_ratio, min_prefix_blocks, rendezvous_slack)
         # Blocks of prompts we sent but the replica has not reported yet (its report lags by
         # request_routing_stats_period_s): without them a burst sharing a prefix would scatter.
         self._affinity_ttl_s = affinity_ttl_s
         self._affinity_max_blocks = affinity_max_blocks
         self._recent: dict[ReplicaID, OrderedDict[int, float]] = {}
         self._reported: dict[ReplicaID, _CachedHashes] = {}
+        # When the replica last told this router its own count of requests (accepting one we sent), and when its
+        # report last changed, with what we sent it since: which of the two load figures is fresher (routing.py's
+        # current_pending).
+        self._accepted_at: dict[ReplicaID, float] = {}
+        self._report_seen: dict[ReplicaID, _ReportSeen] = {}
         # Requests chosen for a replica but not yet confirmed sent (Ray counts them only once sent):
         # without this a burst routed in one go sees every replica equally idle and piles up at random.
         self._provisional: dict[str, tuple[str, float]] = {}
@@ -90,7 +98,7 @@ class PendingPrefixRouter(RequestRouter):
         now = time.monotonic()
         provisional = self._provisional_counts(now, pending_request)
         loads = [self._load(r, hashes, now, provisional.get(r.replica_id.unique_id, 0)) for r in candidate_replicas]
-        decision = rank(loads, self.options, self._rng)
+        decision = rank(loads, self.options, self._rng, prefix_key(hashes, self.options))
         by_id = {r.replica_id.unique_id: r for r in candidate_replicas}
         if pending_request is not None and decision.ranked:
             self._provisional[pending_request.metadata.internal_request_id] = (decision.ranked[0], now)
@@ -114,12 +122,15 @@ class PendingPrefixRouter(RequestRouter):
 
     def _load(self, replica: RunningReplica, hashes: list[int], now: float, provisional: int) -> ReplicaLoad:
         stats = replica.routing_stats or {}
-        # Ray's count of requests at this replica (from the replica on every probe and accept, plus
-        # our sends, minus completions) is fresher than the replica's periodic EngineStats report,
-        # which lags both ways (it still shows a burst that just finished); the report fills in
-        # when Ray has no fresh count (a new replica, or none sent to for a while).
-        queued = self.replica_queue_len_cache.get(replica.replica_id)
-        pending = (queued if queued is not None else int(stats.get("pending", 0))) + provisional
+        # Ray's count of requests at this replica (from the replica on every accept, plus our sends, minus our
+        # completions) is fresher than the replica's periodic EngineStats report, which lags both ways (it still
+        # shows a burst that just finished); the report fills in when Ray has no count, and caps one older than
+        # the report, which other ingresses' completions have made too high (current_pending).
+        rid = replica.replica_id
+        seen = self._report_seen.setdefault(rid, _ReportSeen())
+        seen.observe(stats, now)
+        pending = current_pending(self.replica_queue_len_cache.get(rid), self._accepted_at.get(rid),
+                                  int(stats.get("pending", 0)), seen.at, seen.sent_since) + provisional
         if stats.get("engine_dead"):  # until Serve replaces it, it only fails requests: last resort
             pending = max(pending, int(stats.get("pending", 0)))
         matched = 0
@@ -151,11 +162,17 @@ class PendingPrefixRouter(RequestRouter):
         # Ray counts the request in its queue-length cache from now on: stop counting it ourselves
         # (the oldest choice for this replica is the one being sent), or a burst is counted twice.
         super().on_send_request(replica_id)
+        if replica_id in self._report_seen:
+            self._report_seen[replica_id].sent_since += 1
         rid = replica_id.unique_id
         for key, (chosen, _) in self._provisional.items():
             if chosen == rid:
                 del self._provisional[key]
                 break
+
+    def on_new_queue_len_info(self, replica_id: ReplicaID, num_ongoing_requests: int) -> None:
+        super().on_new_queue_len_info(replica_id, num_ongoing_requests)
+        self._accepted_at[replica_id] = time.monotonic()
 
     def on_request_routed(self, pending_request: PendingRequest, replica_id: ReplicaID, result: Any) -> None:
         # Sent and accepted: Ray's queue-length cache counts it from now on.
@@ -178,7 +195,7 @@ class PendingPrefixRouter(RequestRouter):
     def update_replicas(self, replicas: list[RunningReplica]) -> None:
         super().update_replicas(replicas)
         live = {r.replica_id for r in replicas}
-        for table in (self._recent, self._reported):
+        for table in (self._recent, self._reported, self._accepted_at, self._report_seen):
             for rid in [rid for rid in table if rid not in live]:
                 del table[rid]
         metrics.set_routable_replicas(self._deployment_id.name, len(live))
@@ -187,6 +204,27 @@ class PendingPrefixRouter(RequestRouter):
         super().on_replica_actor_died(replica_id)
         self._recent.pop(replica_id, None)
         self._reported.pop(replica_id, None)
+        self._accepted_at.pop(replica_id, None)
+        self._report_seen.pop(replica_id, None)
+
+
+class _ReportSeen:
+    """When this router first saw a replica's current report, and what it has sent the replica since."""
+
+    __slots__ = ("at", "sent_since", "signature")
+
+    def __init__(self) -> None:
+        self.signature: Any = None
+        self.at: float | None = None
+        self.sent_since = 0
+
+    def observe(self, stats: dict[str, Any], now: float) -> None:
+        if not stats:
+            return
+        # The prefix hashes are summarised by prefix_version; the rest are a few dozen numbers.
+        signature = tuple(sorted((k, v) for k, v in stats.items() if k != "prefix_hashes"))
+        if signature != self.signature:
+            self.signature, self.at, self.sent_since = signature, now, 0
 
 
 def _matched_recent(hashes: list[int], recent: OrderedDict[int, float], now: float) -> int:

@@ -13,7 +13,10 @@
 #      proxy, ingress and replicas instead of Ray actor streaming, user code on the replica's own loop; the proxy
 #      kept, RAY_SERVE_ENABLE_DIRECT_INGRESS=0): 64 / 256 streams.
 #   5. The stack again with Ray's power_of_two router, then round_robin: the shared-prefix trace each (fleet
-#      prefix-cache hit rate from /metrics, TTFT p50/p99).
+#      prefix-cache hit rate from /metrics, TTFT p50/p99, and from Serve's access logs which replica served each
+#      request: prefix groups split over both replicas, ingress -> replica per round; scripts/prefix_placement.py).
+#      With two ingress replicas each has its own router: pp's trace, right after the 256-stream run, is where
+#      each router's stale count of the other's requests kept it on one replica (62% vs 74% with one ingress).
 #   6. `railyard bench burst` on the stack autoscaled 1..2 half-GPU replicas (railyard's pending policy).
 #   (ing1, not in the default phases) The stack of 1 with one ingress replica (the stack default): what the second
 #      one adds.
@@ -54,7 +57,8 @@ if [ -n "$SMALL" ]; then  # CPU dry run: every step, tiny sizes
   mkdir -p "$RAY_TMPDIR"
   MAXLEN=1024 SEQS=32 TOKENS=2048
   TPUT="--input-len 16-64 --output-len 8"; C_LOW=4 C_HIGH=16 N_LOW=16 N_HIGH=16
-  PREFIX="--num-prompts 24 --prefix-groups 4 --shared-prefix-len 128 --input-len 16-64 --output-len 4 --request-rate 4"
+  PREFIX_N=24 PREFIX_GROUPS=4
+  PREFIX="--num-prompts $PREFIX_N --prefix-groups $PREFIX_GROUPS --shared-prefix-len 128 --input-len 16-64 --output-len 4 --request-rate 4"
   BURST="--rate 0.5 --burst-factor 4 --steady-s 4 --burst-s 10 --after-s 4 --input-len 16-64 --output-len 8"
   T_UP=240 T_BENCH=120
 else
@@ -69,7 +73,8 @@ else
   TPUT="--input-len 100-1024 --output-len 256"; C_LOW=64 C_HIGH=256 N_LOW=384 N_HIGH=768
   # 64 documents of 2048 tokens shared by the requests (Poisson 24 req/s): 131k prefix tokens, half of one
   # replica's KV pool, so a router that scatters a prefix over both replicas pays its prefill twice.
-  PREFIX="--num-prompts 384 --prefix-groups 64 --shared-prefix-len 2048 --input-len 32-512 --output-len 64 --request-rate 24"
+  PREFIX_N=384 PREFIX_GROUPS=64
+  PREFIX="--num-prompts $PREFIX_N --prefix-groups $PREFIX_GROUPS --shared-prefix-len 2048 --input-len 32-512 --output-len 64 --request-rate 24"
   # A second replica's start (engine, CUDA graphs) must fit in the burst for the fleet to answer it.
   BURST="--rate 4 --burst-factor 8 --steady-s 10 --burst-s 45 --after-s 10 --input-len 100-1024 --output-len 256"
   T_UP=150 T_BENCH=100
@@ -147,7 +152,8 @@ for c in ("low", "high"):
             row["pair_over_direct"] = round(pair["output_tok_s"] / direct["output_tok_s"], 3)
     summary["throughput"][c] = row
 for name in ("ray_pp", "ray_p2", "ray_rr", "direct"):
-    summary["routing"][name] = {"bench": bench(load(f"{name}_prefix")), "prefix_cache": hit_rate(name)}
+    summary["routing"][name] = {"bench": bench(load(f"{name}_prefix")), "prefix_cache": hit_rate(name),
+                                "placement": load(f"placement_{name}")}
 burst = load("burst")
 if burst:
     summary["burst"] = {k: burst.get(k) for k in ("trace", "requests", "failed", "error_counts", "phases", "fleet")}
@@ -166,8 +172,9 @@ for c, row in summary["throughput"].items():
                   f"TTFT p50 {r['ttft_p50_ms']} ms  TPOT p50 {r['tpot_p50_ms']} ms  ITL p99 {r['itl_p99_ms']} ms")
 for name, row in summary["routing"].items():
     b, p = row["bench"], row["prefix_cache"]
+    pl = row["placement"]
     print(f"{name:7s} hit rate {p and p['hit_rate']}  TTFT p50/p99 {b and b['ttft_p50_ms']}/{b and b['ttft_p99_ms']} "
-          f"failed {b and b['failed']}")
+          f"failed {b and b['failed']}  groups split {pl and pl['groups_split']}")
 if burst:
     print("burst", json.dumps(summary["burst"]["fleet"]), "failed", burst.get("failed"))
 PY
@@ -283,6 +290,13 @@ scrape() {  # name url: the fleet's prefix-cache and routing counters from /metr
 prefix_trace() {  # name url: the shared-prefix trace, with /metrics before and after
   scrape $1_before $2; bench $1_prefix $2 $PREFIX; local rc=$?; scrape $1_after $2; return $rc
 }
+placement() {  # name: which replica served each request of the prefix trace, from the newest Ray session's Serve
+  # access logs (groups split over replicas = prefixes computed more than once; ingress -> replica per round)
+  sleep 2  # the replicas write a request's access line as its stream closes
+  local logs; logs=$(ls -td ${RAY_TMPDIR:-/tmp}/ray/session_2*/logs/serve 2>/dev/null | head -1)
+  [ -n "$logs" ] && python3 scripts/prefix_placement.py "$logs" --groups $PREFIX_GROUPS --requests $PREFIX_N \
+    > $R/placement_$1.json 2>> $R/placement.err
+}
 burst() {  # the burst trace on the autoscaled stack; RAY_AUTH_MODE=token: it joins the token-authenticated
   # local Ray at an explicit address to read serve.status()
   RAY_AUTH_MODE=token python3 -m railyard.cli bench burst --url $URL --model qwen3 $BURST --seed 0 --app gpu \
@@ -298,7 +312,7 @@ if phase pp && step "ray up (pending_prefix)" $T_UP up pp pending_prefix $FIXED;
   step "warm-up" 60 warm $URL
   step "ray c$C_LOW" $T_BENCH bench ray_pp_clow $URL $TPUT --num-prompts $N_LOW --max-concurrency $C_LOW
   step "ray c$C_HIGH" $T_BENCH bench ray_pp_chigh $URL $TPUT --num-prompts $N_HIGH --max-concurrency $C_HIGH
-  step "ray prefix trace (pending_prefix)" $T_BENCH prefix_trace ray_pp $URL
+  step "ray prefix trace (pending_prefix)" $T_BENCH prefix_trace ray_pp $URL && placement ray_pp
 fi
 stop
 
@@ -340,7 +354,7 @@ for pair in "p2 power_of_two" "rr round_robin"; do
   set -- $pair
   if phase $1 && step "ray up ($2)" $T_UP up $1 $2 $FIXED; then
     step "warm-up" 60 warm $URL
-    step "ray prefix trace ($2)" $T_BENCH prefix_trace ray_$1 $URL
+    step "ray prefix trace ($2)" $T_BENCH prefix_trace ray_$1 $URL && placement ray_$1
   fi
   stop
 done

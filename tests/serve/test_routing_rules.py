@@ -9,7 +9,9 @@ from railyard.serve.routing import (
     ReplicaLoad,
     RoutingOptions,
     allowed_pending,
+    current_pending,
     matched_prefix_blocks,
+    prefix_key,
     rank,
 )
 
@@ -62,3 +64,83 @@ def test_a_prefix_match_counts_leading_blocks_only_up_to_the_first_miss():
     assert matched_prefix_blocks(hashes, cache) == 3
     assert matched_prefix_blocks(hashes, set(hashes[1:])) == 0  # a chain without its first block matches nothing
     assert matched_prefix_blocks(hashes, set(hashes)) == 6
+
+
+def _idle(*names: str, pending: int = 0) -> list[ReplicaLoad]:
+    return [ReplicaLoad(name, pending) for name in names]
+
+
+def test_a_new_prefix_goes_to_the_same_replica_whatever_router_or_order_decides():
+    """Two ingress processes (each its own router and random ties) placing the same new prefix agree."""
+    key = prefix_key(prefix_block_hashes(list(range(64)), 16))
+    firsts = {rank(loads, rng=random.Random(seed), prefix_key=key).ranked[0]
+              for seed in range(20) for loads in (_idle("a", "b", "c"), _idle("c", "b", "a"))}
+    assert len(firsts) == 1
+    assert rank(_idle("a", "b", "c"), prefix_key=key).reason == "rendezvous"
+
+
+def test_new_prefixes_spread_over_the_replicas():
+    keys = [prefix_key(prefix_block_hashes([doc] * 32, 16)) for doc in range(64)]
+    homes = [rank(_idle("a", "b"), prefix_key=key).ranked[0] for key in keys]
+    assert 20 <= homes.count("a") <= 44, homes.count("a")  # each prefix's home is a fair coin: 32 +- 3 sigma
+
+
+def test_a_prefix_keeps_its_replica_when_another_replica_leaves_or_joins():
+    keys = [prefix_key(prefix_block_hashes([doc] * 32, 16)) for doc in range(32)]
+    before = {key: rank(_idle("a", "b", "c"), prefix_key=key).ranked[0] for key in keys}
+    for key, home in before.items():
+        others = [r for r in "abc" if r != home]
+        assert rank(_idle(home, others[0]), prefix_key=key).ranked[0] == home  # one of the others left
+        assert rank(_idle("a", "b", "c", "d"), prefix_key=key).ranked[0] in (home, "d")  # a new one joined
+
+
+def test_the_rendezvous_replica_is_skipped_while_busier_than_its_small_slack_allows():
+    """A new prefix's home may carry 2 more requests than the least loaded (affinity to a cached prefix: 4)."""
+    key = prefix_key(prefix_block_hashes(list(range(64)), 16))
+    home = rank(_idle("a", "b"), prefix_key=key).ranked[0]
+    other = "b" if home == "a" else "a"
+    options = RoutingOptions(prefix_slack=4, prefix_slack_ratio=0.5, rendezvous_slack=2)
+    within = rank([ReplicaLoad(home, 2), ReplicaLoad(other, 0)], options, prefix_key=key)
+    assert within.ranked[0] == home
+    busier = rank([ReplicaLoad(home, 3), ReplicaLoad(other, 0)], options, prefix_key=key)
+    assert busier.ranked == [other, home]
+    # Never beyond the affinity bound, whatever the slack says.
+    wide = RoutingOptions(prefix_slack=4, prefix_slack_ratio=0.5, rendezvous_slack=10)
+    assert rank([ReplicaLoad(home, 5), ReplicaLoad(other, 0)], wide, prefix_key=key).ranked == [other, home]
+
+
+def test_a_replica_holding_the_prefix_wins_over_the_rendezvous_replica():
+    key = prefix_key(prefix_block_hashes(list(range(64)), 16))
+    home = rank(_idle("a", "b"), prefix_key=key).ranked[0]
+    other = "b" if home == "a" else "a"
+    decision = rank([ReplicaLoad(home, 0), ReplicaLoad(other, 1, matched_blocks=4)], prefix_key=key)
+    assert decision.ranked == [other, home]
+    assert decision.reason == "prefix"
+
+
+def test_a_prompt_shorter_than_the_affinity_minimum_has_no_prefix_key():
+    assert prefix_key(prefix_block_hashes(list(range(15)), 16)) is None
+    hashes = prefix_block_hashes(list(range(40)), 16)
+    assert prefix_key(hashes) == hashes[0]
+    assert prefix_key(hashes, RoutingOptions(min_prefix_blocks=2)) == hashes[1]
+    assert prefix_key(hashes, RoutingOptions(min_prefix_blocks=3)) is None
+
+
+def test_a_queue_count_fresher_than_the_report_is_used_as_is():
+    # Accepted at t=5 (the replica's own count then, plus our sends since), report seen at t=4: the count wins,
+    # even above the report (the report misses what other ingresses sent since).
+    assert current_pending(queued=9, queued_at=5.0, reported=3, reported_at=4.0, sent_since_report=1) == 9
+    assert current_pending(queued=1, queued_at=5.0, reported=3, reported_at=4.0, sent_since_report=1) == 1
+
+
+def test_a_queue_count_older_than_the_report_is_capped_by_the_report():
+    """The GPU run's stale count: the last accept (t=1) counted another ingress's 60 requests, which finished
+    without this router seeing it; the report seen at t=9 shows 2 pending, and we sent 1 since."""
+    assert current_pending(queued=60, queued_at=1.0, reported=2, reported_at=9.0, sent_since_report=1) == 3
+    assert current_pending(queued=1, queued_at=1.0, reported=2, reported_at=9.0, sent_since_report=1) == 1
+
+
+def test_without_a_queue_count_the_report_decides():
+    # Our 3 sends since the report may have finished: the report alone, as Ray's own routers do without a count.
+    assert current_pending(queued=None, queued_at=None, reported=2, reported_at=9.0, sent_since_report=3) == 2
+    assert current_pending(queued=None, queued_at=None, reported=0, reported_at=None, sent_since_report=0) == 0
