@@ -7,7 +7,7 @@
 #      FP8 weights with --fp8-gemm rowwise (auto's choice), with rowwise-fast (fast accumulation), and the faster
 #      of those two with an FP8 KV cache;
 #   3. accuracy of FP8 weights through rowwise and rowwise-fast against bf16 (fp8_check.py gemm-accuracy);
-#   4. if time is left: the FP8 KV run again with RAILYARD_FP8_KV_F16_DOTS=0, the
+#   4. bf16 again (its run-to-run spread), then, if time is left: the FP8 KV run again with RAILYARD_FP8_KV_F16_DOTS=0, the
 #      attention kernels' FP8 tiles widened to bf16 as before their float16 dot products (an A/B of that change,
 #      and the FP8 KV number should the new kernels fail).
 # Each step runs under `timeout`; none starts once BUDGET_S is spent. Outputs in $OUT: log.txt (summary last),
@@ -64,6 +64,10 @@ step "bench fp8 $BEST + fp8 kv" 45 bench "fp8-$BEST-kv" --quantization fp8 --kv-
 python3 scripts/gpu/fp8_gemm.py benches "$BENCH_TMP"
 
 step "accuracy rowwise / rowwise-fast" 70 bash -c 'python3 scripts/gpu/fp8_check.py gemm-accuracy > "$OUT/accuracy.log" 2>&1'
+
+# bf16 again, last of the benches: the 7B bf16 run spread 5.54-5.90 s across calls of one session, and a 1.5x
+# verdict near the line needs the baseline twice.
+step "bench bf16 (again)" 45 bench bf16-again
 
 step "bench fp8 $BEST + fp8 kv, bf16 tiles (before)" 40 env RAILYARD_FP8_KV_F16_DOTS=0 \
   bash -c "bench fp8-$BEST-kv-bf16-tiles --quantization fp8 --kv-cache-dtype fp8 $BEST_FLAG"
