@@ -1,5 +1,5 @@
 #!/bin/bash
-# Issue 15 item 5 in one short device call on one H200 (~3 min, BUDGET_S default 200 s): is FP8 7B at 1.5x bf16?
+# Issue 15 item 5 in one short device call on one H200 (~4-5 min, BUDGET_S default 300 s): is FP8 7B at 1.5x bf16?
 #   1. the GPU tests of what changed: the norm / SiLU-and-mul kernels that quantize their own output (bit for bit
 #      the unfused composition), every tensor-core GEMM choice (rowwise-fast too) against the reference and from a
 #      CUDA graph, the FP8 kernel tests (attention over an FP8 cache with float16 dot products included);
@@ -10,8 +10,10 @@
 #   4. bf16 again (its run-to-run spread), then, if time is left: the FP8 KV run again with RAILYARD_FP8_KV_F16_DOTS=0, the
 #      attention kernels' FP8 tiles widened to bf16 as before their float16 dot products (an A/B of that change,
 #      and the FP8 KV number should the new kernels fail).
+#   5. if time is left: one prefill step (16 x 1,024 tokens) and one decode step (256 rows) under torch.profiler,
+#      bf16 and the faster FP8 GEMM: where the FP8 run's time goes (profile.txt).
 # Each step runs under `timeout`; none starts once BUDGET_S is spent. Outputs in $OUT: log.txt (summary last),
-# tests.txt, benches.json, bench_logs.txt, fp8_gemm_accuracy.json.
+# tests.txt, benches.json, bench_logs.txt, fp8_gemm_accuracy.json, profile.txt (prefill and decode steps).
 # DRY_RUN=1: the same steps on the CPU with the embedded tiny model and auto (a check of this script).
 set -o pipefail
 export PYTHONUNBUFFERED=1
@@ -19,7 +21,7 @@ cd "$(dirname "$0")/../.."
 export OUT=${OUT:-/tmp/fp8-speed-out}
 mkdir -p "$OUT"
 BENCH_TMP=$(mktemp -d)
-BUDGET_S=${BUDGET_S:-200}
+BUDGET_S=${BUDGET_S:-300}
 : > "$OUT/log.txt"
 : > "$OUT/bench_logs.txt"
 . scripts/gpu/steps.sh  # log, step (under the budget), header, bench, the carried wheels
@@ -72,6 +74,16 @@ step "bench bf16 (again)" 45 bench bf16-again
 step "bench fp8 $BEST + fp8 kv, bf16 tiles (before)" 40 env RAILYARD_FP8_KV_F16_DOTS=0 \
   bash -c "bench fp8-$BEST-kv-bf16-tiles --quantization fp8 --kv-cache-dtype fp8 $BEST_FLAG"
 python3 scripts/gpu/fp8_gemm.py benches "$BENCH_TMP"
+
+# Where the FP8 run's time goes: one prefill step of 16 x 1,024 tokens (most of the workload's time) and one decode
+# step of 256 rows, bf16 and the faster FP8 GEMM, eager under torch.profiler -> $OUT/profile.txt.
+: > "$OUT/profile.txt"
+if [ -n "$DRY_RUN" ]; then PROFILES="bf16 fp8-auto"; else PROFILES="bf16 fp8-$BEST"; fi
+for kind in prefill decode; do
+  for v in $PROFILES; do
+    step "profile $v $kind" 60 bash -c "set -o pipefail; python3 scripts/gpu/fp8_gemm.py profile $v $kind 2>&1 | tail -n 3"
+  done
+done
 
 log "== summary ($(( $(date +%s) - T0 ))s)"
 python3 scripts/gpu/fp8_gemm.py summary 2>&1 | tee -a "$OUT/log.txt"

@@ -8,9 +8,10 @@ scripts/gpu/fp8-gemm.sh can time each:
                    quantization, and fp8_linear whole ("auto" and "rowwise"): microseconds and TFLOP/s, timed as
                    CUDA graphs of back-to-back calls over weight copies that overflow the L2 cache (a decode step
                    never finds a layer's weights there) -> $OUT/gemm_sweep.json
-  profile VARIANT  one decode step of 256 rows (eager, so each kernel shows) of the qwen2-7b shape under
-                   torch.profiler: bf16, fp8-rowwise(-fast), fp8-cublaslt or fp8-auto; top kernels by GPU time -> appended to
-                   $OUT/profile.txt
+  profile VARIANT [decode|prefill]
+                   one decode step of 256 rows, or one prefill step of 16 x 1,024 tokens (eager, so each kernel
+                   shows) of the qwen2-7b shape under torch.profiler: bf16, fp8-rowwise(-fast), fp8-cublaslt or
+                   fp8-auto; top kernels by GPU time -> appended to $OUT/profile.txt
   benches DIR      the `bench throughput` JSONs fp8-gemm.sh left in DIR -> $OUT/benches.json
   summary          the run in a few lines (fp8-gemm.sh appends them to $OUT/log.txt)
 
@@ -246,8 +247,12 @@ def save_sweep(rows: list[dict], seconds: float, quiet: bool = False) -> None:
               f"Triton faster than both at M = {s['triton_faster_than_both_at_m']}", flush=True)
 
 
-def profile(variant: str) -> None:
-    """One pure-decode step of 256 sequences, eager and synchronous, under torch.profiler."""
+def profile(variant: str, kind: str = "decode") -> None:
+    """One step, eager and synchronous, under torch.profiler: kind "decode", a pure-decode step of 256 sequences;
+    "prefill", a pure-prefill step of 16 new prompts of 1,024 tokens (the 16,384-token budget, where the issue-7
+    workload spends most of its time)."""
+    if kind not in ("decode", "prefill"):
+        raise SystemExit(f"profile: kind must be decode or prefill, not {kind!r}")
     from torch.profiler import ProfilerActivity
     from torch.profiler import profile as torch_profile
 
@@ -261,13 +266,23 @@ def profile(variant: str) -> None:
              "fp8-auto": dict(quantization="fp8", fp8_gemm="auto")}[variant]
     where = dict(model=str(ensure_tiny_model()), device="cpu") if DRY else dict(model="qwen2-7b", dtype="bfloat16")
     eng = Engine.from_config(EngineConfig(**where, **quant, enforce_eager=True, async_scheduling=False,
-                                          num_gpu_blocks=4096, max_model_len=1024, max_num_seqs=256,
+                                          num_gpu_blocks=4096, max_model_len=1024 if DRY else 2048, max_num_seqs=256,
                                           max_num_batched_tokens=16384, enable_prefix_caching=False))
     params = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
-    for i in range(256):
-        eng.add_request(f"p{i}", None, params, prompt_token_ids=[(7 * i + j) % 200 + 10 for j in range(32)])
-    for _ in range(3):  # the prefill of all 256 prompts, then two decode steps (kernels compiled, caches warm)
+    if kind == "decode":
+        for i in range(256):
+            eng.add_request(f"p{i}", None, params, prompt_token_ids=[(7 * i + j) % 200 + 10 for j in range(32)])
+        for _ in range(3):  # the prefill of all 256 prompts, then two decode steps (kernels compiled, caches warm)
+            eng.step()
+    else:  # one prefill step of 16 x 1,024 to compile and warm, its requests dropped, then 16 new prompts
+        prompt_len = 64 if DRY else 1024
+        for i in range(16):
+            eng.add_request(f"w{i}", None, params, prompt_token_ids=[(5 * i + j) % 200 + 10 for j in range(prompt_len)])
         eng.step()
+        for i in range(16):
+            eng.abort(f"w{i}")
+        for i in range(16):
+            eng.add_request(f"p{i}", None, params, prompt_token_ids=[(7 * i + j) % 200 + 10 for j in range(prompt_len)])
     _sync()
     cuda = DEV.type == "cuda"
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
@@ -287,9 +302,10 @@ def profile(variant: str) -> None:
     total_us = sum(getattr(e, "self_device_time_total", None) or getattr(e, "self_cuda_time_total", 0)
                    for e in kernels)
     with open(os.path.join(OUT, "profile.txt"), "a") as f:
-        f.write(f"\n## {variant}: one decode step of 256 sequences ({'qwen2-7b' if not DRY else 'tiny, CPU'}), eager: "
+        what = "one decode step of 256 sequences" if kind == "decode" else "one prefill step of 16 prompts"
+        f.write(f"\n## {variant}: {what} ({'qwen2-7b' if not DRY else 'tiny, CPU'}), eager: "
                 f"wall {wall * 1e3:.2f} ms, GPU kernel time {total_us / 1e3:.2f} ms\n{table}\n")
-    print(f"{variant}: wall {wall * 1e3:.2f} ms, kernels {total_us / 1e3:.2f} ms", flush=True)
+    print(f"{variant} {kind}: wall {wall * 1e3:.2f} ms, kernels {total_us / 1e3:.2f} ms", flush=True)
     eng.shutdown()
 
 
@@ -358,5 +374,5 @@ def summary() -> None:
 
 
 if __name__ == "__main__":
-    {"sweep": sweep, "profile": lambda: profile(sys.argv[2]), "benches": lambda: benches(sys.argv[2]),
+    {"sweep": sweep, "profile": lambda: profile(*sys.argv[2:4]), "benches": lambda: benches(sys.argv[2]),
      "summary": summary}[sys.argv[1]]()
