@@ -113,7 +113,7 @@ class StartupTimes:
         line = f"start-up: total {self.total_s:.2f} s = " + " + ".join(parts)
         rate = self.weights_gb_per_s
         if rate is not None:
-            line += f"; weights {self.weight_bytes / 1e9:.2f} GB at {rate:.2f} GB/s"
+            line += f"; weights {readable_bytes(self.weight_bytes)} at {rate:.2f} GB/s"
             if self.weight_parts:
                 line += f" ({self.weights_reader}: " + " + ".join(
                     f"{p} {self.weight_parts[p]:.2f}" for p in WEIGHT_PARTS if p in self.weight_parts) + ")"
@@ -210,3 +210,11 @@ def _count_entries(cache_dir: Path) -> int:
         return sum(1 for entry in os.scandir(cache_dir) if entry.is_dir())
     except OSError:
         return 0
+
+
+def readable_bytes(n: int) -> str:
+    """A size in the unit that shows it (decimal, as the GB/s beside it): a tiny model's weights are not "0.00 GB"."""
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if n >= scale:
+            return f"{n / scale:.2f} {unit}"
+    return f"{n} B"

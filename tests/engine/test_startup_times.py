@@ -14,7 +14,7 @@ from safetensors.torch import load_file
 from railyard.engine.config import EngineConfig
 from railyard.engine.core import EngineCore
 from railyard.engine.model_info import ModelInfo
-from railyard.engine.startup import WEIGHT_PARTS, StartupTimes
+from railyard.engine.startup import WEIGHT_PARTS, StartupTimes, readable_bytes
 
 CORE_PHASES = {"model_construction", "weight_loading", "kv_profile", "kv_allocation", "cuda_graphs", "executor",
                "tokenizer_eos", "engine_other"}
@@ -83,3 +83,9 @@ def test_the_report_survives_the_engine_process_wire(core):
 def test_the_log_line_names_each_phase_and_the_total(core):
     line = core.model_info().startup.describe()
     assert line.startswith("start-up: total ") and all(phase in line for phase in CORE_PHASES)
+
+
+@pytest.mark.parametrize("n, shown", [(15_231_233_024, "15.23 GB"), (1_190_000_000, "1.19 GB"),
+                                      (2_100_000, "2.10 MB"), (4_096, "4.10 kB"), (512, "512 B")])
+def test_weight_sizes_show_in_the_unit_that_shows_them(n, shown):
+    assert readable_bytes(n) == shown
