@@ -18,10 +18,7 @@ set -o pipefail
 export PYTHONUNBUFFERED=1
 cd "$(dirname "$0")/../.."
 export OUT=${OUT:-/tmp/fp8-gemm-out}
-mkdir -p "$OUT"
-BENCH_TMP=$(mktemp -d)
 BUDGET_S=${BUDGET_S:-450}
-: > "$OUT/log.txt"
 . scripts/gpu/steps.sh  # log, step (under the budget), header, bench, the carried wheels
 header
 
@@ -51,7 +48,7 @@ else
   CUBLASLT="--fp8-gemm cublaslt"
   TRITON="--fp8-gemm triton"
 fi
-export WORKLOAD BENCH_TMP
+export WORKLOAD
 step "bench bf16" 95 bench bf16
 step "bench fp8 rowwise (before)" 95 bench fp8-rowwise --quantization fp8 $ROWWISE
 step "bench fp8 cublaslt (new)" 95 bench fp8-cublaslt --quantization fp8 $CUBLASLT
@@ -71,4 +68,3 @@ python3 scripts/gpu/fp8_gemm.py benches "$BENCH_TMP"
 
 log "== summary ($(( $(date +%s) - T0 ))s)"
 python3 scripts/gpu/fp8_gemm.py summary 2>&1 | tee -a "$OUT/log.txt"
-rm -rf "$BENCH_TMP"

@@ -19,11 +19,7 @@ set -o pipefail
 export PYTHONUNBUFFERED=1
 cd "$(dirname "$0")/../.."
 export OUT=${OUT:-/tmp/fp8-speed-out}
-mkdir -p "$OUT"
-BENCH_TMP=$(mktemp -d)
 BUDGET_S=${BUDGET_S:-300}
-: > "$OUT/log.txt"
-: > "$OUT/bench_logs.txt"
 . scripts/gpu/steps.sh  # log, step (under the budget), header, bench, the carried wheels
 header
 
@@ -45,7 +41,7 @@ else
   WORKLOAD="$WORKLOAD --fp8-peak-tflops 1339.2"  # the FP8 roofline rate the H200 sweep measured (fp8-gemm.sh)
   ROWWISE="--fp8-gemm rowwise"; FAST="--fp8-gemm rowwise-fast"
 fi
-export WORKLOAD BENCH_TMP
+export WORKLOAD
 step "bench bf16" 45 bench bf16
 step "bench fp8 rowwise" 40 bench fp8-rowwise --quantization fp8 $ROWWISE
 step "bench fp8 rowwise-fast" 40 bench fp8-rowwise-fast --quantization fp8 $FAST
@@ -99,4 +95,3 @@ else:
             print(f"accuracy {name}: last layer cos {r['layer_cosine'][-1]:.5f}, min token cos "
                   f"{r['min_token_cosine']:.4f}, logit KL mean {r['logit_kl_mean']:.4f}, top-1 {r['top1_agreement']:.3f}")
 EOF
-rm -rf "$BENCH_TMP"

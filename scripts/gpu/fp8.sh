@@ -13,12 +13,9 @@ set -o pipefail
 export PYTHONUNBUFFERED=1
 cd "$(dirname "$0")/../.."
 export OUT=${OUT:-/tmp/fp8-out}
-mkdir -p "$OUT"
 BUDGET_S=${BUDGET_S:-470}
-. scripts/gpu/steps.sh  # log, step (under the budget), the carried wheels
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$OUT/log.txt"
-git log --oneline -1 2>/dev/null | tee -a "$OUT/log.txt"
-python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" | tee -a "$OUT/log.txt"
+. scripts/gpu/steps.sh  # log, step (under the budget), header, the carried wheels
+header
 
 tests() {
   python3 -m pytest -q -p no:cacheprovider tests/engine/layers/test_fp8.py tests/engine/attention/test_fp8_kernels.py \

@@ -1,12 +1,19 @@
 # Sourced by the one-call GPU scripts (fp8.sh, fp8-gemm.sh, fp8-speed.sh): a time budget split into steps, the
-# run's header and `bench throughput` runs, and the carried wheels. Needs OUT and BUDGET_S set; starts the clock
-# (T0) when sourced.
+# run's header and `bench throughput` runs, and the carried wheels. Needs OUT and BUDGET_S set; when sourced it
+# starts the clock (T0), makes $OUT with a fresh log.txt (and no bench_logs.txt from an earlier run) and BENCH_TMP,
+# a scratch folder removed on exit.
 #   log TEXT...         echo and append to $OUT/log.txt
 #   step NAME MAX_S CMD run CMD (a program or an exported function) under timeout min(MAX_S, what is left);
 #                       skipped when under 20 s are left, so an early failure or hang costs its own step only
 #   header              the GPU, commit and versions -> log.txt
 #   bench VARIANT FLAGS `bench throughput` $WORKLOAD FLAGS -> $BENCH_TMP/VARIANT.json
 T0=$(date +%s)
+mkdir -p "$OUT"
+: > "$OUT/log.txt"
+rm -f "$OUT/bench_logs.txt"
+BENCH_TMP=$(mktemp -d)
+export BENCH_TMP
+trap 'rm -rf "$BENCH_TMP"' EXIT
 log() { echo "$*" | tee -a "$OUT/log.txt"; }
 left() { echo $(( BUDGET_S - ($(date +%s) - T0) )); }
 step() {
