@@ -130,26 +130,33 @@ def test_auto_is_the_fast_accumulating_rowwise_gemm_at_every_size_as_the_h200_me
 
 
 GEMMS = ["rowwise", "rowwise-fast", "cublaslt", "triton"]
+needs_fp8_tensor_cores = pytest.mark.skipif(
+    not (torch.cuda.is_available() and scaled_mm_supported(torch.device("cuda"), torch.bfloat16)),
+    reason="needs FP8 tensor cores (compute capability 8.9+)")
 
 
-@pytest.mark.skipif(not (torch.cuda.is_available() and scaled_mm_supported(torch.device("cuda"), torch.bfloat16)),
-                    reason="needs FP8 tensor cores (compute capability 8.9+)")
+def assert_within_the_accumulation_bound(got, want, xq, xs, q, scale):
+    """got within bf16's rounding of want (2^-8 |y|) plus 2^-10 S, S = sum_k |x_k w_k| (the tensor-core bound the
+    tensor-core test below derives)."""
+    magnitude = (xq.float().abs() * xs) @ (q.float().abs() * scale[:, None]).t()
+    excess = (got.float() - want).abs() - 2.0 ** -8 * want.abs()
+    assert (excess <= 2.0 ** -10 * magnitude).all(), f"worst excess {(excess / magnitude).max().item():.2e} of S"
+
+
+@needs_fp8_tensor_cores
 def test_the_unscaled_gemm_into_bf16_stays_within_two_bf16_roundings_on_the_gpu():
     """unscaled_mm's acc_dtype bfloat16 (a sweep variant): the unscaled sums round to bf16 before the scales, then
-    the result again; two roundings of 2^-9 each, plus the accumulation bound of the test above."""
+    the result again; two roundings of 2^-9 each, plus the accumulation bound of the tensor-core test below."""
     dev = torch.device("cuda")
     x = _randn(300, 3584, seed=7).to(dev, torch.bfloat16)
     q, scale = quantize_rows(_randn(4608, 3584, seed=8, scale=0.02).to(dev))
     xq, xs = quantize_per_token(x)
     got = unscaled_mm(xq, xs, q, scale, None, torch.bfloat16, torch.bfloat16)
     want = dequantized_linear(xq, xs, q, scale, None, torch.float32)
-    magnitude = (xq.float().abs() * xs) @ (q.float().abs() * scale[:, None]).t()
-    excess = (got.float() - want).abs() - 2.0 ** -8 * want.abs()
-    assert (excess <= 2.0 ** -10 * magnitude).all(), f"worst excess {(excess / magnitude).max().item():.2e} of S"
+    assert_within_the_accumulation_bound(got, want, xq, xs, q, scale)
 
 
-@pytest.mark.skipif(not (torch.cuda.is_available() and scaled_mm_supported(torch.device("cuda"), torch.bfloat16)),
-                    reason="needs FP8 tensor cores (compute capability 8.9+)")
+@needs_fp8_tensor_cores
 @pytest.mark.parametrize("fp8_gemm", GEMMS)
 def test_tensor_core_fp8_linear_matches_the_reference_path_on_the_gpu(fp8_gemm):
     """The same e4m3 numbers through torch._scaled_mm and through the dequantizing float32 reference differ by two
@@ -170,14 +177,11 @@ def test_tensor_core_fp8_linear_matches_the_reference_path_on_the_gpu(fp8_gemm):
     got = fp8_linear(x, q, scale, b, fp8_gemm)
     xq, xs = quantize_per_token(x)  # the quantization fp8_linear ran: this checks the GEMM alone
     want = dequantized_linear(xq, xs, q, scale, b.float(), torch.float32)
-    magnitude = (xq.float().abs() * xs) @ (q.float().abs() * scale[:, None]).t()
     assert got.dtype == torch.bfloat16 and got.shape == (300, 4608)
-    excess = (got.float() - want).abs() - 2.0 ** -8 * want.abs()
-    assert (excess <= 2.0 ** -10 * magnitude).all(), f"worst excess {(excess / magnitude).max().item():.2e} of S"
+    assert_within_the_accumulation_bound(got, want, xq, xs, q, scale)
 
 
-@pytest.mark.skipif(not (torch.cuda.is_available() and scaled_mm_supported(torch.device("cuda"), torch.bfloat16)),
-                    reason="needs FP8 tensor cores (compute capability 8.9+)")
+@needs_fp8_tensor_cores
 @pytest.mark.parametrize("fp8_gemm", GEMMS)
 def test_each_tensor_core_gemm_replays_from_a_cuda_graph_as_it_ran_eagerly(fp8_gemm):
     """The engine captures decode steps after eager warm-up runs (cuda_graphs.py): what a GEMM path makes at its
