@@ -27,7 +27,14 @@ import triton.language as tl
 
 from railyard.engine.layers.fp8 import FP8_MAX, INV_FP8_MAX, MIN_SCALE
 
-_MAX_BLOCK = 4096
+# The widest row a per-token kernel holds in registers at once (wider rows go in blocks of this many columns).
+MAX_ROW_BLOCK = 4096
+
+
+def row_block_and_warps(width: int) -> tuple[int, int]:
+    """The column block and warps of a per-token program over rows `width` wide (the quantization kernels')."""
+    block = min(triton.next_power_of_2(width), MAX_ROW_BLOCK)
+    return block, 4 if block <= 2048 else 8
 
 
 @functools.cache
@@ -102,11 +109,10 @@ def quantize_per_token(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     scale = torch.empty((m, 1), dtype=torch.float32, device=x.device)
     if m == 0:
         return q, scale
-    block = min(triton.next_power_of_2(k), _MAX_BLOCK)
+    block, warps = row_block_and_warps(k)
     _per_token_quant_kernel[(m,)](x, q, scale, x.stride(0), N=k, BLOCK=block, ONE_PASS=block >= k,
                                   ROUND_TO_ODD=casts_through_fp16(x.device), FP8_MAX=FP8_MAX,
-                                  INV_FP8_MAX=INV_FP8_MAX, MIN_SCALE=MIN_SCALE,
-                                  num_warps=4 if block <= 2048 else 8)
+                                  INV_FP8_MAX=INV_FP8_MAX, MIN_SCALE=MIN_SCALE, num_warps=warps)
     return q, scale
 
 

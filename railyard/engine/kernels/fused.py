@@ -19,12 +19,18 @@ import torch
 import triton
 import triton.language as tl
 
-from railyard.engine.kernels.fp8 import _MAX_BLOCK, casts_through_fp16, quantize_row, row_scale
+from railyard.engine.kernels.fp8 import (
+    MAX_ROW_BLOCK,
+    casts_through_fp16,
+    quantize_row,
+    row_block_and_warps,
+    row_scale,
+)
 from railyard.engine.layers.fp8 import FP8_MAX, INV_FP8_MAX, MIN_SCALE
 
 # rms_norm_quant holds a row in registers (as the per-token kernel's one-pass case): wider rows go through rms_norm
 # and the linear layer's own quantization.
-QUANT_MAX_WIDTH = _MAX_BLOCK
+QUANT_MAX_WIDTH = MAX_ROW_BLOCK
 
 
 @triton.jit
@@ -163,11 +169,10 @@ def silu_and_mul_quant(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     q = torch.empty((t, n), dtype=torch.float8_e4m3fn, device=x.device)
     scale = torch.empty((t, 1), dtype=torch.float32, device=x.device)
     if t > 0:
-        block = min(triton.next_power_of_2(n), QUANT_MAX_WIDTH)  # the per-token kernel's blocks and warps
+        block, warps = row_block_and_warps(n)  # the per-token kernel's blocks and warps
         _silu_and_mul_quant_kernel[(t,)](x, q, scale, x.stride(0), N=n, BLOCK=block,
                                          ROUND_TO_ODD=casts_through_fp16(x.device), FP8_MAX=FP8_MAX,
-                                         INV_FP8_MAX=INV_FP8_MAX, MIN_SCALE=MIN_SCALE,
-                                         num_warps=4 if block <= 2048 else 8)
+                                         INV_FP8_MAX=INV_FP8_MAX, MIN_SCALE=MIN_SCALE, num_warps=warps)
     return q, scale
 
 
