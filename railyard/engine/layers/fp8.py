@@ -22,7 +22,7 @@ CUTLASS sm90 FP8 kernels use the FP8 fast-accumulation schedules). The sweep mea
 per-token and per-channel numbers: an unscaled GEMM (unit scalar scales, float32 out) and then one pass that
 multiplies by both scales, adds the bias and casts (vLLM's torch_channelwise_w8a8_scaled_mm does the same in
 torch ops); end to end on the 7B workload it was slower than "rowwise" (4.49 against 4.29 s), so "auto" takes
-cuBLASLt up to CUBLASLT_MAX_TOKENS rows (0) and "rowwise" above.
+cuBLASLt up to CUBLASLT_MAX_TOKENS rows (0) and AUTO_ROWWISE ("rowwise-fast") above.
 
 The per-token quantization of an activation can come fused into the kernel that makes it (kernels/fused.py:
 RMSNorm before qkv and gate_up, SiLU-and-mul before down): those pass fp8_linear a QuantizedActivation, the
@@ -124,7 +124,7 @@ FP8_GEMMS: tuple[str, ...] = get_args(Fp8Gemm)  # the engine option's choices, o
 # "auto" takes cuBLASLt up to this many rows and the row-wise kernel above. 0: the H200 sweep found the GEMM alone
 # faster through cuBLASLt + the scales pass at some decode sizes, but end to end on the 7B workload the row-wise
 # kernel everywhere won (4.29 s against 4.49 s; the scales pass and its float32 intermediate cost more than the
-# GEMM saves), so auto is "rowwise" at every size until a measurement says otherwise.
+# GEMM saves), so auto takes the row-wise GEMM (AUTO_ROWWISE) at every size until a measurement says otherwise.
 CUBLASLT_MAX_TOKENS = 0
 # The row-wise GEMM "auto" takes above CUBLASLT_MAX_TOKENS: fast accumulation (as vLLM's CUTLASS FP8 kernels on
 # sm_90). On the H200 (fp8-speed.sh, one call) the 7B workload ran in 4.11 s with it against 4.40 s without, and
