@@ -35,9 +35,10 @@ _HELP = {
     "enforce_eager": "never capture CUDA graphs",
     "quantization": "fp8: FP8 weights (per-channel scales) and per-token FP8 activations; FP8 checkpoints are "
                     "detected from config.json",
-    "fp8_gemm": "with FP8 weights on FP8 tensor cores: auto (the measured best; today rowwise-fast), rowwise (torch's "
+    "fp8_gemm": "with FP8 weights on FP8 tensor cores: auto (by the GEMM's shape: cublaslt-fast for decode-sized "
+                "GEMMs the row-wise kernel would not spread over the GPU, else rowwise-fast), rowwise (torch's "
                 "row-wise scaled _scaled_mm), rowwise-fast (the same with FP8 fast accumulation), cublaslt (an "
-                "unscaled cuBLASLt GEMM, scales after) or triton",
+                "unscaled cuBLASLt GEMM, scales after), cublaslt-fast (the same with fast accumulation) or triton",
     "kv_cache_dtype": "auto (the model dtype), bfloat16 or fp8 (e4m3, per-layer K/V scales: twice the blocks of bf16)",
     "structured_outputs_disable_any_whitespace": "constrained JSON gets no whitespace beyond ', ' and ': ' unless "
                                                  "a request's structured_outputs.disable_any_whitespace says otherwise",

@@ -51,8 +51,9 @@ class EngineConfig:
     # checkpoint already is FP8), activations quantized per token; the embedding and LM head stay as they are.
     quantization: str | None = None
     # With FP8 weights on FP8 tensor cores, which GEMM: "rowwise" (torch's row-wise scaled _scaled_mm),
-    # "rowwise-fast" (the same with fast accumulation), "cublaslt" (an unscaled cuBLASLt GEMM, the scales applied after), "auto" (cuBLASLt up to
-    # layers/fp8.py's CUBLASLT_MAX_TOKENS rows, row-wise above: row-wise everywhere until measured) or "triton"
+    # "rowwise-fast" (the same with fast accumulation), "cublaslt" (an unscaled cuBLASLt GEMM, the scales applied
+    # after), "cublaslt-fast" (the same with fast accumulation), "auto" (by shape: cuBLASLt for GEMMs of up to
+    # layers/fp8.py's CUBLASLT_MAX_TOKENS rows the row-wise kernel would not spread over the GPU) or "triton"
     # (a Triton GEMM, scales in its epilogue); layers/fp8.py says why. Elsewhere only "auto" (the reference
     # path) runs.
     fp8_gemm: Fp8Gemm = "auto"

@@ -29,7 +29,7 @@ QUANTIZATION_BYTES: dict[str, int] = {"fp8": 1}
 QUANTIZATION_SCALE_BYTES: dict[str, int] = {"fp8": 4}
 # The tensor-core GEMM of FP8 weights (engine option fp8_gemm; engine/layers/fp8.py says what each is): here, not
 # in the engine, so that a stack file can name one and be checked without importing the engine.
-Fp8Gemm = Literal["auto", "rowwise", "rowwise-fast", "cublaslt", "triton"]
+Fp8Gemm = Literal["auto", "rowwise", "rowwise-fast", "cublaslt", "cublaslt-fast", "triton"]
 
 
 def check_dtype(dtype: str) -> str:

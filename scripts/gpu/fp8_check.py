@@ -6,7 +6,7 @@
             cosine, logit KL, teacher-forced top-1 (railyard/bench/accuracy.py), Triton backend; FP8
             weights again through the dequantizing reference GEMMs, and bf16 against float32 (a control).
   gemm-accuracy  the accuracy step's measures for FP8 weights through each tensor-core GEMM (rowwise,
-            rowwise-fast) only: what fast accumulation costs.
+            rowwise-fast, cublaslt-fast, auto) only: what fast accumulation and auto's mix cost.
   tiny      the float32 tiny models on the GPU (Triton, CUDA graphs): greedy tokens with an FP8 KV cache
             against a bf16 one, and FP8 weights against none.
 Each writes $OUT/fp8_<step>.json.
@@ -124,7 +124,7 @@ def gemm_accuracy() -> None:
                                                                   11, 100, 100)]
     else:
         model, common = "qwen2-7b", dict(device="cuda", attention_backend="triton", max_model_len=4096)
-        gemms = {g: g for g in ("rowwise", "rowwise-fast")}
+        gemms = {g: g for g in ("rowwise", "rowwise-fast", "cublaslt-fast", "auto")}
         prompts = [r.prompt_token_ids for r in synthetic_requests(4, LengthRange(128, 512), LengthRange(1, 1),
                                                                   152064, 11, 100, 100)]
     start = time.time()

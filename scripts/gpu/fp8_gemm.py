@@ -128,8 +128,8 @@ def cublaslt_version() -> int | None:
 
 def sweep() -> None:
     from railyard.engine.kernels.fp8_gemm import CONFIGS, fp8_gemm
-    from railyard.engine.layers.fp8 import (CUBLASLT_MAX_TOKENS, apply_scales, fp8_linear, quantize_per_token,
-                                            quantize_rows, scaled_mm, unscaled_mm)
+    from railyard.engine.layers.fp8 import (apply_scales, fp8_linear, quantize_per_token, quantize_rows, scaled_mm,
+                                            sm_count, tensor_core_gemm, unscaled_mm)
 
     one = torch.ones((), dtype=torch.float32, device=DEV)
     rows_out, start = [], time.time()
@@ -175,7 +175,7 @@ def sweep() -> None:
             flops = 2.0 * m * n * k
             reps = 4 if DRY else max(4, min(40, int(0.01 / (flops / 700e12))))  # ~10 ms of bf16 per variant
             row = {"shape": name, "m": m, "k": k, "n": n, "reps": reps, "auto_takes":
-                   "cublaslt" if m <= CUBLASLT_MAX_TOKENS else "rowwise"}
+                   tensor_core_gemm("auto", m, n, sm_count(DEV.index or 0)) if DEV.type == "cuda" else "reference"}
             if m in (256, max(ROWS)) and name in ("qkv", "gate_up"):  # which library each path ran
                 row["kernels"] = {}
                 for variant in ("bf16", "fp8_rowwise", "fp8_rowwise_fast_accum", "fp8_cublaslt",
@@ -213,7 +213,7 @@ def _us(row: dict, variant: str) -> float:
 
 def save_sweep(rows: list[dict], seconds: float, quiet: bool = False) -> None:
     """The rows, and per shape the rows where cuBLASLt (scales pass included) beats the row-wise kernel and the
-    FP8/bf16 time ratio of each path (the numbers CUBLASLT_MAX_TOKENS is chosen from)."""
+    FP8/bf16 time ratio of each path (the numbers auto's shape rule, layers/fp8.py tensor_core_gemm, is chosen from)."""
     summary = {}
     for name in SHAPES:
         mine = [r for r in rows if r["shape"] == name]
@@ -263,6 +263,7 @@ def profile(variant: str, kind: str = "decode") -> None:
     quant = {"bf16": {}, "fp8-rowwise": dict(quantization="fp8", fp8_gemm="rowwise"),
              "fp8-rowwise-fast": dict(quantization="fp8", fp8_gemm="rowwise-fast"),
              "fp8-cublaslt": dict(quantization="fp8", fp8_gemm="cublaslt"),
+             "fp8-cublaslt-fast": dict(quantization="fp8", fp8_gemm="cublaslt-fast"),
              "fp8-auto": dict(quantization="fp8", fp8_gemm="auto")}[variant]
     where = dict(model=str(ensure_tiny_model()), device="cpu") if DRY else dict(model="qwen2-7b", dtype="bfloat16")
     eng = Engine.from_config(EngineConfig(**where, **quant, enforce_eager=True, async_scheduling=False,
@@ -314,7 +315,7 @@ def profile(variant: str, kind: str = "decode") -> None:
 # report fp8-auto and fp8-auto-kv as FileNotFoundError: fp8-gemm.sh benches fp8-rowwise, auto's choice, instead.)
 BENCH_VARIANTS = ("bf16", "bf16-again", "fp8-rowwise", "fp8-rowwise-fast", "fp8-rowwise-kv", "fp8-rowwise-kv-bf16-tiles",
                   "fp8-rowwise-fast-kv", "fp8-rowwise-fast-kv-bf16-tiles", "fp8-cublaslt", "fp8-cublaslt-kv",
-                  "fp8-auto", "fp8-auto-kv", "fp8-triton")
+                  "fp8-auto", "fp8-auto-kv", "fp8-auto-kv-again", "fp8-triton")
 
 
 def _load(path: str) -> dict:

@@ -79,7 +79,7 @@ def test_flags_reach_the_engine_config():
 @pytest.mark.parametrize("field, value, message", [
     ("quantization", "int4", "quantization must be fp8 (or unset), got 'int4'"),
     ("kv_cache_dtype", "fp8_e5m2", "kv_cache_dtype must be one of auto, bfloat16, fp8; got 'fp8_e5m2'"),
-    ("fp8_gemm", "cutlass", "fp8_gemm must be one of auto, rowwise, rowwise-fast, cublaslt, triton; got 'cutlass'"),
+    ("fp8_gemm", "cutlass", "fp8_gemm must be one of auto, rowwise, rowwise-fast, cublaslt, cublaslt-fast, triton; got 'cutlass'"),
 ])
 def test_unknown_values_are_config_errors(field, value, message):
     with pytest.raises(ConfigError) as err:

@@ -21,8 +21,8 @@ CUTLASS sm90 FP8 kernels use the FP8 fast-accumulation schedules). The sweep mea
 (tests/engine/layers/test_fp8.py). Tensor-wise (scalar) scales also go to cuBLASLt. "cublaslt" keeps the
 per-token and per-channel numbers: an unscaled GEMM (unit scalar scales, float32 out) and then one pass that
 multiplies by both scales, adds the bias and casts (vLLM's torch_channelwise_w8a8_scaled_mm does the same in
-torch ops); end to end on the 7B workload it was slower than "rowwise" (4.49 against 4.29 s), so "auto" takes
-cuBLASLt up to CUBLASLT_MAX_TOKENS rows (0) and AUTO_ROWWISE ("rowwise-fast") above.
+torch ops); end to end on the 7B workload, taken everywhere, it was slower than "rowwise" (4.49 against 4.29 s),
+so "auto" takes it ("cublaslt-fast") only where the row-wise kernel underfills the GPU (tensor_core_gemm).
 
 The per-token quantization of an activation can come fused into the kernel that makes it (kernels/fused.py:
 RMSNorm before qkv and gate_up, SiLU-and-mul before down): those pass fp8_linear a QuantizedActivation, the
@@ -118,18 +118,26 @@ def scaled_mm_supported(device: torch.device, dtype: torch.dtype) -> bool:
 
 # The tensor-core GEMMs fp8_linear can take (the engine's fp8_gemm option): "rowwise" torch's row-wise scaled
 # _scaled_mm, "rowwise-fast" the same with fast accumulation, "cublaslt" an unscaled cuBLASLt GEMM then the
-# scales, "auto" cuBLASLt or rowwise by the number of rows, "triton" a Triton GEMM with the scales in its
-# epilogue (kernels/fp8_gemm.py; a candidate, not in auto).
+# scales, "cublaslt-fast" the same with fast accumulation, "auto" cuBLASLt or row-wise by the GEMM's shape
+# (tensor_core_gemm), "triton" a Triton GEMM with the scales in its epilogue (kernels/fp8_gemm.py; a candidate,
+# not in auto).
 FP8_GEMMS: tuple[str, ...] = get_args(Fp8Gemm)  # the engine option's choices, one list
-# "auto" takes cuBLASLt up to this many rows and the row-wise kernel above. 0: the H200 sweep found the GEMM alone
-# faster through cuBLASLt + the scales pass at some decode sizes, but end to end on the 7B workload the row-wise
-# kernel everywhere won (4.29 s against 4.49 s; the scales pass and its float32 intermediate cost more than the
-# GEMM saves), so auto takes the row-wise GEMM (AUTO_ROWWISE) at every size until a measurement says otherwise.
-CUBLASLT_MAX_TOKENS = 0
-# The row-wise GEMM "auto" takes above CUBLASLT_MAX_TOKENS: fast accumulation (as vLLM's CUTLASS FP8 kernels on
-# sm_90). On the H200 (fp8-speed.sh, one call) the 7B workload ran in 4.11 s with it against 4.40 s without, and
-# its accuracy against bf16 was the same (28-layer cosine 0.8334 / 0.8340, mean logit KL 0.2389 / 0.2380).
+# "auto" takes cuBLASLt (unscaled GEMM + scales pass) for GEMMs of at most this many rows whose row-wise grid
+# would not fill the GPU once (rowwise_underfills), and the row-wise kernel (AUTO_ROWWISE) for the rest.
+# The row-wise kernel on this cuBLASLt (nvjet ..._128x128_..._ovscale) tiles the output 128 x 128 and never splits
+# K: a 256-token decode step's down projection (N 3584, K 18944) is 2 x 28 = 56 tiles on the H200's 132 SMs, each
+# walking all of K, 47.5 us; the unscaled GEMM, which cuBLASLt may split along K, took 33.4 us and the scales pass
+# 2 more (fp8-gemm.sh's sweep, fast accumulation both: down 24-33 against 47 us at 16-256 rows, qkv and o 8.6-12.7
+# against 12.4-13.0, gate_up's 296+ tiles the other way round, 47-73 against 45-58). Everywhere (the first auto
+# tried) it lost end to end, 4.49 against 4.29 s, on gate_up and the prefill sizes.
+CUBLASLT_MAX_TOKENS = 256
+ROWWISE_TILE = 128  # the row-wise kernel's output tile, both sides (the sweep's kernel names)
+# The row-wise GEMM "auto" takes for the rest: fast accumulation (as vLLM's CUTLASS FP8 kernels on sm_90). On the
+# H200 (fp8-speed.sh, one call) the 7B workload ran in 4.11 s with it against 4.40 s without, and its accuracy
+# against bf16 was the same (28-layer cosine 0.8334 / 0.8340, mean logit KL 0.2389 / 0.2380); auto's cuBLASLt GEMMs
+# accumulate the same way (AUTO_CUBLASLT).
 AUTO_ROWWISE = "rowwise-fast"
+AUTO_CUBLASLT = "cublaslt-fast"
 
 
 def check_fp8_gemm(fp8_gemm: str) -> str:
@@ -139,11 +147,23 @@ def check_fp8_gemm(fp8_gemm: str) -> str:
     return fp8_gemm
 
 
-def tensor_core_gemm(fp8_gemm: str, rows: int) -> str:
-    """The tensor-core GEMM (any FP8_GEMMS choice but "auto") an fp8_gemm option picks for `rows` tokens."""
+def rowwise_underfills(rows: int, n: int, sms: int) -> bool:
+    """Whether the row-wise kernel's [rows, n] output has fewer ROWWISE_TILE-square tiles than the GPU has SMs."""
+    return -(-rows // ROWWISE_TILE) * -(-n // ROWWISE_TILE) < sms
+
+
+def tensor_core_gemm(fp8_gemm: str, rows: int, n: int = 0, sms: int = 0) -> str:
+    """The tensor-core GEMM (any FP8_GEMMS choice but "auto") an fp8_gemm option picks for a [rows, n] output on a
+    GPU of `sms` SMs (0: unknown, and then auto takes the row-wise kernel)."""
     if fp8_gemm == "auto":
-        return "cublaslt" if rows <= CUBLASLT_MAX_TOKENS else AUTO_ROWWISE
+        small = rows <= CUBLASLT_MAX_TOKENS and rowwise_underfills(rows, n, sms)
+        return AUTO_CUBLASLT if small else AUTO_ROWWISE
     return check_fp8_gemm(fp8_gemm)
+
+
+@functools.cache
+def sm_count(device_index: int) -> int:
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
 def gemm_path(device: torch.device, dtype: torch.dtype, fp8_gemm: str = "auto") -> str:
@@ -151,9 +171,10 @@ def gemm_path(device: torch.device, dtype: torch.dtype, fp8_gemm: str = "auto") 
     if scaled_mm_supported(device, dtype):
         which = {"rowwise": "row-wise scales", "rowwise-fast": "row-wise scales, fast accumulation",
                  "cublaslt": "cuBLASLt, scales applied after",
+                 "cublaslt-fast": "cuBLASLt with fast accumulation, scales applied after",
                  "triton": "a Triton GEMM, scales in its epilogue"}
-        which["auto"] = f"cuBLASLt up to {CUBLASLT_MAX_TOKENS} tokens, {which[AUTO_ROWWISE]} above" \
-            if CUBLASLT_MAX_TOKENS else which[AUTO_ROWWISE]
+        which["auto"] = (f"{which[AUTO_CUBLASLT]} up to {CUBLASLT_MAX_TOKENS} tokens where the row-wise kernel "
+                         f"would not fill the GPU, {which[AUTO_ROWWISE]} elsewhere")
         return f"torch._scaled_mm (FP8 tensor cores; {which[check_fp8_gemm(fp8_gemm)]})"
     why = "no FP8 tensor cores" if device.type != "cuda" or not _has_fp8_tensor_cores(device.index or 0) \
         else f"a {str(dtype).removeprefix('torch.')} model: the tensor-core path is for bfloat16 models"
@@ -184,9 +205,9 @@ def fp8_linear(x: torch.Tensor | QuantizedActivation, weight: torch.Tensor, weig
         xq, x_scale = quantize_per_token(x)
     n, k = weight.shape
     if scaled_mm_supported(xq.device, dtype) and n % 16 == 0 and k % 16 == 0:  # _scaled_mm's shape rule
-        gemm = tensor_core_gemm(fp8_gemm, xq.shape[0])
-        if gemm == "cublaslt":
-            y = unscaled_mm(xq, x_scale, weight, weight_scale, bias, dtype)
+        gemm = tensor_core_gemm(fp8_gemm, xq.shape[0], n, sm_count(xq.device.index or 0))
+        if gemm in ("cublaslt", "cublaslt-fast"):
+            y = unscaled_mm(xq, x_scale, weight, weight_scale, bias, dtype, fast_accum=gemm == "cublaslt-fast")
         elif gemm == "triton":
             from railyard.engine.kernels.fp8_gemm import fp8_gemm as triton_fp8_gemm
 
@@ -227,14 +248,16 @@ def unit_scale(device: torch.device) -> torch.Tensor:
 
 
 def unscaled_mm(xq: torch.Tensor, x_scale: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor,
-                bias: torch.Tensor | None, dtype: torch.dtype, acc_dtype: torch.dtype = torch.float32) -> torch.Tensor:
+                bias: torch.Tensor | None, dtype: torch.dtype, acc_dtype: torch.dtype = torch.float32,
+                fast_accum: bool = False) -> torch.Tensor:
     """The same product as scaled_mm through cuBLASLt: torch sends scalar scales there, so the GEMM runs with unit
     scales into float32 (exact sums of e4m3 products, no rounding to bf16 before the scales) and apply_scales
     then multiplies by the per-token and per-channel scales, adds the bias and casts, as scaled_mm's epilogue.
     acc_dtype bfloat16 halves the traffic of that intermediate (a 256-token gate_up writes and reads 39 MB of
-    float32) for a second bf16 rounding (2^-9 relative, against e4m3's 2^-4); the sweep measures both."""
+    float32) for a second bf16 rounding (2^-9 relative, against e4m3's 2^-4); the sweep measures both. fast_accum:
+    as scaled_mm's."""
     one = unit_scale(xq.device)
-    acc = torch._scaled_mm(xq, weight.t(), scale_a=one, scale_b=one, out_dtype=acc_dtype)
+    acc = torch._scaled_mm(xq, weight.t(), scale_a=one, scale_b=one, out_dtype=acc_dtype, use_fast_accum=fast_accum)
     return apply_scales(acc, x_scale, weight_scale, bias, dtype)
 
 

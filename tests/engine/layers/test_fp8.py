@@ -12,11 +12,10 @@ import torch
 import torch.nn.functional as F
 
 import railyard.engine.layers.fp8 as fp8_layer
-from railyard.engine.layers.fp8 import (CUBLASLT_MAX_TOKENS, FP8, FP8_MAX, INV_FP8_MAX, QuantizedActivation,
-                                        apply_scales_ref,
+from railyard.engine.layers.fp8 import (FP8, FP8_MAX, INV_FP8_MAX, QuantizedActivation, apply_scales_ref,
                                         dequantized_linear, fp8_linear, quantize_per_token, quantize_per_token_ref,
-                                        quantize_rows, scaled_mm, scaled_mm_supported, tensor_core_gemm,
-                                        unscaled_mm)
+                                        quantize_rows, rowwise_underfills, scaled_mm, scaled_mm_supported,
+                                        tensor_core_gemm, unscaled_mm)
 from railyard.engine.layers.linear import (ColumnParallelLinear, MergedColumnParallelLinear, QKVParallelLinear,
                                            RowParallelLinear)
 from railyard.engine.parallel import ParallelState
@@ -112,24 +111,36 @@ def test_the_scales_multiply_each_row_by_its_token_and_each_column_by_its_channe
                                acc.double() * xs.double() * ws.double()[None, :], rtol=1e-6, atol=0)
 
 
-@pytest.mark.parametrize("option, rows, gemm", [
-    ("auto", 1, "cublaslt"), ("auto", 512, "cublaslt"), ("auto", 513, "rowwise-fast"), ("auto", 16384, "rowwise-fast"),
-    ("rowwise", 1, "rowwise"), ("rowwise-fast", 16384, "rowwise-fast"), ("cublaslt", 16384, "cublaslt"),
-    ("triton", 256, "triton"),
+@pytest.mark.parametrize("option, rows, n, gemm", [
+    ("auto", 256, 3584, "cublaslt-fast"),  # the 7B's o and down at a 256-row decode step: 2 x 28 tiles, 132 SMs
+    ("auto", 1, 4608, "cublaslt-fast"),  # qkv at one row: 36 tiles
+    ("auto", 256, 37888, "rowwise-fast"),  # gate_up: 2 x 296 tiles fill the GPU
+    ("auto", 257, 3584, "rowwise-fast"),  # above CUBLASLT_MAX_TOKENS, however few its tiles
+    ("auto", 16384, 3584, "rowwise-fast"),
+    ("rowwise", 1, 3584, "rowwise"), ("rowwise-fast", 16384, 3584, "rowwise-fast"),
+    ("cublaslt", 16384, 37888, "cublaslt"), ("cublaslt-fast", 16384, 37888, "cublaslt-fast"),
+    ("triton", 256, 3584, "triton"),
 ])
-def test_auto_takes_cublaslt_up_to_its_threshold_and_the_rowwise_kernel_above(option, rows, gemm, monkeypatch):
-    monkeypatch.setattr(fp8_layer, "CUBLASLT_MAX_TOKENS", 512)
-    assert tensor_core_gemm(option, rows) == gemm
+def test_auto_takes_cublaslt_for_decode_sized_gemms_the_rowwise_kernel_would_not_spread_over_the_gpu(
+        option, rows, n, gemm, monkeypatch):
+    """The H200 sweep (fp8-gemm.sh): the row-wise kernel's 128 x 128 tiles, K never split, left a 256-row down
+    projection at 47.5 us on 56 of 132 SMs, where cuBLASLt's unscaled GEMM and the scales pass took 35.4."""
+    monkeypatch.setattr(fp8_layer, "CUBLASLT_MAX_TOKENS", 256)
+    assert tensor_core_gemm(option, rows, n, sms=132) == gemm
 
 
-def test_auto_is_the_fast_accumulating_rowwise_gemm_at_every_size_as_the_h200_measured_end_to_end():
-    """On the 7B workload row-wise everywhere beat cuBLASLt everywhere (4.29 against 4.49 s, fp8-gemm.sh), and fast
-    accumulation beat plain row-wise (4.11 against 4.40 s) at the same accuracy (fp8-speed.sh)."""
-    assert CUBLASLT_MAX_TOKENS == 0
-    assert {tensor_core_gemm("auto", rows) for rows in (1, 256, 16384)} == {"rowwise-fast"}
+def test_auto_takes_the_rowwise_kernel_when_the_sm_count_is_unknown():
+    assert tensor_core_gemm("auto", 1, 3584) == "rowwise-fast"
 
 
-GEMMS = ["rowwise", "rowwise-fast", "cublaslt", "triton"]
+def test_the_rowwise_grid_counts_whole_tiles_against_the_sms():
+    assert rowwise_underfills(256, 3584, 132)  # 2 x 28 = 56
+    assert not rowwise_underfills(512, 4608, 132)  # 4 x 36 = 144
+    assert not rowwise_underfills(129, 8448, 132)  # 2 x 66 = 132: one full wave
+    assert rowwise_underfills(128, 8448, 132)  # 1 x 66
+
+
+GEMMS = ["rowwise", "rowwise-fast", "cublaslt", "cublaslt-fast", "triton"]
 needs_fp8_tensor_cores = pytest.mark.skipif(
     not (torch.cuda.is_available() and scaled_mm_supported(torch.device("cuda"), torch.bfloat16)),
     reason="needs FP8 tensor cores (compute capability 8.9+)")
@@ -321,9 +332,14 @@ def test_fp8_linear_of_an_already_quantized_activation_is_fp8_linear_of_the_acti
     assert torch.equal(got, fp8_linear(x, q, scale, b))
 
 
+AUTO_ON_TENSOR_CORES = ("torch._scaled_mm (FP8 tensor cores; cuBLASLt with fast accumulation, scales applied after up "
+                        "to 256 tokens where the row-wise kernel would not fill the GPU, row-wise scales, fast "
+                        "accumulation elsewhere)")
+
+
 @pytest.mark.parametrize("capability, dtype, path", [
-    ((9, 0), torch.bfloat16, "torch._scaled_mm (FP8 tensor cores; row-wise scales, fast accumulation)"),
-    ((8, 9), torch.bfloat16, "torch._scaled_mm (FP8 tensor cores; row-wise scales, fast accumulation)"),
+    ((9, 0), torch.bfloat16, AUTO_ON_TENSOR_CORES),
+    ((8, 9), torch.bfloat16, AUTO_ON_TENSOR_CORES),
     ((8, 0), torch.bfloat16, "reference: dequantize then matmul (no FP8 tensor cores)"),
     ((9, 0), torch.float32, "reference: dequantize then matmul (a float32 model: the tensor-core path is for "
                             "bfloat16 models)"),
