@@ -7,6 +7,7 @@ import logging
 import threading
 from pathlib import Path
 
+from railyard.engine import tokenizer_cache
 from railyard.errors import ModelLoadError
 
 log = logging.getLogger("railyard.engine")
@@ -24,18 +25,36 @@ def has_tokenizer_files(path: str | Path) -> bool:
 def load_tokenizer(path: str | Path):
     """The checkpoint's own HF tokenizer (tokenizer.json / tokenizer_config.json), local files only, or None
     for a directory with no tokenizer files: then the model serves token-id prompts only, for every
-    architecture alike (vLLM's skip_tokenizer_init). Truncation (truncate_prompt_tokens) keeps a prompt's end."""
-    from transformers import AutoTokenizer
-    from transformers.utils import logging as hf_logging
-
+    architecture alike (vLLM's skip_tokenizer_init). Truncation (truncate_prompt_tokens) keeps a prompt's end.
+    AutoTokenizer's result is kept in railyard's cache (tokenizer_cache.py: seconds of imports saved per start)."""
     if Path(path).is_dir() and not has_tokenizer_files(path):
         log.warning("%s has no tokenizer files: serving token-id prompts only (text prompts get 400)", path)
         return None
+    options = {"truncation_side": "left"}
+    key = _cache_key(Path(path), options)
+    if key is not None and (cached := tokenizer_cache.load_cached(key)) is not None:
+        return cached
+    from transformers import AutoTokenizer
+    from transformers.utils import logging as hf_logging
+
     hf_logging.set_verbosity_error()
     try:
-        return AutoTokenizer.from_pretrained(str(path), local_files_only=True, truncation_side="left")
+        tokenizer = AutoTokenizer.from_pretrained(str(path), local_files_only=True, **options)
     except Exception as exc:  # transformers raises many types for a broken tokenizer
         raise ModelLoadError(f"cannot load the tokenizer from {path}: {exc}") from None
+    if key is not None:
+        tokenizer_cache.store(key, tokenizer)
+    return tokenizer
+
+
+def _cache_key(path: Path, options: dict) -> str | None:
+    """The tokenizer cache's key for a local directory (None: not one, or its files cannot be read here)."""
+    if not path.is_dir():
+        return None
+    try:
+        return tokenizer_cache.cache_key(path, options)
+    except OSError:
+        return None
 
 
 def expects_tokenizer(path: str | Path | None) -> bool:

@@ -1,0 +1,89 @@
+"""Loaded HF tokenizers kept in railyard's cache (caches.py): `tokenizers/<key>.pkl`, the object AutoTokenizer
+made, pickled.
+
+Why: `from transformers import AutoTokenizer` imports transformers' model registry with it (modeling_auto,
+generation, and through them torch, sympy and, where installed, scikit-learn): 8.7 s alone on the H200 machine
+(scripts/gpu/startup-profile.sh), 16-18 s in a starting server's front beside its own imports, where the warm
+engine is ready in ~12 s. Unpickling imports only the tokenizer's own class module (~1 s on a CPU box, no torch).
+AutoTokenizer's choice of class depends on the files and on the transformers version in ways that are not ours
+to copy, so the cache keeps its result instead of second-guessing it.
+
+The key hashes the tokenizer's files (every small text file of the directory: tokenizer.json, its configs,
+chat templates, config.json, which AutoTokenizer also reads) with the Python, transformers and tokenizers
+versions, so a changed file or an upgrade makes a new entry. An entry that fails to load is removed and the tokenizer loaded
+again. Pickle runs code from the file: the cache is as trusted as its directory, like Triton's compiled kernels
+beside it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import pickle
+import sys
+import tempfile
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+from typing import Any
+
+from railyard.engine.caches import cache_root
+
+log = logging.getLogger("railyard.engine")
+
+FORMAT = 1  # bumped when what an entry holds changes
+_KEYED_SUFFIXES = (".json", ".jinja", ".txt", ".model", ".tiktoken")  # the files a tokenizer is made from
+_MAX_KEYED_BYTES = 64 << 20  # a text file this large is not a tokenizer's
+
+
+def cache_dir() -> Path:
+    return cache_root() / "tokenizers"
+
+
+def cache_key(path: Path, options: dict[str, Any]) -> str:
+    """The entry name for the tokenizer in directory `path` loaded with `options` (from_pretrained keywords)."""
+    h = hashlib.sha256(f"railyard-tokenizer-{FORMAT};python={sys.version_info[:2]};".encode())
+    for package in ("transformers", "tokenizers"):
+        try:
+            h.update(f"{package}={version(package)};".encode())
+        except PackageNotFoundError:
+            h.update(f"{package}=none;".encode())
+    h.update(repr(sorted(options.items())).encode())
+    for file in sorted(path.iterdir()):
+        if file.suffix in _KEYED_SUFFIXES and file.is_file() and file.stat().st_size <= _MAX_KEYED_BYTES:
+            h.update(file.name.encode() + b"\0" + hashlib.sha256(file.read_bytes()).digest())
+    return h.hexdigest()[:32]
+
+
+def load_cached(key: str) -> Any | None:
+    """The cached tokenizer of `key`, or None (no entry, or one that failed to load: then it is removed)."""
+    entry = cache_dir() / f"{key}.pkl"
+    try:
+        data = entry.read_bytes()
+    except OSError:
+        return None
+    try:
+        return pickle.loads(data)
+    except Exception as exc:  # a truncated or stale entry: load the tokenizer again, and replace it
+        log.warning("tokenizer cache entry %s does not load (%s: %s); loading the tokenizer instead", entry,
+                    type(exc).__name__, exc)
+        entry.unlink(missing_ok=True)
+        return None
+
+
+def store(key: str, tokenizer: Any) -> None:
+    """Keep `tokenizer` under `key`; written to a temporary file and renamed, so a reader never sees half an
+    entry. Anything that stops it (a read-only cache, an object pickle cannot take) only costs the next start."""
+    directory = cache_dir()
+    tmp = None
+    try:
+        data = pickle.dumps(tokenizer, protocol=pickle.HIGHEST_PROTOCOL)
+        directory.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=directory, suffix=".tmp")
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, directory / f"{key}.pkl")
+    except Exception as exc:
+        log.info("tokenizer not cached (%s: %s)", type(exc).__name__, exc)
+        if tmp is not None:
+            Path(tmp).unlink(missing_ok=True)
