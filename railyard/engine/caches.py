@@ -3,6 +3,9 @@
 - `triton/`: Triton's compiled kernels (TRITON_CACHE_DIR, unless the user set that): a warm start loads
   them instead of compiling. Safe to keep: Triton keys each entry by the kernel's source, its
   specialisation, the compiler and the GPU, so a stale entry is never used.
+- `tokenizers/`: each tokenizer AutoTokenizer loaded, pickled (tokenizer_cache.py): a warm front unpickles it
+  instead of importing AutoTokenizer and transformers' model registry with it. Keyed by the tokenizer's files
+  and the Python, transformers and tokenizers versions.
 - the embedded tiny model (railyard.engine.tiny_model).
 
 Not kept, as vLLM does not keep them either: CUDA graphs (they hold device addresses of this process) and
