@@ -30,10 +30,12 @@ step() {
 }
 export -f log
 
-# header: the GPU (not in a DRY_RUN), the commit, the torch and triton versions -> log.txt.
+# header: the GPU (not in a DRY_RUN), the commit ($COMMIT, and the copied .git's), the torch and triton versions -> log.txt.
 header() {
   [ -z "$DRY_RUN" ] && nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee -a "$OUT/log.txt"
-  git log --oneline -1 2>/dev/null | tee -a "$OUT/log.txt"
+  # The device's checkout is the working tree; its .git may lag behind, so $COMMIT (what the caller says it ran)
+  # is the record, and git's line is what the copied .git says.
+  echo "COMMIT=${COMMIT:-unset}; the copied .git says: $(git log --oneline -1 2>/dev/null | cut -c1-80)" | tee -a "$OUT/log.txt"
   python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" \
     | tee -a "$OUT/log.txt"
 }
