@@ -51,22 +51,25 @@ def test_weight_loading_splits_into_its_parts_which_add_up_to_it(core):
 
 def test_the_core_starts_without_loading_the_hf_tokenizer_yet_has_its_eos_id(tiny_model, monkeypatch):
     """Importing transformers is seconds of Python that took the GIL from the weight load and graph capture: the
-    start-up reads the EOS id from the tokenizer's files, and the HF tokenizer is loaded by its first user (an
-    in-process front, or the first constrained request's grammar compile)."""
+    start-up reads the EOS id from the tokenizer's files, and the HF tokenizer is loaded (from railyard's cache or
+    by AutoTokenizer) by its first user (an in-process front, or the first constrained request's grammar
+    compile)."""
     from transformers import AutoTokenizer
 
-    real_load = AutoTokenizer.from_pretrained
+    import railyard.engine.tokenizer as tokenizer_module
+
+    real_load = tokenizer_module.load_tokenizer
     loads: list[str] = []
 
     def recording_load(*args, **kwargs):
         loads.append(threading.current_thread().name)
         return real_load(*args, **kwargs)
 
-    monkeypatch.setattr(AutoTokenizer, "from_pretrained", recording_load)
+    monkeypatch.setattr(tokenizer_module, "load_tokenizer", recording_load)
     core = EngineCore(EngineConfig(model=tiny_model, device="cpu", max_model_len=128, num_gpu_blocks=64))
     try:
         assert loads == []
-        assert real_load(tiny_model).eos_token_id in core.eos_token_ids  # transformers, the oracle
+        assert AutoTokenizer.from_pretrained(tiny_model).eos_token_id in core.eos_token_ids  # the oracle
         assert core.tokenizer is not None and loads == [threading.current_thread().name]  # its first user
     finally:
         core.shutdown()
