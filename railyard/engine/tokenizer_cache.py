@@ -8,10 +8,10 @@ engine is ready in ~12 s. Unpickling imports only the tokenizer's own class modu
 AutoTokenizer's choice of class depends on the files and on the transformers version in ways that are not ours
 to copy, so the cache keeps its result instead of second-guessing it.
 
-The key hashes the tokenizer's files (every small text file of the directory: tokenizer.json, its configs,
+The key hashes the directory's path and its tokenizer files (every small text file: tokenizer.json, its configs,
 chat templates, config.json, which AutoTokenizer also reads) with the Python, transformers and tokenizers
-versions, so a changed file or an upgrade makes a new entry. An entry that fails to load is removed and the tokenizer loaded
-again. Pickle runs code from the file: the cache is as trusted as its directory, like Triton's compiled kernels
+versions, so a changed file or an upgrade makes a new entry. An entry that fails to load is removed and the
+tokenizer loaded again. Pickle runs code from the file: the cache is as trusted as its directory, like Triton's compiled kernels
 beside it.
 """
 
@@ -49,6 +49,7 @@ def cache_key(path: Path, options: dict[str, Any]) -> str:
         except PackageNotFoundError:
             h.update(f"{package}=none;".encode())
     h.update(repr(sorted(options.items())).encode())
+    h.update(str(path.resolve()).encode() + b"\0")  # the object remembers its directory (name_or_path)
     for file in sorted(path.iterdir()):
         if file.suffix in _KEYED_SUFFIXES and file.is_file() and file.stat().st_size <= _MAX_KEYED_BYTES:
             h.update(file.name.encode() + b"\0" + hashlib.sha256(file.read_bytes()).digest())

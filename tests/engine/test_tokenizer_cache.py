@@ -94,3 +94,13 @@ def test_a_cache_that_cannot_be_written_costs_only_the_cache(tmp_path, monkeypat
     _same(load_tokenizer(tokenizer_dir),
           AutoTokenizer.from_pretrained(str(tokenizer_dir), local_files_only=True, truncation_side="left"))
     assert not list(tmp_path.glob("**/*.tmp"))
+
+
+def test_the_same_files_in_another_directory_have_their_own_entry(cache, tokenizer_dir, tmp_path):
+    """A cached tokenizer remembers its directory (name_or_path): a copy elsewhere is not served another's."""
+    copy = tmp_path / "copy"
+    shutil.copytree(tokenizer_dir, copy)
+    assert load_tokenizer(tokenizer_dir).name_or_path == str(tokenizer_dir)
+    assert load_tokenizer(copy).name_or_path == str(copy)
+    assert load_tokenizer(copy).name_or_path == str(copy)  # from the cache
+    assert len(list(cache.glob("*.pkl"))) == 2
