@@ -4,6 +4,7 @@ with two replicas, one with short/long length pools), deployed the way `railyard
 from __future__ import annotations
 
 import re
+import time
 
 import httpx
 import openai
@@ -92,4 +93,11 @@ def test_metrics_carry_engine_and_ray_level_series(client, base_url):
     assert re.search(r'^vllm:request_success_total\{.*model_name="tiny".*\} [1-9]', text, re.MULTILINE)
     assert re.search(r'^vllm:prompt_tokens_total\{.*model_name="tiny".*\} [1-9]', text, re.MULTILINE)
     assert re.search(r'^railyard_serve_routing_decisions_total\{deployment="engine-tiny-default"', text, re.MULTILINE)
-    assert re.search(r'^railyard_serve_replicas\{deployment="engine-tiny-default",state="RUNNING"\} 2\.0$', text, re.MULTILINE)
+    # The replica series come from the ingress' watcher of serve.status(), every 2 s: on a loaded machine the first
+    # snapshot can come after this test's request (CI once saw it absent), so wait for it, within a bound.
+    replicas = r'^railyard_serve_replicas\{deployment="engine-tiny-default",state="RUNNING"\} 2\.0$'
+    deadline = time.monotonic() + 30
+    while not re.search(replicas, text, re.MULTILINE) and time.monotonic() < deadline:
+        time.sleep(0.5)
+        text = httpx.get(f"{base_url}/metrics", timeout=30).text
+    assert re.search(replicas, text, re.MULTILINE), text[-2000:]
