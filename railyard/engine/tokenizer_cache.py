@@ -10,8 +10,8 @@ to copy, so the cache keeps its result instead of second-guessing it.
 
 The key hashes the directory's path and its tokenizer files (every small text file: tokenizer.json, its configs,
 chat templates, config.json, which AutoTokenizer also reads) with the Python, transformers and tokenizers
-versions, so a changed file or an upgrade makes a new entry. An entry that fails to load is removed and the
-tokenizer loaded again. Pickle runs code from the file: the cache is as trusted as its directory, like Triton's compiled kernels
+versions, so a changed file or an upgrade makes a new entry; beyond MAX_ENTRIES the least recently used go. An
+entry that fails to load is removed and the tokenizer loaded again. Pickle runs code from the file: the cache is as trusted as its directory, like Triton's compiled kernels
 beside it.
 """
 
@@ -34,6 +34,7 @@ log = logging.getLogger("railyard.engine")
 FORMAT = 1  # bumped when what an entry holds changes
 _KEYED_SUFFIXES = (".json", ".jinja", ".txt", ".model", ".tiktoken")  # the files a tokenizer is made from
 _MAX_KEYED_BYTES = 64 << 20  # a text file this large is not a tokenizer's
+MAX_ENTRIES = 32  # the least recently used beyond this are removed (each directory and version has its own)
 
 
 def cache_dir() -> Path:
@@ -64,12 +65,17 @@ def load_cached(key: str) -> Any | None:
     except OSError:
         return None
     try:
-        return pickle.loads(data)
+        tokenizer = pickle.loads(data)
     except Exception as exc:  # a truncated or stale entry: load the tokenizer again, and replace it
         log.warning("tokenizer cache entry %s does not load (%s: %s); loading the tokenizer instead", entry,
                     type(exc).__name__, exc)
         entry.unlink(missing_ok=True)
         return None
+    try:
+        os.utime(entry)  # recently used: the last to be evicted
+    except OSError:
+        pass
+    return tokenizer
 
 
 def store(key: str, tokenizer: Any) -> None:
@@ -84,7 +90,21 @@ def store(key: str, tokenizer: Any) -> None:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
         os.replace(tmp, directory / f"{key}.pkl")
+        _evict(directory)
     except Exception as exc:
         log.info("tokenizer not cached (%s: %s)", type(exc).__name__, exc)
         if tmp is not None:
             Path(tmp).unlink(missing_ok=True)
+
+
+def _evict(directory: Path) -> None:
+    """Remove the least recently used entries beyond MAX_ENTRIES (a checkpoint directory that is gone, or an
+    old transformers', keeps its entry until then)."""
+    def last_used(entry: Path) -> float:
+        try:
+            return entry.stat().st_mtime
+        except OSError:  # removed meanwhile (another process evicting)
+            return 0.0
+
+    for old in sorted(directory.glob("*.pkl"), key=last_used, reverse=True)[MAX_ENTRIES:]:
+        old.unlink(missing_ok=True)

@@ -104,3 +104,19 @@ def test_the_same_files_in_another_directory_have_their_own_entry(cache, tokeniz
     assert load_tokenizer(copy).name_or_path == str(copy)
     assert load_tokenizer(copy).name_or_path == str(copy)  # from the cache
     assert len(list(cache.glob("*.pkl"))) == 2
+
+
+def test_the_least_recently_used_entries_beyond_the_cap_are_removed(cache, tokenizer_dir, tmp_path, monkeypatch):
+    monkeypatch.setattr(tokenizer_cache, "MAX_ENTRIES", 2)
+    dirs = []
+    for i in range(3):
+        d = tmp_path / f"copy{i}"
+        shutil.copytree(tokenizer_dir, d)
+        dirs.append(d)
+    load_tokenizer(dirs[0])
+    load_tokenizer(dirs[1])
+    first = max(cache.glob("*.pkl"), key=lambda p: p.stat().st_mtime_ns)  # dirs[1]'s
+    os.utime(min(cache.glob("*.pkl"), key=lambda p: p.stat().st_mtime_ns), (1, 1))  # dirs[0]'s: long unused
+    load_tokenizer(dirs[2])
+    left = set(cache.glob("*.pkl"))
+    assert len(left) == 2 and first in left
