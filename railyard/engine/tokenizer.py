@@ -31,7 +31,7 @@ def load_tokenizer(path: str | Path):
         log.warning("%s has no tokenizer files: serving token-id prompts only (text prompts get 400)", path)
         return None
     options = {"truncation_side": "left"}
-    key = _cache_key(Path(path), options)
+    key = tokenizer_cache.cache_key(Path(path), options)
     if key is not None and (cached := tokenizer_cache.load_cached(key)) is not None:
         return cached
     from transformers import AutoTokenizer
@@ -45,16 +45,6 @@ def load_tokenizer(path: str | Path):
     if key is not None:
         tokenizer_cache.store(key, tokenizer)
     return tokenizer
-
-
-def _cache_key(path: Path, options: dict) -> str | None:
-    """The tokenizer cache's key for a local directory (None: not one, or its files cannot be read here)."""
-    if not path.is_dir():
-        return None
-    try:
-        return tokenizer_cache.cache_key(path, options)
-    except OSError:
-        return None
 
 
 def expects_tokenizer(path: str | Path | None) -> bool:

@@ -11,8 +11,8 @@ to copy, so the cache keeps its result instead of second-guessing it.
 The key hashes the directory's path and its tokenizer files (every small text file: tokenizer.json, its configs,
 chat templates, config.json, which AutoTokenizer also reads) with the Python, transformers and tokenizers
 versions, so a changed file or an upgrade makes a new entry; beyond MAX_ENTRIES the least recently used go. An
-entry that fails to load is removed and the tokenizer loaded again. Pickle runs code from the file: the cache is as trusted as its directory, like Triton's compiled kernels
-beside it.
+entry that fails to load is removed and the tokenizer loaded again. Pickle runs code from the file: the cache is
+as trusted as its directory, like Triton's compiled kernels beside it.
 """
 
 from __future__ import annotations
@@ -41,8 +41,11 @@ def cache_dir() -> Path:
     return cache_root() / "tokenizers"
 
 
-def cache_key(path: Path, options: dict[str, Any]) -> str:
-    """The entry name for the tokenizer in directory `path` loaded with `options` (from_pretrained keywords)."""
+def cache_key(path: Path, options: dict[str, Any]) -> str | None:
+    """The entry name for the tokenizer in directory `path` loaded with `options` (from_pretrained keywords);
+    None where there is none to cache: not a local directory, or files that cannot be read here."""
+    if not path.is_dir():
+        return None
     h = hashlib.sha256(f"railyard-tokenizer-{FORMAT};python={sys.version_info[:2]};".encode())
     for package in ("transformers", "tokenizers"):
         try:
@@ -50,10 +53,13 @@ def cache_key(path: Path, options: dict[str, Any]) -> str:
         except PackageNotFoundError:
             h.update(f"{package}=none;".encode())
     h.update(repr(sorted(options.items())).encode())
-    h.update(str(path.resolve()).encode() + b"\0")  # the object remembers its directory (name_or_path)
-    for file in sorted(path.iterdir()):
-        if file.suffix in _KEYED_SUFFIXES and file.is_file() and file.stat().st_size <= _MAX_KEYED_BYTES:
-            h.update(file.name.encode() + b"\0" + hashlib.sha256(file.read_bytes()).digest())
+    try:
+        h.update(str(path.resolve()).encode() + b"\0")  # the object remembers its directory (name_or_path)
+        for file in sorted(path.iterdir()):
+            if file.suffix in _KEYED_SUFFIXES and file.is_file() and file.stat().st_size <= _MAX_KEYED_BYTES:
+                h.update(file.name.encode() + b"\0" + hashlib.sha256(file.read_bytes()).digest())
+    except OSError:
+        return None
     return h.hexdigest()[:32]
 
 

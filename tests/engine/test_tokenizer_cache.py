@@ -113,10 +113,13 @@ def test_the_least_recently_used_entries_beyond_the_cap_are_removed(cache, token
         d = tmp_path / f"copy{i}"
         shutil.copytree(tokenizer_dir, d)
         dirs.append(d)
-    load_tokenizer(dirs[0])
-    load_tokenizer(dirs[1])
-    first = max(cache.glob("*.pkl"), key=lambda p: p.stat().st_mtime_ns)  # dirs[1]'s
-    os.utime(min(cache.glob("*.pkl"), key=lambda p: p.stat().st_mtime_ns), (1, 1))  # dirs[0]'s: long unused
+    entries = []  # each directory's entry, in the order they were made
+    for d in dirs[:2]:
+        before = set(cache.glob("*.pkl"))
+        load_tokenizer(d)
+        (made,) = set(cache.glob("*.pkl")) - before
+        entries.append(made)
+    os.utime(entries[0], (1, 1))  # dirs[0]'s: long unused
     load_tokenizer(dirs[2])
     left = set(cache.glob("*.pkl"))
-    assert len(left) == 2 and first in left
+    assert len(left) == 2 and entries[1] in left and entries[0] not in left
