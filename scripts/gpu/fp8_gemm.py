@@ -315,7 +315,8 @@ def profile(variant: str, kind: str = "decode") -> None:
 # report fp8-auto and fp8-auto-kv as FileNotFoundError: fp8-gemm.sh benches fp8-rowwise, auto's choice, instead.)
 BENCH_VARIANTS = ("bf16", "bf16-again", "fp8-rowwise", "fp8-rowwise-fast", "fp8-rowwise-kv", "fp8-rowwise-kv-bf16-tiles",
                   "fp8-rowwise-fast-kv", "fp8-rowwise-fast-kv-bf16-tiles", "fp8-cublaslt", "fp8-cublaslt-kv",
-                  "fp8-auto", "fp8-auto-kv", "fp8-auto-kv-again", "fp8-triton")
+                  "fp8-auto", "fp8-auto-kv", "fp8-auto-again", "fp8-auto-kv-again", "fp8-triton", "0.6b-bf16",
+                  "0.6b-fp8-auto", "0.6b-fp8-auto-kv")
 
 
 def _load(path: str) -> dict:
@@ -342,16 +343,22 @@ def summary() -> None:
     if "missing" in runs:
         print("benches.json:", runs["missing"])
         runs = {}
-    base = runs.get("bf16", {})
-    bf16 = [r for name, r in runs.items() if name in ("bf16", "bf16-again") and "output_tokens_per_s" in r]
-    if len(bf16) == 2:  # the baseline twice (fp8-speed.sh): speed-ups over their mean, and their spread said
-        base = dict(base, output_tokens_per_s=sum(r["output_tokens_per_s"] for r in bf16) / 2)
-        print(f"bf16 twice: {bf16[0]['elapsed_s']:.2f} and {bf16[1]['elapsed_s']:.2f} s; x bf16 is over their mean")
+    bases = {}  # variant prefix ("" for the 7B, "0.6b-" for the small shape) -> its bf16 baseline
+    for prefix in {"0.6b-" if name.startswith("0.6b-") else "" for name in runs}:
+        base = runs.get(prefix + "bf16", {})
+        bf16 = [r for name, r in runs.items() if name in (prefix + "bf16", prefix + "bf16-again")
+                and "output_tokens_per_s" in r]
+        if len(bf16) == 2:  # the baseline twice (fp8-speed.sh): speed-ups over their mean, and their spread said
+            base = dict(base, output_tokens_per_s=sum(r["output_tokens_per_s"] for r in bf16) / 2)
+            print(f"{prefix}bf16 twice: {bf16[0]['elapsed_s']:.2f} and {bf16[1]['elapsed_s']:.2f} s; x bf16 is over "
+                  "their mean")
+        bases[prefix] = base
     print("variant       seconds  out tok/s  x bf16  KV blocks  x bf16  % roofline")
     for name, r in runs.items():
         if "elapsed_s" not in r:
             print(f"{name:12}  failed ({r.get('missing', '')})")
             continue
+        base = bases["0.6b-" if name.startswith("0.6b-") else ""]
         speed = r["output_tokens_per_s"] / base["output_tokens_per_s"] if "output_tokens_per_s" in base else math.nan
         blocks = r["num_kv_blocks"] / base["num_kv_blocks"] if "num_kv_blocks" in base else math.nan
         print(f"{name:12} {r['elapsed_s']:8.2f} {r['output_tokens_per_s']:10.0f} {speed:7.2f} {r['num_kv_blocks']:10d} "

@@ -2,8 +2,10 @@
 with prefill vs pure decode), GPU time of one captured decode step at full batch, and the top CUDA
 kernels of a prefill window and a decode window (torch.profiler).
 
-Usage: python3 scripts/gpu/profile_steps.py qwen2-7b [max_num_batched_tokens]
+Usage: python3 scripts/gpu/profile_steps.py qwen2-7b [max_num_batched_tokens] [FIELD=VALUE ...]
     -> $OUT/profile_<model>.txt (with the kernel tables) and $OUT/profile_<model>.json (the numbers)
+FIELD=VALUE pairs are more EngineConfig fields (strings), e.g. `quantization=fp8 kv_cache_dtype=fp8`; with any,
+the outputs are named profile_<model>_<values joined by ->.txt / .json.
 """
 
 from __future__ import annotations
@@ -26,7 +28,10 @@ from railyard.bench.workload import LengthRange  # noqa: E402
 from railyard.engine.config import EngineConfig, SamplingParams  # noqa: E402
 
 name = sys.argv[1]
-budget = int(sys.argv[2]) if len(sys.argv) > 2 else None
+positional = [a for a in sys.argv[2:] if "=" not in a]
+budget = int(positional[0]) if positional else None
+fields = dict(a.split("=", 1) for a in sys.argv[2:] if "=" in a)
+label = "_".join([name] + list(fields.values()))
 OUT = os.environ.get("OUT", "/tmp")
 lines: list[str] = []
 
@@ -36,7 +41,7 @@ def say(text: str = "") -> None:
     lines.append(text)
 
 
-eng = Engine.from_config(EngineConfig(model=name, max_num_batched_tokens=budget))
+eng = Engine.from_config(EngineConfig(model=name, max_num_batched_tokens=budget, **fields))
 runner = eng.executor.runner
 reqs = workload_requests(eng, 256, LengthRange(100, 1024), LengthRange(256, 256), 0)
 for i, r in enumerate(reqs):
@@ -111,7 +116,7 @@ while eng.has_unfinished_requests():
         graph_ms = (e0.elapsed_time(e1) / 10, last["seqs"], bs)
 total = time.perf_counter() - t_all
 
-say(f"# profile of {name}, 256 prompts 100-1024 tokens, 256 out, max_num_batched_tokens {eng.config.max_num_batched_tokens}")
+say(f"# profile of {name} {fields or ''}, 256 prompts 100-1024 tokens, 256 out, max_num_batched_tokens {eng.config.max_num_batched_tokens}")
 say(f"total {total:.2f} s over {step} steps (profiled windows included)")
 say(f"asynchronous scheduling: {eng.async_scheduling} (a step launches batch N+1, then waits for N's tokens)")
 for kind, (n, wall) in stats.items():
@@ -123,10 +128,10 @@ if graph_ms:
     say(f"decode graph replay alone: {graph_ms[0]:.2f} ms GPU for {graph_ms[1]} sequences (padded to {graph_ms[2]})")
 for label, table in prof_tables.items():
     say(f"\n## top CUDA kernels, {label}\n{table}")
-with open(os.path.join(OUT, f"profile_{name}.txt"), "w") as f:
+with open(os.path.join(OUT, f"profile_{label}.txt"), "w") as f:
     f.write("\n".join(lines) + "\n")
 summary = {
-    "model": name, "max_num_batched_tokens": eng.config.max_num_batched_tokens, "total_s": round(total, 3),
+    "model": name, "config": fields, "max_num_batched_tokens": eng.config.max_num_batched_tokens, "total_s": round(total, 3),
     "steps": step, "async_scheduling": eng.async_scheduling,
     "steps_by_kind": {("pure_decode" if kind else "with_prefill"): {"steps": n, "wall_s": round(wall, 3),
                                                                     "ms_per_step": round(wall / n * 1e3, 2)}
@@ -135,5 +140,5 @@ summary = {
     "decode_graph_replay": {"gpu_ms": round(graph_ms[0], 3), "sequences": graph_ms[1], "padded_to": graph_ms[2]}
     if graph_ms else None,
 }
-with open(os.path.join(OUT, f"profile_{name}.json"), "w") as f:
+with open(os.path.join(OUT, f"profile_{label}.json"), "w") as f:
     json.dump(summary, f, indent=1)

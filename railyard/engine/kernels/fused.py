@@ -142,22 +142,44 @@ def _silu_and_mul_kernel(x_ptr, out_ptr, x_stride, out_stride, N: tl.constexpr, 
 
 @triton.jit
 def _silu_and_mul_quant_kernel(x_ptr, q_ptr, s_ptr, x_stride, N: tl.constexpr, BLOCK: tl.constexpr,
-                               ROUND_TO_ODD: tl.constexpr, FP8_MAX: tl.constexpr, INV_FP8_MAX: tl.constexpr,
-                               MIN_SCALE: tl.constexpr):
-    """One program per row: the row's maximum over its SiLU-and-mul outputs, then those outputs again (recomputed
-    from gate and up, not stored and re-read: a row of the 7B's 18,944 is too wide for registers) quantized."""
+                               ONE_PASS: tl.constexpr, ROUND_TO_ODD: tl.constexpr, FP8_MAX: tl.constexpr,
+                               INV_FP8_MAX: tl.constexpr, MIN_SCALE: tl.constexpr):
+    """One program per row. ONE_PASS: the row's SiLU-and-mul outputs stay in registers between its maximum and
+    their quantization, so gate and up are read once. Otherwise (rows wider than SILU_QUANT_ONE_PASS_MAX) the
+    maximum is taken over blocks, then each block is recomputed from gate and up and quantized: two reads."""
     row = tl.program_id(0).to(tl.int64)
     base = x_ptr + row * x_stride
     cols = tl.arange(0, BLOCK)
-    run = tl.zeros([BLOCK], tl.float32)
-    for start in range(0, N, BLOCK):
-        run = tl.maximum(run, tl.abs(_silu_mul_block(base, start + cols, N)))
-    scale, inv = row_scale(tl.max(run, 0), INV_FP8_MAX, MIN_SCALE)
-    tl.store(s_ptr + row, scale)
-    for start in range(0, N, BLOCK):
-        c = start + cols
-        v = _silu_mul_block(base, c, N)
-        tl.store(q_ptr + row * N + c, quantize_row(v, inv, ROUND_TO_ODD, FP8_MAX), mask=c < N)
+    if ONE_PASS:
+        v = _silu_mul_block(base, cols, N)
+        scale, inv = row_scale(tl.max(tl.abs(v), 0), INV_FP8_MAX, MIN_SCALE)
+        tl.store(s_ptr + row, scale)
+        tl.store(q_ptr + row * N + cols, quantize_row(v, inv, ROUND_TO_ODD, FP8_MAX), mask=cols < N)
+    else:
+        run = tl.zeros([BLOCK], tl.float32)
+        for start in range(0, N, BLOCK):
+            run = tl.maximum(run, tl.abs(_silu_mul_block(base, start + cols, N)))
+        scale, inv = row_scale(tl.max(run, 0), INV_FP8_MAX, MIN_SCALE)
+        tl.store(s_ptr + row, scale)
+        for start in range(0, N, BLOCK):
+            c = start + cols
+            v = _silu_mul_block(base, c, N)
+            tl.store(q_ptr + row * N + c, quantize_row(v, inv, ROUND_TO_ODD, FP8_MAX), mask=c < N)
+
+
+# The widest SiLU-and-mul row quantized in one pass (the 7B's 18,944 and a 70B's 28,672 fit): the row's outputs in
+# registers, 64 float32 per thread at 16 warps. The two-pass kernel read each 7B row twice, 1.5x the time of the
+# unquantized kernel in an H200 prefill step (BENCHMARKS.md, issue 15's step profile).
+SILU_QUANT_ONE_PASS_MAX = 32768
+
+
+def silu_quant_block_and_warps(n: int) -> tuple[int, int, bool]:
+    """(column block, warps, one pass) of silu_and_mul_quant's program over a row of n outputs."""
+    block = triton.next_power_of_2(n)
+    if block > SILU_QUANT_ONE_PASS_MAX:
+        block, warps = row_block_and_warps(n)  # the per-token kernel's blocks and warps
+        return block, warps, False
+    return block, max(4, min(16, block // 2048)), True
 
 
 def silu_and_mul_quant(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -169,8 +191,8 @@ def silu_and_mul_quant(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     q = torch.empty((t, n), dtype=torch.float8_e4m3fn, device=x.device)
     scale = torch.empty((t, 1), dtype=torch.float32, device=x.device)
     if t > 0:
-        block, warps = row_block_and_warps(n)  # the per-token kernel's blocks and warps
-        _silu_and_mul_quant_kernel[(t,)](x, q, scale, x.stride(0), N=n, BLOCK=block,
+        block, warps, one_pass = silu_quant_block_and_warps(n)
+        _silu_and_mul_quant_kernel[(t,)](x, q, scale, x.stride(0), N=n, BLOCK=block, ONE_PASS=one_pass,
                                          ROUND_TO_ODD=casts_through_fp16(x.device), FP8_MAX=FP8_MAX,
                                          INV_FP8_MAX=INV_FP8_MAX, MIN_SCALE=MIN_SCALE, num_warps=warps)
     return q, scale

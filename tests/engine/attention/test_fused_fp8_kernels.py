@@ -64,7 +64,7 @@ def test_rms_norm_quant_reads_strided_rows():
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("n", [96, 5000])  # one block and two (the kernel loops twice over each row)
+@pytest.mark.parametrize("n", [96, 5000, fused.SILU_QUANT_ONE_PASS_MAX + 100])  # one pass, and two over blocks
 def test_silu_and_mul_quant_is_the_per_token_quantization_of_silu_and_mul(dtype, n):
     x = _rows(5, 2 * n, dtype, seed=n)
     assert _same(fused.silu_and_mul_quant(x), fp8_kernels.quantize_per_token(fused.silu_and_mul(x)))
