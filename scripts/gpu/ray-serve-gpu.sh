@@ -35,7 +35,8 @@
 #   env: CALL_S (default 540), BLOCKS (KV blocks per replica, default 16384 = 28 GiB), MODEL, PORT, DIRECT_PORT,
 #        PHASES (default "pp direct old opt p2 rr burst": a second call can run what the first had no time for),
 #        STREAM_INTERVAL_S, STREAM_ITEMS_PER_S, INGRESS_REPLICAS (the stack of 1's stream_interval_s,
-#        stream_items_per_s and ingress.num_replicas; unset: the serve layer's 0.05 s and 500, and 2 ingress replicas)
+#        stream_items_per_s and ingress.num_replicas; unset: the serve layer's 0.05 s and 500, and 2 ingress replicas),
+#        MPS (1: the whole call under a CUDA MPS daemon of its own, below)
 set -o pipefail
 export PYTHONUNBUFFERED=1
 cd "$(dirname "$0")/../.."
@@ -80,6 +81,20 @@ else
   T_UP=150 T_BENCH=100
 fi
 export PYTHONPATH=${PYTHONPATH:-$PWD}
+# MPS=1: every process of this call (the servers, Ray's replicas) a client of one CUDA MPS control daemon of its own
+# (private pipe and log directories, started here before any CUDA context and stopped by `finish`), so two engines
+# on the GPU run their kernels at the same time instead of taking turns in time slices; the NVIDIA device plugin's
+# MPS sharing gives pods the same on a Kubernetes node. The GPU's compute mode is left as it is.
+MPS_DAEMON=
+if [ -n "$MPS" ]; then
+  export CUDA_MPS_PIPE_DIRECTORY=$(mktemp -d /tmp/railyard-mps-pipe.XXXX) CUDA_MPS_LOG_DIRECTORY=$(mktemp -d /tmp/railyard-mps-log.XXXX)
+  if nvidia-cuda-mps-control -d; then
+    MPS_DAEMON=1; echo "MPS control daemon started (pipe $CUDA_MPS_PIPE_DIRECTORY)" | tee -a "$LOG"
+  else
+    echo "MPS=1 but nvidia-cuda-mps-control -d failed ($(command -v nvidia-cuda-mps-control || echo not installed)); stopping" | tee -a "$LOG"
+    exit 1
+  fi
+fi
 ENGINE="{max_model_len: $MAXLEN, max_num_seqs: $SEQS, max_num_batched_tokens: $TOKENS, num_gpu_blocks: $BLOCKS}"
 URL=http://127.0.0.1:$PORT DIRECT_URL=http://127.0.0.1:$DIRECT_PORT
 SERVER=
@@ -185,7 +200,11 @@ PY
   (cd $ray_tmp 2>/dev/null && find session_2*/logs \( -path '*/logs/serve/*' -o -name '*.err' \) -size -4M -type f \
     | tar czf "$OUT/ray_logs.tgz" -T - 2>/dev/null)
 }
-trap finish EXIT
+mps_stop() {  # the MPS daemon this call started (it ends its server when asked to quit)
+  [ -n "$MPS_DAEMON" ] && { echo quit | nvidia-cuda-mps-control; MPS_DAEMON=; tail -3 $CUDA_MPS_LOG_DIRECTORY/control.log 2>/dev/null \
+    | tee -a "$LOG"; }
+}
+trap 'finish; mps_stop' EXIT
 
 # step NAME MAX_S CMD...: CMD (a program or an exported function) under timeout min(MAX_S, what is left);
 # skipped when under 20 s (a server start: 60 s) are left. A server start (up, direct) runs in this shell, which must hold its PID:
