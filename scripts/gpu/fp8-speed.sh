@@ -1,23 +1,25 @@
 #!/bin/bash
-# Issue 15 item 5 in one device call on one H200 (~6 min, BUDGET_S default 390 s): is FP8 7B at 1.5x bf16?
+# Issue 15 item 5 in one device call on one H200 (~7 min, BUDGET_S default 420 s): is FP8 7B at 1.5x bf16?
 #   1. the GPU tests ($TESTS) of the FP8 kernels and GEMMs (every tensor-core GEMM choice against the reference and
 #      from a CUDA graph, the fused norm / SiLU-and-mul quantization, attention over an FP8 cache);
 #   2. the SiLU-and-mul quantization kernels alone (silu_quant_bench.py: bf16 kernel, two-pass, one-pass by warps;
 #      each output checked bit for bit);
+#   2b. the paged decode kernel over an FP8 cache at the workload's mid-run contexts, launch configurations swept
+#      (tune_decode.py fp8: its 64-token tiles are half the bytes of a bf16 cache's per loop iteration);
 #   3. `bench throughput`, issue-7 workload (256 prompts 100-1024 -> 256, budget 16,384), qwen2-7b shape,
 #      interleaved: bf16, FP8 weights + FP8 KV, FP8 weights, then the three again (FP8 through auto); then the
 #      qwen3-0.6b shape: bf16, FP8 weights, FP8 weights + FP8 KV;
 #   4. profile_steps.py over the 7B FP8 + FP8 KV run (steps with prefill vs pure decode, host parts, kernel tables).
 # Each step runs under `timeout`; none starts once BUDGET_S is spent. Outputs in $OUT: log.txt (summary last),
-# tests.txt, silu_quant.json, benches.json, bench_logs.txt, profile_qwen2-7b_fp8_fp8.{txt,json} (7 files; a
-# device call returns at most 8). Accuracy is not rerun: the one-pass kernel's output is the two-pass kernel's,
+# tests.txt, silu_quant.json, tune_decode_fp8.json, benches.json, bench_logs.txt, profile_qwen2-7b_fp8_fp8.{txt,json}
+# (8 files: a device call returns at most 8, so nothing else may go to $OUT). Accuracy is not rerun: the one-pass kernel's output is the two-pass kernel's,
 # bit for bit (step 2 and the kernel tests check it), and the GEMM choices are those the fifth run checked.
 # DRY_RUN=1: the same 7B steps on the CPU with the embedded tiny model and auto (a check of this script).
 set -o pipefail
 export PYTHONUNBUFFERED=1
 cd "$(dirname "$0")/../.."
 export OUT=${OUT:-/tmp/fp8-speed-out}
-BUDGET_S=${BUDGET_S:-390}
+BUDGET_S=${BUDGET_S:-420}
 . scripts/gpu/steps.sh  # log, step (under the budget), header, bench, the carried wheels
 header
 
@@ -35,6 +37,8 @@ export -f tests
 step tests 75 tests
 [ -z "$DRY_RUN" ] && step "SiLU-and-mul quantization kernels" 60 \
   bash -c 'set -o pipefail; python3 scripts/gpu/silu_quant_bench.py | tail -n 1 > /dev/null'
+[ -z "$DRY_RUN" ] && step "decode attention over an FP8 cache: launch configurations" 100 \
+  bash -c 'set -o pipefail; python3 scripts/gpu/tune_decode.py fp8 2>&1 | grep -v "^ best" | tail -n 4'
 
 if [ -n "$DRY_RUN" ]; then
   WORKLOAD="--device cpu --num-prompts 8 --input-len 16-64 --output-len 8 --warmup-prompts 2"
