@@ -16,7 +16,8 @@
 #   env: CALL_S (seconds this call may use, default 450), RUNS (default 3), SERVE_ARGS (more serve flags),
 #        CKPT (checkpoint dir, default /tmp/qwen2-7b: written, and removed at the end; an existing one is kept),
 #        SHAPE (default qwen2-7b), WORK (the decode check's workload: issue 7's by default), SKIP_WHEELS,
-#        STAGED_RUN (default 1: the staged reader's start), DROP (default 1: load_paths' loads from disk)
+#        STAGED_RUN (default 1: the staged reader's start), LOAD_PATHS (default 1: load_paths.py's weight loads),
+#        DROP (default 1: load_paths' loads from disk)
 set -o pipefail
 export PYTHONUNBUFFERED=1
 cd "$(dirname "$0")/../.."
@@ -101,11 +102,13 @@ if [ "${STAGED_RUN:-1}" = 1 ] && [ $(left) -gt 230 ]; then
   echo "bench startup (staged) rc=$?" | tee -a $LOG
 fi
 
-say "weight loading: each reader in one process, in fresh ones alone and beside the tokenizer load, from disk"
-[ $(left) -gt 200 ] || export DROP=0
-timeout $(( $(left) > 100 ? $(left) - 70 : 30 )) python3 scripts/gpu/load_paths.py $CKPT 2 $OUT/load_paths.json \
-  > /dev/null 2> >(tail -20 | tee -a $LOG >&2)
-echo "load_paths rc=$?" | tee -a $LOG
+if [ "${LOAD_PATHS:-1}" = 1 ]; then
+  say "weight loading: each reader in one process, in fresh ones alone and beside the tokenizer load, from disk"
+  [ $(left) -gt 200 ] || export DROP=0
+  timeout $(( $(left) > 100 ? $(left) - 70 : 30 )) python3 scripts/gpu/load_paths.py $CKPT 2 $OUT/load_paths.json \
+    > /dev/null 2> >(tail -20 | tee -a $LOG >&2)
+  echo "load_paths rc=$?" | tee -a $LOG
+fi
 
 say "decode check: issue 7's 7B benchmark"
 timeout $(( $(left) > 40 ? $(left) - 10 : 30 )) python3 scripts/gpu/cli.py bench throughput --model $SHAPE $WORK \
