@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 from railyard.engine.attention.metadata import AttentionMetadata
+from railyard.engine.graph_capture import without_cache_flushes
 
 log = logging.getLogger("railyard.engine")
 
@@ -68,17 +69,18 @@ class DecodeGraphs:
     def _capture(self) -> None:
         start = time.perf_counter()
         pool = None
-        for bs in reversed(self.sizes):  # largest first: smaller graphs reuse its memory pool
-            ids, pos, meta = self._views(bs)
-            # One eager run compiles (or loads) the kernels and creates library handles and workspaces outside
-            # capture: one run per size, as vLLM v1 and the piecewise graphs (which run fine on the H200) do.
-            self.model.compute_logits(self.model(ids, pos, self.kv_caches, meta))
-            torch.cuda.synchronize(self.device)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=pool):
-                self.logits[bs] = self.model.compute_logits(self.model(ids, pos, self.kv_caches, meta))
-            pool = graph.pool()
-            self.graphs[bs] = graph
+        with without_cache_flushes():  # the model runner empties the cache once, before the first capture
+            for bs in reversed(self.sizes):  # largest first: smaller graphs reuse its memory pool
+                ids, pos, meta = self._views(bs)
+                # One eager run compiles (or loads) the kernels and creates library handles and workspaces outside
+                # capture: one run per size, as vLLM v1 and the piecewise graphs (which run fine on the H200) do.
+                self.model.compute_logits(self.model(ids, pos, self.kv_caches, meta))
+                torch.cuda.synchronize(self.device)
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph, pool=pool):
+                    self.logits[bs] = self.model.compute_logits(self.model(ids, pos, self.kv_caches, meta))
+                pool = graph.pool()
+                self.graphs[bs] = graph
         torch.cuda.synchronize(self.device)
         log.info("captured decode CUDA graphs for %d batch sizes (1..%d) in %.1f s", len(self.sizes),
                  self.max_batch, time.perf_counter() - start)

@@ -25,6 +25,7 @@ import time
 import torch
 
 from railyard.engine.attention.metadata import AttentionMetadata
+from railyard.engine.graph_capture import without_cache_flushes
 from railyard.engine.cuda_graphs import padded_size, staging_free, upload
 
 log = logging.getLogger("railyard.engine")
@@ -101,18 +102,19 @@ class PiecewiseGraphs:
         start = time.perf_counter()
         pool = None
         pieces = len(self.layers) + 1
-        for n in reversed(self.sizes):  # largest first: smaller buckets reuse its pool
-            for i in range(pieces):  # compile kernels, create library handles and workspaces outside capture
-                self._piece(i, n)
-            torch.cuda.synchronize(self.device)
-            graphs = []
-            for i in range(pieces):
-                graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph, pool=pool):
+        with without_cache_flushes():  # the model runner empties the cache once, before the first capture
+            for n in reversed(self.sizes):  # largest first: smaller buckets reuse its pool
+                for i in range(pieces):  # compile kernels, create library handles and workspaces outside capture
                     self._piece(i, n)
-                pool = graph.pool()
-                graphs.append(graph)
-            self.graphs[n] = graphs
+                torch.cuda.synchronize(self.device)
+                graphs = []
+                for i in range(pieces):
+                    graph = torch.cuda.CUDAGraph()
+                    with torch.cuda.graph(graph, pool=pool):
+                        self._piece(i, n)
+                    pool = graph.pool()
+                    graphs.append(graph)
+                self.graphs[n] = graphs
         torch.cuda.synchronize(self.device)
         self.capture_seconds = time.perf_counter() - start
         log.info("captured piecewise CUDA graphs (%d pieces x %d token counts, 16..%d) in %.1f s", pieces,

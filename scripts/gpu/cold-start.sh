@@ -24,6 +24,9 @@ cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/out}; mkdir -p $OUT; LOG=$OUT/log.txt
 . scripts/gpu/wheels.sh
 carried_wheels .whl > /tmp/pip.log 2>&1 || { tail -3 /tmp/pip.log; echo "wheel install failed" | tee -a $LOG; exit 1; }
+# The server's imports first: a package the wheels lack fails here in seconds, not after the checkpoint is written.
+python3 -c "import railyard.api.app" > /tmp/imports.log 2>&1 \
+  || { tail -1 /tmp/imports.log | tee -a $LOG; echo "the server's imports fail: carry the missing wheels in .whl" | tee -a $LOG; exit 1; }
 CALL_S=${CALL_S:-450}; RUNS=${RUNS:-3}; CKPT=${CKPT:-/tmp/qwen2-7b}; SERVE_ARGS=${SERVE_ARGS:-"--log-level info"}
 SHAPE=${SHAPE:-qwen2-7b}; WORK=${WORK:-"--num-prompts 256 --input-len 100-1024 --output-len 256 --max-num-batched-tokens 16384"}
 [ -f $CKPT/config.json ] && KEEP_CKPT=1

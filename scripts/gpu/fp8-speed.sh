@@ -14,6 +14,7 @@
 # tests.txt, silu_quant.json, tune_decode_fp8.json, benches.json, bench_logs.txt, profile_qwen2-7b_fp8_fp8.{txt,json}
 # (8 files: a device call returns at most 8, so nothing else may go to $OUT). Accuracy is not rerun: the one-pass kernel's output is the two-pass kernel's,
 # bit for bit (step 2 and the kernel tests check it), and the GEMM choices are those the fifth run checked.
+# BENCH_ONLY=1: the tests and the benches only (no kernel bench, decode sweep or profile: 4 files in $OUT).
 # DRY_RUN=1: the same 7B steps on the CPU with the embedded tiny model and auto (a check of this script).
 set -o pipefail
 export PYTHONUNBUFFERED=1
@@ -35,9 +36,9 @@ tests() {
 }
 export -f tests
 step tests 75 tests
-[ -z "$DRY_RUN" ] && step "SiLU-and-mul quantization kernels" 60 \
+[ -z "$DRY_RUN$BENCH_ONLY" ] && step "SiLU-and-mul quantization kernels" 60 \
   bash -c 'set -o pipefail; python3 scripts/gpu/silu_quant_bench.py | tail -n 1 > /dev/null'
-[ -z "$DRY_RUN" ] && step "decode attention over an FP8 cache: launch configurations" 100 \
+[ -z "$DRY_RUN$BENCH_ONLY" ] && step "decode attention over an FP8 cache: launch configurations" 100 \
   bash -c 'set -o pipefail; python3 scripts/gpu/tune_decode.py fp8 2>&1 | grep -v "^ best" | tail -n 4'
 
 if [ -n "$DRY_RUN" ]; then
@@ -68,7 +69,7 @@ python3 scripts/gpu/fp8_gemm.py benches "$BENCH_TMP"
 
 # Where the FP8 run's time goes over the real workload (steps with prefill against pure decode, the host's parts,
 # kernel tables of prefill and decode windows at the workload's contexts): profile_steps.py.
-if [ -z "$DRY_RUN" ]; then
+if [ -z "$DRY_RUN$BENCH_ONLY" ]; then
   step "profile steps fp8 + fp8 kv" 80 bash -c 'set -o pipefail; python3 scripts/gpu/profile_steps.py qwen2-7b 16384 \
     quantization=fp8 kv_cache_dtype=fp8 2>&1 | tail -n 3'
 fi

@@ -31,7 +31,7 @@ name = sys.argv[1]
 positional = [a for a in sys.argv[2:] if "=" not in a]
 budget = int(positional[0]) if positional else None
 fields = dict(a.split("=", 1) for a in sys.argv[2:] if "=" in a)
-label = "_".join([name] + list(fields.values()))
+run_label = "_".join([name] + list(fields.values()))
 OUT = os.environ.get("OUT", "/tmp")
 lines: list[str] = []
 
@@ -128,7 +128,7 @@ if graph_ms:
     say(f"decode graph replay alone: {graph_ms[0]:.2f} ms GPU for {graph_ms[1]} sequences (padded to {graph_ms[2]})")
 for label, table in prof_tables.items():
     say(f"\n## top CUDA kernels, {label}\n{table}")
-with open(os.path.join(OUT, f"profile_{label}.txt"), "w") as f:
+with open(os.path.join(OUT, f"profile_{run_label}.txt"), "w") as f:
     f.write("\n".join(lines) + "\n")
 summary = {
     "model": name, "config": fields, "max_num_batched_tokens": eng.config.max_num_batched_tokens, "total_s": round(total, 3),
@@ -140,5 +140,5 @@ summary = {
     "decode_graph_replay": {"gpu_ms": round(graph_ms[0], 3), "sequences": graph_ms[1], "padded_to": graph_ms[2]}
     if graph_ms else None,
 }
-with open(os.path.join(OUT, f"profile_{label}.json"), "w") as f:
+with open(os.path.join(OUT, f"profile_{run_label}.json"), "w") as f:
     json.dump(summary, f, indent=1)

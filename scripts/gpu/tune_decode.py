@@ -18,7 +18,7 @@ sys.path.insert(0, __file__.rsplit("/scripts/", 1)[0])
 
 import torch  # noqa: E402
 
-from railyard.engine.kernels.paged_attention import paged_decode  # noqa: E402
+from railyard.engine.kernels.paged_attention import decode_stages, paged_decode  # noqa: E402
 
 OUT = os.environ.get("OUT", "/tmp")
 PAGE, BATCH = 16, 256
@@ -78,7 +78,8 @@ def main() -> None:
                              tb_s=round(kv_bytes / us / 1e6, 2), max_diff=diff))
         ok = [r for r in rows if "us" in r and r["max_diff"] < 0.02]
         ok.sort(key=lambda r: r["us"])
-        default = next(r for r in rows if (r["splits"], r["block_n"], r["warps"], r["stages"]) == (1, 64, 4, 2))
+        default = next(r for r in rows
+                       if (r["splits"], r["block_n"], r["warps"], r["stages"]) == (1, 64, 4, decode_stages(cache)))
         results[name] = dict(kv_mb=round(kv_bytes / 1e6, 1), width=width, default=default, best=ok[:8],
                              errors=sum(1 for r in rows if "error" in r))
         print(name, "default", default, "\n best", ok[:5], flush=True)

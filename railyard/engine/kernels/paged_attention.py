@@ -236,12 +236,22 @@ def decode_splits(batch: int, num_kv_heads: int, max_seq_len: int, num_sms: int)
     return max(1, min(want, triton.cdiv(max_seq_len, 256), 64))
 
 
+def decode_stages(kv_cache: torch.Tensor) -> int:
+    """Software-pipelining depth of the decode loop: 3 over an FP8 cache, whose 64-token tiles are half a bf16
+    tile's bytes (the H200 sweep, tune_decode.py fp8: 107.5 against 112.9 us at the qwen2-7b shape, 187.8 against
+    194.9 at qwen3-0.6b's, the same output bit for bit); 2 elsewhere (the bf16 sweep of issue 7 found nothing
+    worth a change)."""
+    return 3 if kv_cache.dtype == torch.float8_e4m3fn else 2
+
+
 def paged_decode(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Tensor, seq_lens: torch.Tensor,
                  scale: float, num_splits: int, out: torch.Tensor | None = None, *, block_n: int | None = None,
-                 num_warps: int = 4, num_stages: int = 2, k_scale: float = 1.0, v_scale: float = 1.0) -> torch.Tensor:
+                 num_warps: int = 4, num_stages: int | None = None, k_scale: float = 1.0,
+                 v_scale: float = 1.0) -> torch.Tensor:
     """q [B, H, d] -> out [B, H, d]; one new token per sequence whose KV is already in the cache.
 
-    block_n / num_warps / num_stages: launch configuration (scripts/gpu/tune_decode.py sweeps them).
+    block_n / num_warps / num_stages: launch configuration (scripts/gpu/tune_decode.py sweeps them; num_stages
+    None: decode_stages(kv_cache)).
     k_scale / v_scale: an FP8 cache's per-layer scales (ignored for other caches)."""
     b, num_heads, d = q.shape
     _, _, page, hk, _ = kv_cache.shape
@@ -260,7 +270,7 @@ def paged_decode(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Te
         NUM_HEADS=num_heads, NUM_KV_HEADS=hk, GROUP=group, G_PAD=max(16, triton.next_power_of_2(group)),
         HEAD_DIM=d, D_PAD=d_pad, PAGE=page, BLOCK_N=block_n or (64 if d_pad <= 128 else 32),
         IEEE=q.dtype == torch.float32, DIRECT=direct, SCALE_V=scale_v, F16_DOTS=_f16_dots(q, kv_cache),
-        num_warps=num_warps, num_stages=num_stages)
+        num_warps=num_warps, num_stages=num_stages or decode_stages(kv_cache))
     if direct:
         return out
     _merge_splits_kernel[(b, num_heads)](
