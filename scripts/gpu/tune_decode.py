@@ -3,7 +3,8 @@ fastest (GPU time per call, CUDA events); every configuration's output is checke
 
 Usage: python3 scripts/gpu/tune_decode.py [fp8]  -> $OUT/tune_decode.json ($OUT/tune_decode_fp8.json)
 fp8: the cache in float8_e4m3fn (issue 15's FP8 KV: half the bytes per token, so the default 64-token tiles move
-half as much per loop iteration as a bf16 cache's), with wider tiles and more splits in the sweep.
+half as much per loop iteration as a bf16 cache's), with narrower and wider tiles, more splits and register caps
+(maxnreg: scripts/decode_kernel_resources.py counts the registers that limit programs per SM) in the sweep.
 """
 
 from __future__ import annotations
@@ -62,24 +63,27 @@ def main() -> None:
         ref = paged_decode(q, cache, tables, seq_lens, scale, 1)
         kv_bytes = sum(lens) * hk * d * 2 * cache.element_size()
         rows = []
-        grid = itertools.product((1, 2, 4), (64, 128, 256), (4, 8), (2, 3)) if fp8 else \
-            itertools.product((1, 2), (32, 64, 128), (2, 4, 8), (2, 3))
-        for splits, block_n, warps, stages in grid:
+        if fp8:  # one split of 4 warps (the 2026-12-04 sweep: more splits, more warps and 256-token tiles were
+            # slower), with register caps: the FP8 kernel's 145 registers fit 3 programs per SM, bf16's 96 five
+            grid = list(itertools.product((1,), (32, 64, 128), (4,), (2, 3), (None, 128, 104, 96)))
+        else:
+            grid = [(*c, None) for c in itertools.product((1, 2), (32, 64, 128), (2, 4, 8), (2, 3))]
+        for splits, block_n, warps, stages, cap in grid:
+            config = dict(splits=splits, block_n=block_n, warps=warps, stages=stages, maxnreg=cap)
             try:
                 out = paged_decode(q, cache, tables, seq_lens, scale, splits, block_n=block_n, num_warps=warps,
-                                   num_stages=stages)
+                                   num_stages=stages, maxnreg=cap)
                 diff = (out.float() - ref.float()).abs().max().item()
                 us = timed(lambda: paged_decode(q, cache, tables, seq_lens, scale, splits, block_n=block_n,
-                                                num_warps=warps, num_stages=stages))
+                                                num_warps=warps, num_stages=stages, maxnreg=cap))
             except Exception as exc:  # a configuration that does not compile (shared memory) is skipped
-                rows.append(dict(splits=splits, block_n=block_n, warps=warps, stages=stages, error=repr(exc)[:120]))
+                rows.append(dict(config, error=repr(exc)[:120]))
                 continue
-            rows.append(dict(splits=splits, block_n=block_n, warps=warps, stages=stages, us=round(us, 1),
-                             tb_s=round(kv_bytes / us / 1e6, 2), max_diff=diff))
+            rows.append(dict(config, us=round(us, 1), tb_s=round(kv_bytes / us / 1e6, 2), max_diff=diff))
         ok = [r for r in rows if "us" in r and r["max_diff"] < 0.02]
         ok.sort(key=lambda r: r["us"])
-        default = next(r for r in rows
-                       if (r["splits"], r["block_n"], r["warps"], r["stages"]) == (1, 64, 4, decode_stages(cache)))
+        default = next(r for r in rows if (r["splits"], r["block_n"], r["warps"], r["stages"], r["maxnreg"])
+                       == (1, 64, 4, decode_stages(cache), None))
         results[name] = dict(kv_mb=round(kv_bytes / 1e6, 1), width=width, default=default, best=ok[:8],
                              errors=sum(1 for r in rows if "error" in r))
         print(name, "default", default, "\n best", ok[:5], flush=True)

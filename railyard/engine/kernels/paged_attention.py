@@ -246,12 +246,13 @@ def decode_stages(kv_cache: torch.Tensor) -> int:
 
 def paged_decode(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Tensor, seq_lens: torch.Tensor,
                  scale: float, num_splits: int, out: torch.Tensor | None = None, *, block_n: int | None = None,
-                 num_warps: int = 4, num_stages: int | None = None, k_scale: float = 1.0,
-                 v_scale: float = 1.0) -> torch.Tensor:
+                 num_warps: int = 4, num_stages: int | None = None, maxnreg: int | None = None,
+                 k_scale: float = 1.0, v_scale: float = 1.0) -> torch.Tensor:
     """q [B, H, d] -> out [B, H, d]; one new token per sequence whose KV is already in the cache.
 
-    block_n / num_warps / num_stages: launch configuration (scripts/gpu/tune_decode.py sweeps them; num_stages
-    None: decode_stages(kv_cache)).
+    block_n / num_warps / num_stages / maxnreg: launch configuration (scripts/gpu/tune_decode.py sweeps them;
+    num_stages None: decode_stages(kv_cache); maxnreg None: ptxas chooses, a cap lets more programs share an SM,
+    scripts/decode_kernel_resources.py shows registers and spills per configuration without a GPU).
     k_scale / v_scale: an FP8 cache's per-layer scales (ignored for other caches)."""
     b, num_heads, d = q.shape
     _, _, page, hk, _ = kv_cache.shape
@@ -270,7 +271,8 @@ def paged_decode(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Te
         NUM_HEADS=num_heads, NUM_KV_HEADS=hk, GROUP=group, G_PAD=max(16, triton.next_power_of_2(group)),
         HEAD_DIM=d, D_PAD=d_pad, PAGE=page, BLOCK_N=block_n or (64 if d_pad <= 128 else 32),
         IEEE=q.dtype == torch.float32, DIRECT=direct, SCALE_V=scale_v, F16_DOTS=_f16_dots(q, kv_cache),
-        num_warps=num_warps, num_stages=num_stages or decode_stages(kv_cache))
+        num_warps=num_warps, num_stages=num_stages or decode_stages(kv_cache),
+        **({} if maxnreg is None else {"maxnreg": maxnreg}))
     if direct:
         return out
     _merge_splits_kernel[(b, num_heads)](

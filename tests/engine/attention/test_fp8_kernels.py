@@ -245,7 +245,7 @@ def test_split_context_decode_over_an_fp8_cache_equals_one_split():
     torch.testing.assert_close(many, one, atol=1e-5, rtol=1e-5)
 
 
-def test_decode_over_an_fp8_cache_pipelines_three_stages_deep_with_the_two_stage_output_bit_for_bit():
+def test_decode_over_an_fp8_cache_gives_the_same_bits_three_stages_deep_and_under_a_register_cap():
     q, k, v, cache, meta = random_batch([300, 9, 150], [1, 1, 1], 4, 2, 32, torch.float32, seed=4, cache_dtype=FP8)
     store_kv(cache, k, v, meta.slot_mapping, 0.5, 2.0)
     assert paged_attention.decode_stages(cache) == 3 and paged_attention.decode_stages(cache.to(torch.bfloat16)) == 2
@@ -253,6 +253,9 @@ def test_decode_over_an_fp8_cache_pipelines_three_stages_deep_with_the_two_stage
     two = paged_decode(q, cache, meta.block_tables, meta.seq_lens, 0.2, num_splits=1, k_scale=0.5, v_scale=2.0,
                        num_stages=2)
     assert torch.equal(default, two)
+    capped = paged_decode(q, cache, meta.block_tables, meta.seq_lens, 0.2, num_splits=1, k_scale=0.5, v_scale=2.0,
+                          maxnreg=128)  # a register cap (more programs per SM) is the same arithmetic
+    assert torch.equal(default, capped)
 
 
 def test_a_cache_of_the_wrong_layout_is_refused():
