@@ -7,7 +7,8 @@
 #   2b. the paged decode kernel over an FP8 cache at the workload's mid-run contexts, launch configurations swept
 #      (tune_decode.py fp8: its 64-token tiles are half the bytes of a bf16 cache's per loop iteration);
 #   3. `bench throughput`, issue-7 workload (256 prompts 100-1024 -> 256, budget 16,384), qwen2-7b shape,
-#      interleaved: bf16, FP8 weights + FP8 KV, FP8 weights, then the three again (FP8 through auto); then the
+#      interleaved: bf16, FP8 weights + FP8 KV (uncapped, then per register cap in $CAPS), FP8 weights, then
+#      the same again (FP8 through auto); then the
 #      qwen3-0.6b shape: bf16, FP8 weights, FP8 weights + FP8 KV;
 #   4. profile_steps.py over the 7B FP8 + FP8 KV run (steps with prefill vs pure decode, host parts, kernel tables).
 # Each step runs under `timeout`; none starts once BUDGET_S is spent. Outputs in $OUT: log.txt (summary last),
@@ -54,12 +55,21 @@ export WORKLOAD
 # verdict near the line needs the spread beside it. auto is rowwise-fast except for decode-sized GEMMs the row-wise
 # kernel would not spread over the GPU (layers/fp8.py). Then the qwen3-0.6b shape once each (issue 15 item 5 wants
 # both shapes side by side in one call).
-step "bench bf16" 45 bench bf16
-step "bench fp8 auto + fp8 kv" 45 bench fp8-auto-kv --quantization fp8 --kv-cache-dtype fp8 $AUTO
-step "bench fp8 auto" 40 bench fp8-auto --quantization fp8 $AUTO
-step "bench bf16 (again)" 45 bench bf16-again
-step "bench fp8 auto + fp8 kv (again)" 45 bench fp8-auto-kv-again --quantization fp8 --kv-cache-dtype fp8 $AUTO
-step "bench fp8 auto (again)" 40 bench fp8-auto-again --quantization fp8 $AUTO
+# CAPS: register caps of the decode kernel over the FP8 cache, each a FP8 + FP8 KV variant in both rounds
+# ($RAILYARD_FP8_DECODE_MAXNREG; default "128 104", the spill-free caps of scripts/decode_kernel_resources.py;
+# CAPS="" for none).
+CAPS=${CAPS-"128 104"}
+bench_cap() { local cap=$1; shift; RAILYARD_FP8_DECODE_MAXNREG=$cap bench "$@"; }
+export -f bench_cap
+for round in "" "-again"; do
+  step "bench bf16$round" 45 bench bf16$round
+  step "bench fp8 auto + fp8 kv$round" 45 bench fp8-auto-kv$round --quantization fp8 --kv-cache-dtype fp8 $AUTO
+  for cap in $CAPS; do
+    step "bench fp8 auto + fp8 kv, decode registers <= $cap$round" 45 \
+      bench_cap $cap fp8-auto-kv-cap$cap$round --quantization fp8 --kv-cache-dtype fp8 $AUTO
+  done
+  step "bench fp8 auto$round" 40 bench fp8-auto$round --quantization fp8 $AUTO
+done
 if [ -z "$DRY_RUN" ]; then
   step "bench 0.6b bf16" 35 bench 0.6b-bf16 --model qwen3-0.6b
   step "bench 0.6b fp8 auto" 35 bench 0.6b-fp8-auto --model qwen3-0.6b --quantization fp8 $AUTO

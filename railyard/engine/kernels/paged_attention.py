@@ -236,6 +236,16 @@ def decode_splits(batch: int, num_kv_heads: int, max_seq_len: int, num_sms: int)
     return max(1, min(want, triton.cdiv(max_seq_len, 256), 64))
 
 
+# RAILYARD_FP8_DECODE_MAXNREG=N: cap the decode kernel's registers over an FP8 cache at N a thread (for A/B
+# measurements: uncapped it takes 145, so 3 programs share an SM where bf16's 96 allow 5; scripts/gpu/fp8-speed.sh).
+_FP8_DECODE_MAXNREG = int(os.environ.get("RAILYARD_FP8_DECODE_MAXNREG", "0")) or None
+
+
+def decode_maxnreg(kv_cache: torch.Tensor) -> int | None:
+    """The decode kernel's register cap: $RAILYARD_FP8_DECODE_MAXNREG over an FP8 cache, else none (ptxas's)."""
+    return _FP8_DECODE_MAXNREG if kv_cache.dtype == torch.float8_e4m3fn else None
+
+
 def decode_stages(kv_cache: torch.Tensor) -> int:
     """Software-pipelining depth of the decode loop: 3 over an FP8 cache, whose 64-token tiles are half a bf16
     tile's bytes (the H200 sweep, tune_decode.py fp8: 107.5 against 112.9 us at the qwen2-7b shape, 187.8 against
@@ -251,8 +261,8 @@ def paged_decode(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Te
     """q [B, H, d] -> out [B, H, d]; one new token per sequence whose KV is already in the cache.
 
     block_n / num_warps / num_stages / maxnreg: launch configuration (scripts/gpu/tune_decode.py sweeps them;
-    num_stages None: decode_stages(kv_cache); maxnreg None: ptxas chooses, a cap lets more programs share an SM,
-    scripts/decode_kernel_resources.py shows registers and spills per configuration without a GPU).
+    num_stages None: decode_stages(kv_cache); maxnreg None: decode_maxnreg(kv_cache); a register cap lets more
+    programs share an SM: scripts/decode_kernel_resources.py shows registers and spills without a GPU).
     k_scale / v_scale: an FP8 cache's per-layer scales (ignored for other caches)."""
     b, num_heads, d = q.shape
     _, _, page, hk, _ = kv_cache.shape
@@ -272,7 +282,7 @@ def paged_decode(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Te
         HEAD_DIM=d, D_PAD=d_pad, PAGE=page, BLOCK_N=block_n or (64 if d_pad <= 128 else 32),
         IEEE=q.dtype == torch.float32, DIRECT=direct, SCALE_V=scale_v, F16_DOTS=_f16_dots(q, kv_cache),
         num_warps=num_warps, num_stages=num_stages or decode_stages(kv_cache),
-        **({} if maxnreg is None else {"maxnreg": maxnreg}))
+        **({} if (cap := maxnreg or decode_maxnreg(kv_cache)) is None else {"maxnreg": cap}))
     if direct:
         return out
     _merge_splits_kernel[(b, num_heads)](
