@@ -238,12 +238,18 @@ def decode_splits(batch: int, num_kv_heads: int, max_seq_len: int, num_sms: int)
 
 # RAILYARD_FP8_DECODE_MAXNREG=N: cap the decode kernel's registers over an FP8 cache at N a thread (for A/B
 # measurements: uncapped it takes 145, so 3 programs share an SM where bf16's 96 allow 5; scripts/gpu/fp8-speed.sh).
-_FP8_DECODE_MAXNREG = int(os.environ.get("RAILYARD_FP8_DECODE_MAXNREG", "0")) or None
+_FP8_DECODE_MAXNREG = os.environ.get("RAILYARD_FP8_DECODE_MAXNREG", "")
 
 
 def decode_maxnreg(kv_cache: torch.Tensor) -> int | None:
-    """The decode kernel's register cap: $RAILYARD_FP8_DECODE_MAXNREG over an FP8 cache, else none (ptxas's)."""
-    return _FP8_DECODE_MAXNREG if kv_cache.dtype == torch.float8_e4m3fn else None
+    """The decode kernel's register cap: $RAILYARD_FP8_DECODE_MAXNREG over an FP8 cache, else none (ptxas's).
+    Read at the first launch, inside the engine's start-up, so a bad value fails the start with this message."""
+    if kv_cache.dtype != torch.float8_e4m3fn or not _FP8_DECODE_MAXNREG:
+        return None
+    if not (_FP8_DECODE_MAXNREG.isdigit() and 24 <= int(_FP8_DECODE_MAXNREG) <= 255):
+        raise ValueError(f"RAILYARD_FP8_DECODE_MAXNREG must be a register count from 24 to 255, "
+                         f"not {_FP8_DECODE_MAXNREG!r}")
+    return int(_FP8_DECODE_MAXNREG)
 
 
 def decode_stages(kv_cache: torch.Tensor) -> int:

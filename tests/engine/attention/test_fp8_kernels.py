@@ -261,9 +261,13 @@ def test_decode_over_an_fp8_cache_gives_the_same_bits_three_stages_deep_and_unde
 def test_the_fp8_register_cap_for_ab_runs_applies_to_fp8_caches_only(monkeypatch):
     fp8_cache = torch.zeros((2, 1, 16, 1, 16), dtype=FP8)
     assert paged_attention.decode_maxnreg(fp8_cache) is None  # unset: ptxas chooses
-    monkeypatch.setattr(paged_attention, "_FP8_DECODE_MAXNREG", 128)
+    monkeypatch.setattr(paged_attention, "_FP8_DECODE_MAXNREG", "128")
     assert paged_attention.decode_maxnreg(fp8_cache) == 128
     assert paged_attention.decode_maxnreg(fp8_cache.to(torch.bfloat16)) is None
+    for bad in ("lots", "-8", "1000"):
+        monkeypatch.setattr(paged_attention, "_FP8_DECODE_MAXNREG", bad)
+        with pytest.raises(ValueError, match="RAILYARD_FP8_DECODE_MAXNREG must be a register count"):
+            paged_attention.decode_maxnreg(fp8_cache)
 
 
 def test_a_cache_of_the_wrong_layout_is_refused():
