@@ -25,8 +25,8 @@ import time
 import torch
 
 from railyard.engine.attention.metadata import AttentionMetadata
-from railyard.engine.graph_capture import without_cache_flushes
 from railyard.engine.cuda_graphs import padded_size, staging_free, upload
+from railyard.engine.graph_capture import without_cache_flushes
 
 log = logging.getLogger("railyard.engine")
 
