@@ -16,6 +16,8 @@
 # (8 files: a device call returns at most 8, so nothing else may go to $OUT). Accuracy is not rerun: the one-pass kernel's output is the two-pass kernel's,
 # bit for bit (step 2 and the kernel tests check it), and the GEMM choices are those the fifth run checked.
 # BENCH_ONLY=1: the tests and the benches only (no kernel bench, decode sweep or profile: 4 files in $OUT).
+# SILU=0: no SiLU-and-mul kernel bench; PROFILE=0: no profile; SMALL=0: no qwen3-0.6b benches; ROUNDS=1: the 7B
+# variants once (default 2, interleaved); WEIGHTS_ONLY=0: no FP8-weights-only 7B variant.
 # DRY_RUN=1: the same 7B steps on the CPU with the embedded tiny model and auto (a check of this script).
 set -o pipefail
 export PYTHONUNBUFFERED=1
@@ -27,7 +29,7 @@ header
 
 # TESTS: the GPU tests to run first (default: the FP8 kernels' and GEMMs' three files; TESTS=tests/engine/layers/test_fp8.py
 # for the GEMM choices alone).
-TESTS=${TESTS:-"tests/engine/attention/test_fused_fp8_kernels.py tests/engine/layers/test_fp8.py tests/engine/attention/test_fp8_kernels.py"}
+TESTS=${TESTS:-"tests/engine/attention/test_fused_fp8_kernels.py tests/engine/layers/test_fp8.py tests/engine/attention/test_fp8_kernels.py tests/engine/attention/test_kv_layout.py"}
 export TESTS
 tests() {
   python3 -m pytest -q -p no:cacheprovider $TESTS > "$OUT/tests.txt" 2>&1
@@ -37,7 +39,7 @@ tests() {
 }
 export -f tests
 step tests 75 tests
-[ -z "$DRY_RUN$BENCH_ONLY" ] && step "SiLU-and-mul quantization kernels" 60 \
+[ -z "$DRY_RUN$BENCH_ONLY" ] && [ "${SILU:-1}" != 0 ] && step "SiLU-and-mul quantization kernels" 60 \
   bash -c 'set -o pipefail; python3 scripts/gpu/silu_quant_bench.py | tail -n 1 > /dev/null'
 [ -z "$DRY_RUN$BENCH_ONLY" ] && step "decode attention over an FP8 cache: launch configurations" 100 \
   bash -c 'set -o pipefail; python3 scripts/gpu/tune_decode.py fp8 2>&1 | grep -v "^ best" | tail -n 4'
@@ -61,16 +63,17 @@ export WORKLOAD
 CAPS=${CAPS-"128 104"}
 bench_cap() { local cap=$1; shift; RAILYARD_FP8_DECODE_MAXNREG=$cap bench "$@"; }
 export -f bench_cap
-for round in "" "-again"; do
+ROUND_NAMES=""; [ "${ROUNDS:-2}" = 1 ] || ROUND_NAMES="-again"
+for round in "" $ROUND_NAMES; do
   step "bench bf16$round" 45 bench bf16$round
   step "bench fp8 auto + fp8 kv$round" 45 bench fp8-auto-kv$round --quantization fp8 --kv-cache-dtype fp8 $AUTO
   for cap in $CAPS; do
     step "bench fp8 auto + fp8 kv, decode registers <= $cap$round" 45 \
       bench_cap $cap fp8-auto-kv-cap$cap$round --quantization fp8 --kv-cache-dtype fp8 $AUTO
   done
-  step "bench fp8 auto$round" 40 bench fp8-auto$round --quantization fp8 $AUTO
+  [ "${WEIGHTS_ONLY:-1}" != 0 ] && step "bench fp8 auto$round" 40 bench fp8-auto$round --quantization fp8 $AUTO
 done
-if [ -z "$DRY_RUN" ]; then
+if [ -z "$DRY_RUN" ] && [ "${SMALL:-1}" != 0 ]; then
   step "bench 0.6b bf16" 35 bench 0.6b-bf16 --model qwen3-0.6b
   step "bench 0.6b fp8 auto" 35 bench 0.6b-fp8-auto --model qwen3-0.6b --quantization fp8 $AUTO
   step "bench 0.6b fp8 auto + fp8 kv" 35 bench 0.6b-fp8-auto-kv --model qwen3-0.6b --quantization fp8 --kv-cache-dtype fp8 $AUTO
@@ -79,7 +82,7 @@ python3 scripts/gpu/fp8_gemm.py benches "$BENCH_TMP"
 
 # Where the FP8 run's time goes over the real workload (steps with prefill against pure decode, the host's parts,
 # kernel tables of prefill and decode windows at the workload's contexts): profile_steps.py.
-if [ -z "$DRY_RUN$BENCH_ONLY" ]; then
+if [ -z "$DRY_RUN$BENCH_ONLY" ] && [ "${PROFILE:-1}" != 0 ]; then
   step "profile steps fp8 + fp8 kv" 80 bash -c 'set -o pipefail; python3 scripts/gpu/profile_steps.py qwen2-7b 16384 \
     quantization=fp8 kv_cache_dtype=fp8 2>&1 | tail -n 3'
 fi
