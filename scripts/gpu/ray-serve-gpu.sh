@@ -36,7 +36,8 @@
 #        PHASES (default "pp direct old opt p2 rr burst": a second call can run what the first had no time for),
 #        STREAM_INTERVAL_S, STREAM_ITEMS_PER_S, INGRESS_REPLICAS (the stack of 1's stream_interval_s,
 #        stream_items_per_s and ingress.num_replicas; unset: the serve layer's 0.05 s and 500, and 2 ingress replicas),
-#        MPS (1: the whole call under a CUDA MPS daemon of its own, below)
+#        MPS (1: the whole call under a CUDA MPS daemon of its own, below; phase solo: the direct server first,
+#        before the daemon starts)
 set -o pipefail
 export PYTHONUNBUFFERED=1
 cd "$(dirname "$0")/../.."
@@ -85,8 +86,10 @@ export PYTHONPATH=${PYTHONPATH:-$PWD}
 # (private pipe and log directories, started here before any CUDA context and stopped by `finish`), so two engines
 # on the GPU run their kernels at the same time instead of taking turns in time slices; the NVIDIA device plugin's
 # MPS sharing gives pods the same on a Kubernetes node. The GPU's compute mode is left as it is.
+# The (solo) phase runs before the daemon starts: the direct server without MPS, its best setting.
 MPS_DAEMON=
-if [ -n "$MPS" ]; then
+mps_start() {
+  [ -z "$MPS" ] && return 0
   export CUDA_MPS_PIPE_DIRECTORY=$(mktemp -d /tmp/railyard-mps-pipe.XXXX) CUDA_MPS_LOG_DIRECTORY=$(mktemp -d /tmp/railyard-mps-log.XXXX)
   if nvidia-cuda-mps-control -d; then
     MPS_DAEMON=1; echo "MPS control daemon started (pipe $CUDA_MPS_PIPE_DIRECTORY)" | tee -a "$LOG"
@@ -94,7 +97,7 @@ if [ -n "$MPS" ]; then
     echo "MPS=1 but nvidia-cuda-mps-control -d failed ($(command -v nvidia-cuda-mps-control || echo not installed)); stopping" | tee -a "$LOG"
     exit 1
   fi
-fi
+}
 ENGINE="{max_model_len: $MAXLEN, max_num_seqs: $SEQS, max_num_batched_tokens: $TOKENS, num_gpu_blocks: $BLOCKS}"
 URL=http://127.0.0.1:$PORT DIRECT_URL=http://127.0.0.1:$DIRECT_PORT
 SERVER=
@@ -152,11 +155,16 @@ VARIANTS = ("pp", "old", "opt", "ing1", "one")
 for c in ("low", "high"):
     direct = bench(load(f"direct_c{c}"))
     row = {"direct": direct}
+    solo = bench(load(f"solo_c{c}"))  # MPS=1 only: the direct server without MPS
+    if solo:
+        row["solo"] = solo
     for v in VARIANTS:
         ray = bench(load(f"ray_{v}_c{c}"))
         row[f"ray_{v}"] = ray
         if ray and direct and direct["output_tok_s"]:
             row[f"ray_{v}_over_direct"] = round(ray["output_tok_s"] / direct["output_tok_s"], 3)
+        if ray and solo and solo["output_tok_s"]:
+            row[f"ray_{v}_over_solo"] = round(ray["output_tok_s"] / solo["output_tok_s"], 3)
     a, b = load(f"pair_c{c}_a"), load(f"pair_c{c}_b")
     if bench(a) and bench(b):  # two servers at once: their tokens over the longer run
         tokens = sum(d["output_token_throughput"] * d["duration_s"] for d in (a, b))
@@ -165,6 +173,8 @@ for c in ("low", "high"):
         row["pair"] = pair
         if direct and direct["output_tok_s"]:
             row["pair_over_direct"] = round(pair["output_tok_s"] / direct["output_tok_s"], 3)
+        if solo and solo["output_tok_s"]:
+            row["pair_over_solo"] = round(pair["output_tok_s"] / solo["output_tok_s"], 3)
     summary["throughput"][c] = row
 for name in ("ray_pp", "ray_p2", "ray_rr", "direct"):
     summary["routing"][name] = {"bench": bench(load(f"{name}_prefix")), "prefix_cache": hit_rate(name),
@@ -177,6 +187,10 @@ pathlib.Path(out).write_text(json.dumps(summary, indent=1))
 for c, row in summary["throughput"].items():
     d = row["direct"]
     print(f"{c:5s} direct {d and d['output_tok_s']} tok/s (TPOT p50 {d and d['tpot_p50_ms']} ms)")
+    if row.get("solo"):
+        print(f"      solo     {row['solo']['output_tok_s']} tok/s (TPOT p50 {row['solo']['tpot_p50_ms']} ms; the direct "
+              f"server without MPS: pair {row.get('pair_over_solo')}, ray pp {row.get('ray_pp_over_solo')}, "
+              f"ray one {row.get('ray_one_over_solo')} of it)")
     if row.get("pair"):
         print(f"      pair     {row['pair']['output_tok_s']} tok/s  ratio {row.get('pair_over_direct')}  "
               f"TPOT p50 {row['pair']['tpot_p50_ms']} ms (two servers sharing the GPU, no Ray)")
@@ -269,6 +283,7 @@ up() {  # name router stack: `railyard cluster up` in the background (its Ray pr
 
 direct() {  # [port blocks name]: one `railyard serve`, by default with both replicas' KV
   local port=${1:-$DIRECT_PORT} blocks=${2:-$(( 2 * BLOCKS ))} name=${3:-direct}
+  port=${port:-$DIRECT_PORT} blocks=${blocks:-$(( 2 * BLOCKS ))}
   python3 scripts/gpu/cli.py serve --model $MODEL --served-model-name qwen3 --port $port \
     --max-model-len $MAXLEN --max-num-seqs $SEQS --max-num-batched-tokens $TOKENS --num-gpu-blocks $blocks \
     $DIRECT_FLAGS > $R/server_$name.log 2>&1 &
@@ -324,6 +339,16 @@ burst() {  # the burst trace on the autoscaled stack; RAY_AUTH_MODE=token: it jo
 export -f bench warm scrape prefix_trace burst pair_bench
 export TPUT PAIR_PORT_A PAIR_PORT_B
 export R PREFIX URL BURST
+
+# (solo, with MPS=1) One railyard serve as in 2, started before the MPS daemon: the direct path at its best (an MPS
+# client pays for the daemon's scheduling even alone), so the MPS runs' ratios have both denominators.
+if phase solo && [ -n "$MPS" ] && step "direct up (no MPS)" $T_UP direct "" "" solo; then
+  step "warm-up" 60 warm $DIRECT_URL
+  step "solo c$C_LOW" $T_BENCH bench solo_clow $DIRECT_URL $TPUT --num-prompts $N_LOW --max-concurrency $C_LOW
+  step "solo c$C_HIGH" $T_BENCH bench solo_chigh $DIRECT_URL $TPUT --num-prompts $N_HIGH --max-concurrency $C_HIGH
+fi
+stop
+mps_start
 
 # 1. The Ray Serve stack, two half-GPU replicas, railyard's router: throughput through the proxy, prefix trace.
 FIXED=$(stack fixed no)
