@@ -10,6 +10,8 @@ Why each policy exists:
 - shm: NCCL and torch need a large /dev/shm; the container default of 64Mi crashes tensor parallelism.
 - security_context: non-root, no privilege escalation, no capabilities; GPUs need none of them.
 - prometheus: scrape annotations for the engine's /metrics.
+- gpu_sharing mps (Ray workers whose replicas share a GPU): a CUDA MPS control daemon started before `ray start`
+  (KubeRay runs a container's command, then `&& ray start ...`), every process of the container its client.
 """
 
 from __future__ import annotations
@@ -29,6 +31,11 @@ RAY_METRICS_PORT = 8080
 HEAD_RESOURCES = {"cpu": "2", "memory": "8Gi"}
 RUN_AS_USER = 1000
 WORKER_GRACE_MARGIN_S = 30  # a worker pod's grace beyond its replica's drain: the raylet's own exit
+MPS_PIPE_DIR, MPS_LOG_DIR = "/tmp/nvidia-mps", "/tmp/nvidia-mps-log"
+# Exits 0 either way, so `ray start` runs after it: without the daemon the replicas time-slice, as they would anyway.
+MPS_START = (f"( (mkdir -p {MPS_PIPE_DIR} {MPS_LOG_DIR} && nvidia-cuda-mps-control -d) || echo 'railyard: no CUDA MPS "
+             "daemon (nvidia-cuda-mps-control missing or failed); replicas sharing this GPU time-slice' )")
+GPU_SHARING_ANNOTATION = "railyard.io/gpu-sharing"
 
 
 def labels(stack: Stack, component: str, model: str | None = None) -> dict[str, str]:
@@ -242,7 +249,12 @@ def ray_worker_pod(stack: Stack, model: ModelSpec, component: str) -> dict[str, 
         # KubeRay waits for ready pods before it deploys the app.
         container["readinessProbe"] = _http_probe("/api/local_raylet_healthz", 52365, 5, 10)
         container["livenessProbe"] = _http_probe("/api/local_raylet_healthz", 52365, 10, 12)
-    return _pod(
+    mps = model.gpu_fraction < 1 and model.gpu_sharing == "mps"
+    if mps:
+        container["command"] = [MPS_START]
+        container["env"] = [{"name": "CUDA_MPS_PIPE_DIRECTORY", "value": MPS_PIPE_DIR},
+                            {"name": "CUDA_MPS_LOG_DIRECTORY", "value": MPS_LOG_DIR}]
+    template = _pod(
         stack,
         component,
         container,
@@ -253,6 +265,10 @@ def ray_worker_pod(stack: Stack, model: ModelSpec, component: str) -> dict[str, 
         # Kubernetes must not kill a worker pod before Serve has drained its replica's generations.
         grace_s=math.ceil(model.lifecycle.graceful_shutdown_timeout_s) + WORKER_GRACE_MARGIN_S,
     )
+    if mps:  # the reason, on the pod where the daemon runs
+        annotations = template["metadata"].setdefault("annotations", {})
+        annotations[GPU_SHARING_ANNOTATION] = type(model).model_fields["gpu_sharing"].description
+    return template
 
 
 def ray_head_pod(stack: Stack) -> dict[str, Any]:

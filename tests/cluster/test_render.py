@@ -241,3 +241,42 @@ def test_a_fractional_gpu_stack_renders_whole_gpu_pods_that_the_planner_counts_w
     (pod,) = _gpu_pods(objects)
     assert pod["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == 1
     assert [r.gpus for r in replicas_from_objects(objects)] == [1, 1]
+
+
+def _worker_containers(objects):
+    return [c for pod in _gpu_pods(objects) for c in pod["spec"]["containers"]]
+
+
+def test_replicas_sharing_a_gpu_start_an_mps_daemon_before_ray_with_the_reason_on_the_pod():
+    model = {"name": "m", "model": "/m", "num_replicas": 2, "gpu_fraction": 0.5, "engine": {"num_gpu_blocks": 64}}
+    objects = render(make_stack(ONE_GPU, models=[model]), "rayservice")
+    _assert_valid(objects)
+    (pod,) = _gpu_pods(objects)
+    (container,) = pod["spec"]["containers"]
+    assert "nvidia-cuda-mps-control -d" in container["command"][0]
+    env = {e["name"]: e["value"] for e in container["env"]}
+    assert set(env) == {"CUDA_MPS_PIPE_DIRECTORY", "CUDA_MPS_LOG_DIRECTORY"}
+    assert "at the same time" in pod["metadata"]["annotations"]["railyard.io/gpu-sharing"]
+
+
+@pytest.mark.parametrize("model", [
+    {"name": "m", "model": "/m", "num_replicas": 2, "gpu_fraction": 0.5, "gpu_sharing": "time-slicing",
+     "engine": {"num_gpu_blocks": 64}},
+    {"name": "m", "model": "/m", "num_replicas": 2},  # whole-GPU replicas share nothing
+], ids=["time-slicing", "whole GPUs"])
+def test_no_mps_daemon_where_replicas_do_not_share_a_gpu_by_mps(model):
+    objects = render(make_stack(ONE_GPU, models=[model]), "rayservice")
+    (container,) = _worker_containers(objects)
+    assert "command" not in container and "env" not in container
+
+
+def test_the_mps_start_lets_ray_start_where_the_daemon_is_missing(tmp_path):
+    """KubeRay runs `<command> && ray start ...`: without nvidia-cuda-mps-control the command still exits 0."""
+    import subprocess
+
+    from railyard.cluster.pod import MPS_START
+
+    script = MPS_START.replace("/tmp/nvidia-mps", str(tmp_path / "nvidia-mps")) + " && echo ray-start"
+    done = subprocess.run(["/bin/bash", "-c", script], env={"PATH": "/usr/bin:/bin"}, capture_output=True, text=True)
+    assert done.returncode == 0 and done.stdout.strip().splitlines()[-1] == "ray-start"
+    assert "time-slice" in done.stdout
