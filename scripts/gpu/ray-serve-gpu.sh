@@ -37,7 +37,8 @@
 #        STREAM_INTERVAL_S, STREAM_ITEMS_PER_S, INGRESS_REPLICAS (the stack of 1's stream_interval_s,
 #        stream_items_per_s and ingress.num_replicas; unset: the serve layer's 0.05 s and 500, and 2 ingress replicas),
 #        MPS (1: the whole call under a CUDA MPS daemon of its own, below; phase solo: the direct server first,
-#        before the daemon starts)
+#        before the daemon starts), N_LOW / N_HIGH (requests of the 64- and 256-stream runs, default 384 / 768: runs
+#        of 6-9 s, where one server's tok/s spread ~13% between runs on the 2026-12-04 H200 calls)
 set -o pipefail
 export PYTHONUNBUFFERED=1
 cd "$(dirname "$0")/../.."
@@ -72,7 +73,7 @@ else
   MODEL=${MODEL:-qwen3-0.6b} BLOCKS=${BLOCKS:-16384} CPU_FLAG= DIRECT_FLAGS=
   MAXLEN=8192 SEQS=256 TOKENS=8192
   # The issue-12 workload: 100-1024 prompt tokens, 256 out (EOS ignored); 6 and 3 rounds of the streams.
-  TPUT="--input-len 100-1024 --output-len 256"; C_LOW=64 C_HIGH=256 N_LOW=384 N_HIGH=768
+  TPUT="--input-len 100-1024 --output-len 256"; C_LOW=64 C_HIGH=256 N_LOW=${N_LOW:-384} N_HIGH=${N_HIGH:-768}
   # 64 documents of 2048 tokens shared by the requests (Poisson 24 req/s): 131k prefix tokens, half of one
   # replica's KV pool, so a router that scatters a prefix over both replicas pays its prefill twice.
   PREFIX_N=384 PREFIX_GROUPS=64
