@@ -206,11 +206,11 @@ class ModelSpec(_Strict):
         "one's KV cache. Rendered pods still hold whole GPUs")
     gpu_sharing: Literal["mps", "time-slicing"] = Field(
         "mps", description="how replicas that share a GPU (gpu_fraction below 1) share it: mps starts a CUDA MPS "
-        "control daemon in each worker pod before Ray, so their kernels run at the same time (H200, two half-GPU "
-        "replicas of qwen3-0.6b behind Ray: 92-96% of one whole-GPU server's tok/s at 256 streams against 66% "
-        "time-sliced, BENCHMARKS.md); time-slicing leaves the GPU to take turns between them. Without the "
-        "daemon's binary in the container (nvidia-container-toolkit mounts it with the compute capability) the "
-        "pod logs a line and time-slices")
+        "control daemon before Ray (in each worker pod; `railyard cluster up` on a Ray of its own starts one too), "
+        "so their kernels run at the same time (H200, two half-GPU replicas of qwen3-0.6b behind Ray: 91-96% of "
+        "one whole-GPU server's tok/s at 256 streams against 66% time-sliced, BENCHMARKS.md); time-slicing leaves "
+        "the GPU to take turns between them. Without the daemon's binary (nvidia-container-toolkit mounts it into "
+        "containers with the compute capability) a line is logged and the replicas time-slice")
     stream_interval_s: float | None = Field(
         None, ge=0, description="a replica sends a stream's first tokens at once, then what was generated at most "
         "once per this interval, and the end at once: each Ray stream item costs the replica, ingress and proxy "

@@ -9,6 +9,7 @@ import sys
 import threading
 
 from railyard.errors import ConfigError
+from railyard.serve import mps
 from railyard.serve.autoscaling import POLICIES
 from railyard.serve.spec import ROUTER_NAMES
 
@@ -46,6 +47,13 @@ def run_serve_config(args: argparse.Namespace) -> int:
     return run_stack(args)
 
 
+def local_mps(stack, args: argparse.Namespace) -> bool:
+    """Whether this `cluster up` starts a CUDA MPS daemon (railyard.serve.mps): a Ray it starts itself, engines
+    not forced onto the CPU, and a model whose replicas share GPUs under gpu_sharing mps."""
+    return (not args.address and not args.cpu
+            and any(m.gpu_fraction < 1 and m.gpu_sharing == "mps" for m in stack.models))
+
+
 def _interrupt(*_) -> None:
     raise KeyboardInterrupt
 
@@ -61,6 +69,7 @@ def run_stack(args: argparse.Namespace) -> int:
         raise ConfigError(f"--port must be in [0, 65535], got {args.port}")
     stack = load_stack(args.config)
     config = to_serve_config(stack)
+    daemon = mps.start() if local_mps(stack, args) else None  # before Ray: its processes inherit the pipe
     ray.init(address=args.address, log_to_driver=False)
     signal.signal(signal.SIGTERM, _interrupt)  # after ray.init, which installs its own handler
     try:
@@ -80,5 +89,8 @@ def run_stack(args: argparse.Namespace) -> int:
             serve.delete(app["name"])
         if not args.address:  # our own local Ray: take Serve down with it
             serve.shutdown()
+        if daemon is not None:
+            ray.shutdown()  # the MPS server quits once its clients have gone
+            daemon.stop()
         print("railyard: stopped", file=sys.stderr)
     return 0

@@ -242,6 +242,9 @@ step() {
   return $rc
 }
 
+# Without MPS=1 the replicas time-slice, as in the runs before it (`cluster up` would start a daemon of its own for
+# the stack default gpu_sharing mps); with it they use this call's daemon (`cluster up` finds its pipe directory).
+SHARING=time-slicing; [ -n "$MPS" ] && SHARING=mps
 stack() {  # name kind(yes: autoscaling | no | old | ing1 | one) -> a stack file. old: the streaming settings before
   # the items budget and the second ingress; ing1: one ingress; one: one engine replica with the whole GPU and both
   # replicas' KV.
@@ -260,6 +263,7 @@ models:
   - name: qwen3
     model: $MODEL
     gpu_fraction: $fraction
+    gpu_sharing: $SHARING
     $scaling
     engine: $engine
     ${interval:+stream_interval_s: $interval}
