@@ -280,3 +280,14 @@ def test_the_mps_start_lets_ray_start_where_the_daemon_is_missing(tmp_path):
     done = subprocess.run(["/bin/bash", "-c", script], env={"PATH": "/usr/bin:/bin"}, capture_output=True, text=True)
     assert done.returncode == 0 and done.stdout.strip().splitlines()[-1] == "ray-start"
     assert "time-slice" in done.stdout
+
+
+def test_the_shared_gpu_example_renders_valid_pods_that_start_mps_before_ray():
+    from railyard.stack import load_stack
+
+    from .conftest import EXAMPLES
+
+    objects = render(load_stack(str(EXAMPLES / "stack-shared-gpu.yaml")))
+    _assert_valid(objects)
+    (container,) = _worker_containers(objects)
+    assert container["command"][0].count("nvidia-cuda-mps-control -d") == 1
