@@ -48,6 +48,11 @@ class MpsDaemon:
         shutil.rmtree(self.log_dir, ignore_errors=True)
 
 
+def has_nvidia_gpu() -> bool:
+    """Whether the NVIDIA driver's control device exists (checked without importing torch or CUDA)."""
+    return os.path.exists("/dev/nvidiactl")
+
+
 def start() -> MpsDaemon | None:
     """Start a daemon with private directories and export them to this process's environment (call it before
     Ray starts, whose processes inherit it); None where one is already configured or none can start."""
@@ -56,7 +61,8 @@ def start() -> MpsDaemon | None:
         return None
     control = shutil.which(CONTROL)
     if control is None:
-        log.warning("gpu_sharing mps: %s not found; replicas sharing a GPU time-slice", CONTROL)
+        if has_nvidia_gpu():  # on a machine without one the replicas run on the CPU: nothing to share
+            log.warning("gpu_sharing mps: %s not found; replicas sharing a GPU time-slice", CONTROL)
         return None
     daemon = MpsDaemon(control, tempfile.mkdtemp(prefix="railyard-mps-pipe-"),
                        tempfile.mkdtemp(prefix="railyard-mps-log-"))

@@ -56,10 +56,12 @@ def test_a_failing_daemon_leaves_the_environment_alone(fake_control, caplog):
     assert "time-slice" in caplog.text
 
 
-def test_no_binary_no_daemon(monkeypatch, tmp_path, caplog):
+@pytest.mark.parametrize("gpu", [True, False])
+def test_no_binary_no_daemon_and_a_warning_only_where_there_is_a_gpu(monkeypatch, tmp_path, caplog, gpu):
     monkeypatch.setenv("PATH", str(tmp_path))
     monkeypatch.delenv("CUDA_MPS_PIPE_DIRECTORY", raising=False)
-    assert mps.start() is None and "not found" in caplog.text
+    monkeypatch.setattr(mps, "has_nvidia_gpu", lambda: gpu)
+    assert mps.start() is None and ("not found" in caplog.text) is gpu
 
 
 def test_an_operator_s_daemon_is_used_not_replaced(fake_control, monkeypatch):
