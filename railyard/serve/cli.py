@@ -70,7 +70,12 @@ def run_stack(args: argparse.Namespace) -> int:
     stack = load_stack(args.config)
     config = to_serve_config(stack)
     daemon = mps.start() if local_mps(stack, args) else None  # before Ray: its processes inherit the pipe
-    ray.init(address=args.address, log_to_driver=False)
+    try:
+        ray.init(address=args.address, log_to_driver=False)
+    except BaseException:
+        if daemon is not None:
+            daemon.stop()
+        raise
     signal.signal(signal.SIGTERM, _interrupt)  # after ray.init, which installs its own handler
     try:
         url = deploy(config, host=args.host, port=args.port, cpu=args.cpu,
