@@ -64,9 +64,9 @@ def main() -> None:
         rows = []
         # One and two warps a program too: with 16 query rows the 4-warp layout splits each tile's tokens across
         # warps, so every tile's softmax max and sum and its P tile cross warps through shared memory (barriers);
-        # one warp keeps them in registers, more programs (and splits) keep the SMs full. (The 2026-12-04 sweep:
-        # over FP8 one warp, 32-token tiles, 4 splits 107.5 us against the default's 117.8 at qwen2-7b; over bf16
-        # nothing better than the default by more than 4%; BENCHMARKS.md.)
+        # one warp keeps them in registers, more programs (and splits) keep the SMs full. (The 2026-12-04 sweeps,
+        # the FP8 one over value blocks kept tokens innermost, since reverted: nothing beat the 4-warp default by
+        # more than ~9%; the kernel is bound by instructions per token, BENCHMARKS.md.)
         narrow = [(s, bn, w, st, None) for w, blocks in ((1, (16, 32)), (2, (32, 64))) for s in (1, 2, 4)
                   for bn in blocks for st in (2, 3)]
         if fp8:  # 4 warps: one split (the 2026-12-04 sweeps: more splits, 8 warps, 128- and 256-token tiles slower)
