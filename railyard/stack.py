@@ -222,6 +222,11 @@ class ModelSpec(_Strict):
         "instead of more items than the ingress and the proxy relay (unset: the serve layer's 500 per replica; 0: "
         "the fixed stream_interval_s only)")
 
+    @property
+    def mps_shared(self) -> bool:
+        """Whether replicas of this model share a GPU under a CUDA MPS daemon (rendered pods and `cluster up`)."""
+        return self.gpu_fraction < 1 and self.gpu_sharing == "mps"
+
     @field_validator("name")
     @classmethod
     def _name(cls, value: str) -> str:

@@ -249,8 +249,7 @@ def ray_worker_pod(stack: Stack, model: ModelSpec, component: str) -> dict[str, 
         # KubeRay waits for ready pods before it deploys the app.
         container["readinessProbe"] = _http_probe("/api/local_raylet_healthz", 52365, 5, 10)
         container["livenessProbe"] = _http_probe("/api/local_raylet_healthz", 52365, 10, 12)
-    mps = model.gpu_fraction < 1 and model.gpu_sharing == "mps"
-    if mps:
+    if model.mps_shared:
         container["command"] = [MPS_START]
         container["env"] = [{"name": "CUDA_MPS_PIPE_DIRECTORY", "value": MPS_PIPE_DIR},
                             {"name": "CUDA_MPS_LOG_DIRECTORY", "value": MPS_LOG_DIR}]
@@ -265,7 +264,7 @@ def ray_worker_pod(stack: Stack, model: ModelSpec, component: str) -> dict[str, 
         # Kubernetes must not kill a worker pod before Serve has drained its replica's generations.
         grace_s=math.ceil(model.lifecycle.graceful_shutdown_timeout_s) + WORKER_GRACE_MARGIN_S,
     )
-    if mps:  # the reason, on the pod where the daemon runs
+    if model.mps_shared:  # the reason, on the pod where the daemon runs
         annotations = template["metadata"].setdefault("annotations", {})
         annotations[GPU_SHARING_ANNOTATION] = type(model).model_fields["gpu_sharing"].description
     return template

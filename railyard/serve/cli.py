@@ -50,8 +50,7 @@ def run_serve_config(args: argparse.Namespace) -> int:
 def local_mps(stack, args: argparse.Namespace) -> bool:
     """Whether this `cluster up` starts a CUDA MPS daemon (railyard.serve.mps): a Ray it starts itself, engines
     not forced onto the CPU, and a model whose replicas share GPUs under gpu_sharing mps."""
-    return (not args.address and not args.cpu
-            and any(m.gpu_fraction < 1 and m.gpu_sharing == "mps" for m in stack.models))
+    return not args.address and not args.cpu and any(m.mps_shared for m in stack.models)
 
 
 def _interrupt(*_) -> None:

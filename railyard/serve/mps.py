@@ -44,6 +44,9 @@ class MpsDaemon:
         for key in ENV_KEYS:
             if os.environ.get(key) in (self.pipe_dir, self.log_dir):
                 del os.environ[key]
+        self.remove_dirs()
+
+    def remove_dirs(self) -> None:
         shutil.rmtree(self.pipe_dir, ignore_errors=True)
         shutil.rmtree(self.log_dir, ignore_errors=True)
 
@@ -74,8 +77,7 @@ def start() -> MpsDaemon | None:
     if done.returncode != 0:
         log.warning("gpu_sharing mps: %s -d failed (%s); replicas sharing a GPU time-slice", CONTROL,
                     (done.stderr or done.stdout).strip()[:200])
-        shutil.rmtree(daemon.pipe_dir, ignore_errors=True)
-        shutil.rmtree(daemon.log_dir, ignore_errors=True)
+        daemon.remove_dirs()
         return None
     os.environ.update(daemon.env())
     log.info("CUDA MPS: control daemon started (pipe %s)", daemon.pipe_dir)
