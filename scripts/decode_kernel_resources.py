@@ -36,7 +36,8 @@ def compile_decode(cache: str, block_n: int, warps: int, stages: int, maxnreg: i
                  "v_scale": "fp32", "q_stride_t": "i32", "q_stride_h": "i32", "out_stride_t": "i32",
                  "out_stride_h": "i32", "bt_stride": "i32", "plane_stride": "i32", "num_splits": "i32"}
     fp8 = cache == "fp8e4nv"
-    constexprs = dict(QWEN2_7B, BLOCK_N=block_n, IEEE=False, DIRECT=True, SCALE_V=fp8, F16_DOTS=fp8)
+    constexprs = dict(QWEN2_7B, BLOCK_N=block_n, IEEE=False, DIRECT=True, SCALE_V=fp8, F16_DOTS=fp8,
+                      V_TOKENS_INNER=fp8)
     signature.update({name: "constexpr" for name in constexprs})
     attrs = {(i,): [["tt.divisibility", 16]] for i in POINTER_OR_STRIDE}
     options = {"num_warps": warps, "num_stages": stages, **({} if maxnreg is None else {"maxnreg": maxnreg})}

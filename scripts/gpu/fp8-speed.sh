@@ -29,7 +29,7 @@ header
 
 # TESTS: the GPU tests to run first (default: the FP8 kernels' and GEMMs' three files; TESTS=tests/engine/layers/test_fp8.py
 # for the GEMM choices alone).
-TESTS=${TESTS:-"tests/engine/attention/test_fused_fp8_kernels.py tests/engine/layers/test_fp8.py tests/engine/attention/test_fp8_kernels.py"}
+TESTS=${TESTS:-"tests/engine/attention/test_fused_fp8_kernels.py tests/engine/layers/test_fp8.py tests/engine/attention/test_fp8_kernels.py tests/engine/attention/test_kv_layout.py"}
 export TESTS
 tests() {
   python3 -m pytest -q -p no:cacheprovider $TESTS > "$OUT/tests.txt" 2>&1

@@ -12,22 +12,24 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from railyard.engine.attention.kv_layout import key_blocks, value_blocks
 from railyard.engine.attention.metadata import AttentionMetadata
 from railyard.engine.layers.fp8 import FP8, cache_bits, quantize_kv
 
 
 def write_kv(kv_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slot_mapping: torch.Tensor,
              k_scale: float = 1.0, v_scale: float = 1.0) -> None:
-    """Store new keys/values at their slots; kv_cache is [2, num_blocks, block_size, kv_heads, head_dim]."""
-    _, nb, bs, hk, d = kv_cache.shape
-    bits = cache_bits(kv_cache)
-    bits[0].view(nb * bs, hk, d)[slot_mapping] = cache_bits(quantize_kv(k, k_scale, kv_cache.dtype))
-    bits[1].view(nb * bs, hk, d)[slot_mapping] = cache_bits(quantize_kv(v, v_scale, kv_cache.dtype))
+    """Store new keys/values at their slots; kv_cache is [2, num_blocks, block_size, kv_heads, head_dim]
+    (attention.kv_layout: an FP8 cache's value blocks keep tokens innermost)."""
+    bs = kv_cache.shape[2]
+    blocks, offsets = slot_mapping // bs, slot_mapping % bs
+    key_blocks(kv_cache)[blocks, offsets] = cache_bits(quantize_kv(k, k_scale, kv_cache.dtype))
+    value_blocks(kv_cache)[blocks, offsets] = cache_bits(quantize_kv(v, v_scale, kv_cache.dtype))
 
 
-def _read(plane: torch.Tensor, index: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """plane[index] (whole blocks) widened to the query dtype."""
-    return cache_bits(plane)[index].view(plane.dtype).to(dtype)
+def _read(blocks: torch.Tensor, index: torch.Tensor, cache_dtype: torch.dtype, dtype: torch.dtype) -> torch.Tensor:
+    """blocks[index] (whole blocks of key_blocks / value_blocks) widened to the query dtype."""
+    return blocks[index].contiguous().view(cache_dtype).to(dtype)
 
 
 class TorchAttentionBackend:
@@ -72,8 +74,9 @@ class TorchAttentionBackend:
         _, nb, bs, hk, d = kv_cache.shape
         n_blocks = -(-max_len // bs)
         table = meta.block_tables[:, :n_blocks].long()
-        keys = _read(kv_cache[0], table, q.dtype).reshape(b, n_blocks * bs, hk, d)[:, :max_len]
-        values = _read(kv_cache[1], table, q.dtype).reshape(b, n_blocks * bs, hk, d)[:, :max_len]
+        keys = _read(key_blocks(kv_cache), table, kv_cache.dtype, q.dtype).reshape(b, n_blocks * bs, hk, d)
+        values = _read(value_blocks(kv_cache), table, kv_cache.dtype, q.dtype).reshape(b, n_blocks * bs, hk, d)
+        keys, values = keys[:, :max_len], values[:, :max_len]
         mask = torch.arange(max_len, device=q.device)[None, :] < meta.seq_lens[:, None]
         groups = self.num_heads // hk
         qh = q.view(b, self.num_heads, 1, d)
@@ -85,8 +88,8 @@ class TorchAttentionBackend:
     def _gather(self, kv_cache: torch.Tensor, table: torch.Tensor, seq_len: int, dtype: torch.dtype):
         bs = kv_cache.shape[2]
         blocks = table[: -(-seq_len // bs)].long()
-        keys = _read(kv_cache[0], blocks, dtype).flatten(0, 1)[:seq_len]
-        values = _read(kv_cache[1], blocks, dtype).flatten(0, 1)[:seq_len]
+        keys = _read(key_blocks(kv_cache), blocks, kv_cache.dtype, dtype).flatten(0, 1)[:seq_len]
+        values = _read(value_blocks(kv_cache), blocks, kv_cache.dtype, dtype).flatten(0, 1)[:seq_len]
         return keys, values
 
     def _attend(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor,

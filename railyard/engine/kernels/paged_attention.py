@@ -1,4 +1,5 @@
-"""Triton kernels for paged attention over the KV cache layout [2, num_blocks, block_size, kv_heads, head_dim].
+"""Triton kernels for paged attention over the KV cache layout [2, num_blocks, block_size, kv_heads, head_dim]
+(an FP8 cache's value blocks keep tokens innermost, [kv_heads, head_dim, block_size]: attention/kv_layout.py).
 
 - `store_kv`: writes a step's new keys/values at their flat slots (slot < 0 is skipped, so padded
   rows of a CUDA-graph batch write nothing).
@@ -38,6 +39,7 @@ import torch
 import triton
 import triton.language as tl
 
+from railyard.engine.attention.kv_layout import values_tokens_inner
 from railyard.engine.kernels.fp8 import casts_through_fp16, to_e4m3
 from railyard.engine.layers.fp8 import reciprocal
 
@@ -47,7 +49,7 @@ _LOG2E = 1.4426950408889634
 @triton.jit
 def _store_kv_kernel(k_ptr, v_ptr, cache_ptr, slot_ptr, k_inv, v_inv,
                      k_stride_t, k_stride_h, v_stride_t, v_stride_h, plane_stride,
-                     NUM_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
+                     NUM_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE: tl.constexpr,
                      H_PAD: tl.constexpr, D_PAD: tl.constexpr, FP8: tl.constexpr, ROUND_TO_ODD: tl.constexpr):
     t = tl.program_id(0)
     slot = tl.load(slot_ptr + t).to(tl.int64)
@@ -62,7 +64,10 @@ def _store_kv_kernel(k_ptr, v_ptr, cache_ptr, slot_ptr, k_inv, v_inv,
             k = tl.minimum(tl.maximum(k.to(tl.float32) * k_inv, -448.0), 448.0)
             v = tl.minimum(tl.maximum(v.to(tl.float32) * v_inv, -448.0), 448.0)
             tl.store(cache_ptr + dst, to_e4m3(k, ROUND_TO_ODD), mask=mask)
-            tl.store(cache_ptr + plane_stride + dst, to_e4m3(v, ROUND_TO_ODD), mask=mask)
+            # value blocks [kv_heads, head_dim, PAGE], tokens innermost (attention.kv_layout)
+            v_dst = (slot // PAGE) * (PAGE * NUM_KV_HEADS * HEAD_DIM) + (h[:, None] * HEAD_DIM + d[None, :]) * PAGE \
+                + slot % PAGE
+            tl.store(cache_ptr + plane_stride + v_dst, to_e4m3(v, ROUND_TO_ODD), mask=mask)
         else:
             tl.store(cache_ptr + dst, k.to(cache_ptr.dtype.element_ty), mask=mask)
             tl.store(cache_ptr + plane_stride + dst, v.to(cache_ptr.dtype.element_ty), mask=mask)
@@ -83,7 +88,7 @@ def store_kv(kv_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slot_mapp
     _store_kv_kernel[(t,)](
         k, v, kv_cache, slot_mapping, reciprocal(k_scale), reciprocal(v_scale), k.stride(0), k.stride(1),
         v.stride(0), v.stride(1), kv_cache.stride(0),
-        NUM_KV_HEADS=hk, HEAD_DIM=d, H_PAD=triton.next_power_of_2(hk), D_PAD=triton.next_power_of_2(d),
+        NUM_KV_HEADS=hk, HEAD_DIM=d, PAGE=kv_cache.shape[2], H_PAD=triton.next_power_of_2(hk), D_PAD=triton.next_power_of_2(d),
         FP8=kv_cache.dtype == torch.float8_e4m3fn, ROUND_TO_ODD=casts_through_fp16(kv_cache.device),
         num_warps=1 if hk * d <= 512 else 4)
 
@@ -129,13 +134,32 @@ def _f16_queries(q, qk_scale):
 
 
 @triton.jit
-def _attend_tile(q, acc, m, l, cache_ptr, bt_row, toks, valid, score_mask, d, dmask, kvh, qk_scale,
+def _value_tile(cache_ptr, plane_stride, bt_row, start, end, valid, d, dmask, kvh, HEAD_DIM: tl.constexpr,
+                NUM_KV_HEADS: tl.constexpr, PAGE: tl.constexpr, BLOCK_N: tl.constexpr):
+    """The values of tokens start .. start + BLOCK_N (a whole number of pages from a page boundary) as
+    [BLOCK_N, D_PAD], from value blocks that keep tokens innermost (an FP8 cache: attention.kv_layout): each page's
+    [head_dim, PAGE] run is loaded as it lies, in 16-byte copies, then turned token-major in registers. Tokens not
+    `valid` (past `end` in the last page) read as zero."""
+    PAGES: tl.constexpr = BLOCK_N // PAGE
+    first = start + tl.arange(0, PAGES) * PAGE
+    page = tl.load(bt_row + first // PAGE, mask=first < end, other=0).to(tl.int64)
+    base = page * (PAGE * NUM_KV_HEADS * HEAD_DIM) + kvh * (HEAD_DIM * PAGE)
+    t = tl.arange(0, PAGE)
+    v = tl.load(cache_ptr + plane_stride + base[:, None, None] + d[None, :, None] * PAGE + t[None, None, :],
+                mask=(first < end)[:, None, None] & dmask[None, :, None], other=0.0)
+    v = tl.reshape(tl.permute(v, (0, 2, 1)), (BLOCK_N, v.shape[1]))
+    return tl.where(valid[:, None], v, 0.0)
+
+
+@triton.jit
+def _attend_tile(q, acc, m, l, cache_ptr, bt_row, start, end, toks, valid, score_mask, d, dmask, kvh, qk_scale,
                  plane_stride, HEAD_DIM: tl.constexpr, NUM_KV_HEADS: tl.constexpr, PAGE: tl.constexpr,
-                 IEEE: tl.constexpr):
-    """Fold one tile of paged keys/values (tokens `toks`, `valid` in range) into the running softmax
-    (acc, m, l) of the query rows q; score_mask [rows, tile] says which scores count. Shared by the
-    decode and prefill kernels, so both read the cache and round the same way. A narrower cache (bf16,
-    FP8) widens to q's dtype exactly; an FP8 cache's scales are the callers' (qk_scale, v_scale)."""
+                 IEEE: tl.constexpr, BLOCK_N: tl.constexpr, V_TOKENS_INNER: tl.constexpr):
+    """Fold one tile of paged keys/values (tokens `toks` = start .. start + BLOCK_N, `valid` below end) into the
+    running softmax (acc, m, l) of the query rows q; score_mask [rows, tile] says which scores count. Shared by
+    the decode and prefill kernels, so both read the cache and round the same way. A narrower cache (bf16,
+    FP8) widens to q's dtype exactly; an FP8 cache's scales are the callers' (qk_scale, v_scale), and its value
+    blocks keep tokens innermost (V_TOKENS_INNER)."""
     page = tl.load(bt_row + toks // PAGE, mask=valid, other=0).to(tl.int64)
     off = (page * PAGE + toks % PAGE) * (NUM_KV_HEADS * HEAD_DIM) + kvh * HEAD_DIM
     kv_mask = valid[:, None] & dmask[None, :]
@@ -150,7 +174,11 @@ def _attend_tile(q, acc, m, l, cache_ptr, bt_row, toks, valid, score_mask, d, dm
     p = tl.exp2(s - m_safe[:, None])
     alpha = tl.exp2(m - m_safe)
     l = l * alpha + tl.sum(p, 1)
-    v = tl.load(cache_ptr + plane_stride + off[:, None] + d[None, :], mask=kv_mask, other=0.0).to(q.dtype)
+    if V_TOKENS_INNER:
+        v = _value_tile(cache_ptr, plane_stride, bt_row, start, end, valid, d, dmask, kvh, HEAD_DIM, NUM_KV_HEADS,
+                        PAGE, BLOCK_N).to(q.dtype)
+    else:
+        v = tl.load(cache_ptr + plane_stride + off[:, None] + d[None, :], mask=kv_mask, other=0.0).to(q.dtype)
     if IEEE:
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
     else:
@@ -167,7 +195,8 @@ def _decode_split_kernel(q_ptr, cache_ptr, block_tables_ptr, seq_lens_ptr, part_
                          NUM_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr, GROUP: tl.constexpr,
                          G_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr,
                          PAGE: tl.constexpr, BLOCK_N: tl.constexpr, IEEE: tl.constexpr, DIRECT: tl.constexpr,
-                         SCALE_V: tl.constexpr, F16_DOTS: tl.constexpr = False):
+                         SCALE_V: tl.constexpr, F16_DOTS: tl.constexpr = False,
+                         V_TOKENS_INNER: tl.constexpr = False):
     b = tl.program_id(0)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
@@ -193,8 +222,9 @@ def _decode_split_kernel(q_ptr, cache_ptr, block_tables_ptr, seq_lens_ptr, part_
     for start in range(tok_start, tok_end, BLOCK_N):
         toks = start + tl.arange(0, BLOCK_N)
         valid = toks < tok_end
-        acc, m, l = _attend_tile(q, acc, m, l, cache_ptr, bt_row, toks, valid, valid[None, :], d, dmask, kvh,
-                                 qk_scale, plane_stride, HEAD_DIM, NUM_KV_HEADS, PAGE, IEEE)
+        acc, m, l = _attend_tile(q, acc, m, l, cache_ptr, bt_row, start, tok_end, toks, valid, valid[None, :], d,
+                                 dmask, kvh, qk_scale, plane_stride, HEAD_DIM, NUM_KV_HEADS, PAGE, IEEE, BLOCK_N,
+                                 V_TOKENS_INNER)
     if SCALE_V:  # an FP8 cache's V scale: the partials are linear in acc, so scaling here is scaling the output
         acc = acc * v_scale
     if DIRECT:  # one split: normalise here, as the merge would (same operations, same result)
@@ -228,6 +258,14 @@ def _merge_splits_kernel(part_acc_ptr, part_ml_ptr, out_ptr, out_stride_t, out_s
     total = tl.sum(l * w, 0)
     out = tl.sum(acc * w[:, None], 0) / tl.maximum(total, 1e-30)
     tl.store(out_ptr + b * out_stride_t + h * out_stride_h + d, out.to(out_ptr.dtype.element_ty), mask=d < HEAD_DIM)
+
+
+def _tile(block_n: int, kv_cache: torch.Tensor) -> int:
+    """A loop tile of block_n tokens, checked: value blocks that keep tokens innermost are read a page at a time."""
+    page = kv_cache.shape[2]
+    if values_tokens_inner(kv_cache) and block_n % page:
+        raise ValueError(f"a tile of {block_n} tokens over an FP8 cache must be a multiple of its {page}-token blocks")
+    return block_n
 
 
 def decode_splits(batch: int, num_kv_heads: int, max_seq_len: int, num_sms: int) -> int:
@@ -285,8 +323,9 @@ def paged_decode(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Te
         q.stride(0), q.stride(1), out.stride(0), out.stride(1), block_tables.stride(0), kv_cache.stride(0),
         num_splits,
         NUM_HEADS=num_heads, NUM_KV_HEADS=hk, GROUP=group, G_PAD=max(16, triton.next_power_of_2(group)),
-        HEAD_DIM=d, D_PAD=d_pad, PAGE=page, BLOCK_N=block_n or (64 if d_pad <= 128 else 32),
+        HEAD_DIM=d, D_PAD=d_pad, PAGE=page, BLOCK_N=_tile(block_n or (64 if d_pad <= 128 else 32), kv_cache),
         IEEE=q.dtype == torch.float32, DIRECT=direct, SCALE_V=scale_v, F16_DOTS=_f16_dots(q, kv_cache),
+        V_TOKENS_INNER=values_tokens_inner(kv_cache),
         num_warps=num_warps, num_stages=num_stages or decode_stages(kv_cache),
         **({} if (cap := maxnreg or decode_maxnreg(kv_cache)) is None else {"maxnreg": cap}))
     if direct:
@@ -303,7 +342,8 @@ def _prefill_kernel(q_ptr, cache_ptr, block_tables_ptr, seq_lens_ptr, query_star
                     qk_scale, v_scale, q_stride_t, q_stride_h, out_stride_t, out_stride_h, bt_stride, plane_stride,
                     NUM_KV_HEADS: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr,
                     D_PAD: tl.constexpr, PAGE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                    IEEE: tl.constexpr, SCALE_V: tl.constexpr, F16_DOTS: tl.constexpr = False):
+                    IEEE: tl.constexpr, SCALE_V: tl.constexpr, F16_DOTS: tl.constexpr = False,
+                    V_TOKENS_INNER: tl.constexpr = False):
     q_block = tl.program_id(0)
     b = tl.program_id(1)
     h = tl.program_id(2)
@@ -331,8 +371,9 @@ def _prefill_kernel(q_ptr, cache_ptr, block_tables_ptr, seq_lens_ptr, query_star
             toks = start + tl.arange(0, BLOCK_N)
             valid = toks < end
             causal = valid[None, :] & (toks[None, :] <= q_pos[:, None])
-            acc, m, l = _attend_tile(q, acc, m, l, cache_ptr, bt_row, toks, valid, causal, d, dmask, kvh,
-                                     qk_scale, plane_stride, HEAD_DIM, NUM_KV_HEADS, PAGE, IEEE)
+            acc, m, l = _attend_tile(q, acc, m, l, cache_ptr, bt_row, start, end, toks, valid, causal, d, dmask,
+                                     kvh, qk_scale, plane_stride, HEAD_DIM, NUM_KV_HEADS, PAGE, IEEE, BLOCK_N,
+                                     V_TOKENS_INNER)
         if SCALE_V:
             acc = acc * v_scale
         out = acc / tl.maximum(l, 1e-30)[:, None]
@@ -357,6 +398,6 @@ def paged_prefill(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.T
         q, kv_cache, block_tables, seq_lens, query_start_loc, out, qk_scale, v_scale,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1), block_tables.stride(0), kv_cache.stride(0),
         NUM_KV_HEADS=hk, GROUP=num_heads // hk, HEAD_DIM=d, D_PAD=d_pad, PAGE=page, BLOCK_M=block_m,
-        BLOCK_N=64 if d_pad <= 128 else 32, IEEE=q.dtype == torch.float32, SCALE_V=scale_v,
-        F16_DOTS=_f16_dots(q, kv_cache), num_warps=4, num_stages=2)
+        BLOCK_N=_tile(64 if d_pad <= 128 else 32, kv_cache), IEEE=q.dtype == torch.float32, SCALE_V=scale_v,
+        F16_DOTS=_f16_dots(q, kv_cache), V_TOKENS_INNER=values_tokens_inner(kv_cache), num_warps=4, num_stages=2)
     return out

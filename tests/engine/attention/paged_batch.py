@@ -13,26 +13,27 @@ PAGE = 8
 
 
 def random_batch(cached: list[int], new: list[int], heads: int, kv_heads: int, dim: int, dtype, seed: int,
-                 cache_dtype: torch.dtype | None = None):
-    """A random paged cache whose sequence i already holds cached[i] tokens and gets new[i] more.
+                 cache_dtype: torch.dtype | None = None, page: int = PAGE):
+    """A random paged cache of `page`-token blocks whose sequence i already holds cached[i] tokens and gets new[i]
+    more.
 
     cache_dtype: the cache's element type when it differs from the queries' (bf16, float8_e4m3fn)."""
     rng = random.Random(seed)
     gen = torch.Generator().manual_seed(seed)
     total = [c + n for c, n in zip(cached, new)]
-    pages_needed = sum(-(-t // PAGE) for t in total)
+    pages_needed = sum(-(-t // page) for t in total)
     free = list(range(1, pages_needed + 4))
     rng.shuffle(free)  # scattered, non-contiguous blocks
-    tables = [[free.pop() for _ in range(-(-t // PAGE))] for t in total]
+    tables = [[free.pop() for _ in range(-(-t // page))] for t in total]
     width = max(len(t) for t in tables)
-    cache = torch.randn((2, pages_needed + 4, PAGE, kv_heads, dim), generator=gen).to(cache_dtype or dtype)
+    cache = torch.randn((2, pages_needed + 4, page, kv_heads, dim), generator=gen).to(cache_dtype or dtype)
     t_new = sum(new)
     q = torch.randn((t_new, heads, dim), generator=gen).to(dtype)
     k = torch.randn((t_new, kv_heads, dim), generator=gen).to(dtype)
     v = torch.randn((t_new, kv_heads, dim), generator=gen).to(dtype)
     slots, starts = [], [0]
     for table, c, n in zip(tables, cached, new):
-        slots += [table[p // PAGE] * PAGE + p % PAGE for p in range(c, c + n)]
+        slots += [table[p // page] * page + p % page for p in range(c, c + n)]
         starts.append(starts[-1] + n)
     dev = DEVICE
     meta = AttentionMetadata(

@@ -10,6 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from railyard.engine.attention.kv_layout import key_blocks, value_blocks
 from railyard.engine.attention.torch_backend import TorchAttentionBackend
 from railyard.engine.layers.fp8 import FP8
 from tests.engine.attention.paged_batch import DEVICE, PAGE, random_batch
@@ -20,10 +21,8 @@ TOL = 1e-5 if DEVICE == "cpu" else 1e-4  # CUDA's float32 attention kernels sum 
 
 def _slots(cache: torch.Tensor, meta, plane: int) -> torch.Tensor:
     """The cache entries at the step's slots, [T, kv_heads, dim], as raw bytes for FP8."""
-    _, nb, bs, hk, d = cache.shape
-    flat = cache[plane].view(nb * bs, hk, d)
-    flat = flat.view(torch.uint8) if cache.dtype == FP8 else flat
-    return flat[meta.slot_mapping]
+    blocks = (key_blocks, value_blocks)[plane](cache)
+    return blocks[meta.slot_mapping // PAGE, meta.slot_mapping % PAGE]
 
 
 def _dense_oracle(q, cache, meta, scale, k_scale, v_scale) -> torch.Tensor:
@@ -36,8 +35,8 @@ def _dense_oracle(q, cache, meta, scale, k_scale, v_scale) -> torch.Tensor:
         table = meta.block_tables[i].tolist()
         pos = torch.arange(seq_len)
         rows = torch.tensor([table[p // PAGE] * PAGE + p % PAGE for p in pos.tolist()])
-        keys = cache[0].flatten(0, 1)[rows].double() * k_scale  # [L, hk, d]
-        values = cache[1].flatten(0, 1)[rows].double() * v_scale
+        keys = key_blocks(cache).flatten(0, 1)[rows].view(cache.dtype).double() * k_scale  # [L, hk, d]
+        values = value_blocks(cache).flatten(0, 1)[rows].view(cache.dtype).double() * v_scale
         s, e = starts[i], starts[i + 1]
         qi = q[s:e].double()  # [n, H, d]
         kh = keys.repeat_interleave(groups, dim=1)
@@ -77,7 +76,7 @@ def test_attention_over_an_fp8_cache_is_attention_over_its_dequantized_values(ca
     attn = TorchAttentionBackend(HEADS, KV_HEADS, DIM, DIM ** -0.5)
     attn.k_scale, attn.v_scale = k_scale, v_scale
     got = attn.forward(q, k, v, cache, meta)
-    want = _dense_oracle(q, cache.float(), meta, DIM ** -0.5, k_scale, v_scale)
+    want = _dense_oracle(q, cache, meta, DIM ** -0.5, k_scale, v_scale)
     torch.testing.assert_close(got.double().cpu(), want, atol=TOL, rtol=TOL)
 
 
@@ -88,7 +87,7 @@ def test_a_bf16_cache_under_a_float32_model_rounds_once_on_store(case):
     got = TorchAttentionBackend(HEADS, KV_HEADS, DIM, DIM ** -0.5).forward(q, k, v, cache, meta)
     assert torch.equal(_slots(cache, meta, 0), k.to(torch.bfloat16))
     assert torch.equal(_slots(cache, meta, 1), v.to(torch.bfloat16))
-    torch.testing.assert_close(got.double().cpu(), _dense_oracle(q, cache.float(), meta, DIM ** -0.5, 1.0, 1.0),
+    torch.testing.assert_close(got.double().cpu(), _dense_oracle(q, cache, meta, DIM ** -0.5, 1.0, 1.0),
                                atol=TOL, rtol=TOL)
 
 
