@@ -29,10 +29,22 @@ for each element within 2^29 of that maximum, and no overflow for a bf16 q beyon
 score scale takes the inverse power, so the scores are what the bf16 dot product gives, up to the tensor
 cores' accumulation order. The softmax weights p in [0, 1] round to float16 (11 significant bits, against
 bf16's 8) for the P.V product.
+
+FP8_DOTS (decode over an FP8 cache under 16-bit queries on Hopper, `fp8_dots`): the F16_DOTS loop is bound by
+instructions per token, not bytes (846 a 64-token tile against bf16's 398 in the sm_90 SASS: the widening
+conversions, and q reloaded from shared memory each tile, since Triton gives 16-row dots mma.sync), so it took as
+long as a bf16 cache for half the bytes (BENCHMARKS.md, issue 15). _decode_fp8_dots_kernel puts the tokens in
+wgmma's 64-row dimension (S^T = K q^T, O^T = V^T P^T) and feeds the cache's bytes to FP8 tensor cores as they are:
+q is cast to e4m3 (scaled so its largest element is 256), and so is P (times 256); 366 instructions a tile. That
+is what vLLM does on Hopper with an FP8 cache and FlashAttention 3 (the query quantized to FP8 for the FP8 kernel,
+P in FP8 inside it). It changes the arithmetic: the output moves ~1-3% in relative L2 from the float16-dots
+kernel's on random data (tests/engine/attention/test_fp8_kernels.py bounds it; BENCHMARKS.md has the 7B shape's
+per-layer and logit effect). RAILYARD_FP8_KV_DOTS=f16 keeps the float16 dots.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 
 import torch
@@ -60,9 +72,12 @@ def _store_kv_kernel(k_ptr, v_ptr, cache_ptr, slot_ptr, k_inv, v_inv,
         k = tl.load(k_ptr + t * k_stride_t + h[:, None] * k_stride_h + d[None, :], mask=mask)
         v = tl.load(v_ptr + t * v_stride_t + h[:, None] * v_stride_h + d[None, :], mask=mask)
         dst = slot * (NUM_KV_HEADS * HEAD_DIM) + h[:, None] * HEAD_DIM + d[None, :]
-        if FP8:  # times the float32 reciprocal of the layer's scale (as layers.fp8.quantize_kv), saturate, round
-            k = tl.minimum(tl.maximum(k.to(tl.float32) * k_inv, -448.0), 448.0)
-            v = tl.minimum(tl.maximum(v.to(tl.float32) * v_inv, -448.0), 448.0)
+        if FP8:  # times the float32 reciprocal of the layer's scale (as layers.fp8.quantize_kv), NaN as 0, saturate,
+            # round: an FP8 cache never holds a NaN byte, so the FP8_DOTS kernel may read a block's tail unmasked
+            k = k.to(tl.float32) * k_inv
+            v = v.to(tl.float32) * v_inv
+            k = tl.minimum(tl.maximum(tl.where(k != k, 0.0, k), -448.0), 448.0)
+            v = tl.minimum(tl.maximum(tl.where(v != v, 0.0, v), -448.0), 448.0)
             tl.store(cache_ptr + dst, to_e4m3(k, ROUND_TO_ODD), mask=mask)
             # value blocks [kv_heads, head_dim, PAGE], tokens innermost (attention.kv_layout)
             v_dst = (slot // PAGE) * (PAGE * NUM_KV_HEADS * HEAD_DIM) + (h[:, None] * HEAD_DIM + d[None, :]) * PAGE \
@@ -111,6 +126,24 @@ _F16_DOTS_ON = os.environ.get("RAILYARD_FP8_KV_F16_DOTS", "1") != "0"
 def _f16_dots(q: torch.Tensor, kv_cache: torch.Tensor) -> bool:
     """An FP8 cache under 16-bit queries: both dot products in float16 (the module docstring says why)."""
     return _F16_DOTS_ON and kv_cache.dtype == torch.float8_e4m3fn and q.dtype in (torch.bfloat16, torch.float16)
+
+
+# RAILYARD_FP8_KV_DOTS=f16: decode over an FP8 cache in float16 dot products (F16_DOTS) even where FP8 tensor cores
+# could take it (for A/B measurements of the FP8_DOTS kernel).
+_FP8_DOTS_ON = os.environ.get("RAILYARD_FP8_KV_DOTS", "fp8") != "f16"
+
+
+@functools.cache
+def _has_wgmma(device_index: int) -> bool:
+    return torch.cuda.get_device_capability(device_index) >= (9, 0)
+
+
+def fp8_dots(q: torch.Tensor, kv_cache: torch.Tensor) -> bool:
+    """Whether decode over this cache runs _decode_fp8_dots_kernel: an FP8 cache, 16-bit queries, a Hopper (or
+    newer) GPU, head dims and blocks its tiles take (the module docstring says why, and what it rounds)."""
+    page, d = kv_cache.shape[2], kv_cache.shape[4]
+    return (_FP8_DOTS_ON and _f16_dots(q, kv_cache) and q.is_cuda and _has_wgmma(q.device.index or 0)
+            and d in (64, 128, 256) and 8 <= page <= 64 and 64 % page == 0)
 
 
 def _kv_scales(kv_cache: torch.Tensor, scale: float, k_scale: float, v_scale: float) -> tuple[float, bool]:
@@ -239,6 +272,76 @@ def _decode_split_kernel(q_ptr, cache_ptr, block_tables_ptr, seq_lens_ptr, part_
     tl.store(part_ml_ptr + row * 2 + 1, l, mask=gmask)
 
 
+@triton.jit(do_not_specialize=["bt_stride", "num_splits"])
+def _decode_fp8_dots_kernel(q_ptr, cache_ptr, block_tables_ptr, seq_lens_ptr, part_acc_ptr, part_ml_ptr,
+                            out_ptr, qk_scale, v_scale, q_stride_t, q_stride_h, out_stride_t, out_stride_h,
+                            bt_stride, plane_stride, num_splits,
+                            NUM_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr, GROUP: tl.constexpr,
+                            G_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE: tl.constexpr, BLOCK_N: tl.constexpr,
+                            DIRECT: tl.constexpr):
+    """Decode over an FP8 cache with both products on FP8 tensor cores (FP8_DOTS; the module docstring says why):
+    the tokens are the MMA's 64-row side, S^T = K q^T and O^T = V^T P^T, so K and V enter as the cache's bytes.
+    q is scaled per program so its largest element is 256 and cast to e4m3; P (in [0, 1]) is cast as P * 256;
+    both scales are divided out in float32. V blocks keep tokens innermost (attention.kv_layout), which is the
+    layout V^T's operand wants. Partials and the direct output as _decode_split_kernel's."""
+    b = tl.program_id(0)
+    kvh = tl.program_id(1)
+    split = tl.program_id(2)
+    seq_len = tl.load(seq_lens_ptr + b)
+    # Splits of whole tiles: each tile starts at a multiple of BLOCK_N (so of PAGE), which the compiler sees, so it
+    # copies each page's 16-byte runs of keys and values as such, asynchronously, a few tiles ahead.
+    tiles_per_split = tl.cdiv(tl.cdiv(seq_len, BLOCK_N), num_splits)
+    tile_start = split * tiles_per_split
+    tile_end = tl.minimum(tl.cdiv(seq_len, BLOCK_N), tile_start + tiles_per_split)
+
+    g = tl.arange(0, G_PAD)
+    d = tl.arange(0, HEAD_DIM)
+    gmask = g < GROUP
+    heads = kvh * GROUP + g
+    q = tl.load(q_ptr + b * q_stride_t + heads[:, None] * q_stride_h + d[None, :], mask=gmask[:, None],
+                other=0.0).to(tl.float32)
+    q_up = 256.0 / tl.maximum(tl.max(tl.max(tl.abs(q), 1), 0), 1e-30)
+    q_t = tl.trans((q * q_up).to(tl.float8e4nv))  # [HEAD_DIM, G_PAD]
+    qk_scale = qk_scale / q_up
+    m = tl.full([G_PAD], float("-inf"), tl.float32)
+    l = tl.zeros([G_PAD], tl.float32)
+    acc_t = tl.zeros([HEAD_DIM, G_PAD], tl.float32)
+    bt_row = block_tables_ptr + b.to(tl.int64) * bt_stride
+    n = tl.arange(0, BLOCK_N)
+    for tile in range(tile_start, tile_end):
+        toks = tile * BLOCK_N + n
+        valid = toks < seq_len
+        page = tl.load(bt_row + toks // PAGE, mask=valid, other=0).to(tl.int64)
+        # Tokens past the end read finite bytes (a stale or zeroed block: store_kv saturates, so an FP8 cache holds
+        # no NaN) whose scores are masked to -inf and whose weights are 0.
+        k = tl.load(cache_ptr + ((page * PAGE + toks % PAGE) * (NUM_KV_HEADS * HEAD_DIM) + kvh * HEAD_DIM)[:, None]
+                    + d[None, :])  # [BLOCK_N, HEAD_DIM]
+        s_t = tl.dot(k, q_t)  # [BLOCK_N, G_PAD]
+        s_t = tl.where(valid[:, None], s_t * qk_scale, float("-inf"))
+        m_new = tl.maximum(m, tl.max(s_t, 0))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        p_t = tl.exp2(s_t - m_safe[None, :])
+        alpha = tl.exp2(m - m_safe)
+        l = l * alpha + tl.sum(p_t, 0)
+        # value blocks [hk, d, PAGE] (attention.kv_layout): V^T [HEAD_DIM, BLOCK_N] in runs of PAGE tokens
+        v_off = (page * (PAGE * NUM_KV_HEADS * HEAD_DIM) + kvh * (HEAD_DIM * PAGE) + toks % PAGE)[None, :] \
+            + d[:, None] * PAGE
+        # runs of PAGE tokens from multiples of PAGE: the compiler cannot see through the block table's load
+        v_t = tl.load(cache_ptr + plane_stride + tl.max_contiguous(tl.multiple_of(v_off, [PAGE, PAGE]), [1, PAGE]))
+        acc_t = acc_t * alpha[None, :] + tl.dot(v_t, (p_t * 256.0).to(tl.float8e4nv))
+        m = m_new
+    acc_t = acc_t * (v_scale / 256.0)
+    if DIRECT:
+        out_t = acc_t / tl.maximum(l, 1e-30)[None, :]
+        tl.store(out_ptr + b * out_stride_t + heads[None, :] * out_stride_h + d[:, None],
+                 out_t.to(out_ptr.dtype.element_ty), mask=gmask[None, :])
+        return
+    row = (b * NUM_HEADS + heads) * num_splits + split
+    tl.store(part_acc_ptr + row[None, :] * HEAD_DIM + d[:, None], acc_t, mask=gmask[None, :])
+    tl.store(part_ml_ptr + row * 2, m, mask=gmask)
+    tl.store(part_ml_ptr + row * 2 + 1, l, mask=gmask)
+
+
 @triton.jit(do_not_specialize=["num_splits"])
 def _merge_splits_kernel(part_acc_ptr, part_ml_ptr, out_ptr, out_stride_t, out_stride_h, num_splits,
                          NUM_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr,
@@ -301,13 +404,14 @@ def decode_stages(kv_cache: torch.Tensor) -> int:
 def paged_decode(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Tensor, seq_lens: torch.Tensor,
                  scale: float, num_splits: int, out: torch.Tensor | None = None, *, block_n: int | None = None,
                  num_warps: int = 4, num_stages: int | None = None, maxnreg: int | None = None,
-                 k_scale: float = 1.0, v_scale: float = 1.0) -> torch.Tensor:
+                 k_scale: float = 1.0, v_scale: float = 1.0, use_fp8_dots: bool | None = None) -> torch.Tensor:
     """q [B, H, d] -> out [B, H, d]; one new token per sequence whose KV is already in the cache.
 
     block_n / num_warps / num_stages / maxnreg: launch configuration (scripts/gpu/tune_decode.py sweeps them;
     num_stages None: decode_stages(kv_cache); maxnreg None: decode_maxnreg(kv_cache); a register cap lets more
     programs share an SM: scripts/decode_kernel_resources.py shows registers and spills without a GPU).
-    k_scale / v_scale: an FP8 cache's per-layer scales (ignored for other caches)."""
+    k_scale / v_scale: an FP8 cache's per-layer scales (ignored for other caches). use_fp8_dots: run
+    _decode_fp8_dots_kernel (None: where fp8_dots says; the tests force it on the CPU interpreter)."""
     b, num_heads, d = q.shape
     _, _, page, hk, _ = kv_cache.shape
     _check_cache(kv_cache, hk, d)
@@ -318,16 +422,25 @@ def paged_decode(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Te
     direct = num_splits == 1  # no partials to merge: the kernel writes the output itself
     part_acc = torch.empty((b, num_heads, 1 if direct else num_splits, d_pad), dtype=torch.float32, device=q.device)
     part_ml = torch.empty((b, num_heads, 1 if direct else num_splits, 2), dtype=torch.float32, device=q.device)
-    _decode_split_kernel[(b, hk, num_splits)](
-        q, kv_cache, block_tables, seq_lens, part_acc, part_ml, out, qk_scale, v_scale,
-        q.stride(0), q.stride(1), out.stride(0), out.stride(1), block_tables.stride(0), kv_cache.stride(0),
-        num_splits,
-        NUM_HEADS=num_heads, NUM_KV_HEADS=hk, GROUP=group, G_PAD=max(16, triton.next_power_of_2(group)),
-        HEAD_DIM=d, D_PAD=d_pad, PAGE=page, BLOCK_N=_tile(block_n or (64 if d_pad <= 128 else 32), kv_cache),
-        IEEE=q.dtype == torch.float32, DIRECT=direct, SCALE_V=scale_v, F16_DOTS=_f16_dots(q, kv_cache),
-        V_TOKENS_INNER=values_tokens_inner(kv_cache),
-        num_warps=num_warps, num_stages=num_stages or decode_stages(kv_cache),
-        **({} if (cap := maxnreg or decode_maxnreg(kv_cache)) is None else {"maxnreg": cap}))
+    if fp8_dots(q, kv_cache) if use_fp8_dots is None else use_fp8_dots:
+        _decode_fp8_dots_kernel[(b, hk, num_splits)](
+            q, kv_cache, block_tables, seq_lens, part_acc, part_ml, out, qk_scale, v_scale,
+            q.stride(0), q.stride(1), out.stride(0), out.stride(1), block_tables.stride(0), kv_cache.stride(0),
+            num_splits, NUM_HEADS=num_heads, NUM_KV_HEADS=hk, GROUP=group,
+            G_PAD=max(16, triton.next_power_of_2(group)), HEAD_DIM=d, PAGE=page, BLOCK_N=block_n or 64,
+            DIRECT=direct, num_warps=num_warps, num_stages=num_stages or 2,
+            **({} if maxnreg is None else {"maxnreg": maxnreg}))
+    else:
+        _decode_split_kernel[(b, hk, num_splits)](
+            q, kv_cache, block_tables, seq_lens, part_acc, part_ml, out, qk_scale, v_scale,
+            q.stride(0), q.stride(1), out.stride(0), out.stride(1), block_tables.stride(0), kv_cache.stride(0),
+            num_splits,
+            NUM_HEADS=num_heads, NUM_KV_HEADS=hk, GROUP=group, G_PAD=max(16, triton.next_power_of_2(group)),
+            HEAD_DIM=d, D_PAD=d_pad, PAGE=page, BLOCK_N=_tile(block_n or (64 if d_pad <= 128 else 32), kv_cache),
+            IEEE=q.dtype == torch.float32, DIRECT=direct, SCALE_V=scale_v, F16_DOTS=_f16_dots(q, kv_cache),
+            V_TOKENS_INNER=values_tokens_inner(kv_cache),
+            num_warps=num_warps, num_stages=num_stages or decode_stages(kv_cache),
+            **({} if (cap := maxnreg or decode_maxnreg(kv_cache)) is None else {"maxnreg": cap}))
     if direct:
         return out
     _merge_splits_kernel[(b, num_heads)](

@@ -293,8 +293,8 @@ def quantize_kv(x: torch.Tensor, scale: float, cache_dtype: torch.dtype) -> torc
     """New keys or values as the cache stores them: times the float32 reciprocal of the layer's scale and cast when
     the cache is FP8 (kernels.paged_attention.store_kv does the same), a plain cast otherwise (a bf16 cache under
     a float32 model)."""
-    if cache_dtype == FP8:
-        return to_fp8(x.float() * reciprocal(scale))
+    if cache_dtype == FP8:  # NaN as 0, as store_kv: an FP8 cache holds no NaN byte (kernels/paged_attention.py)
+        return to_fp8(torch.nan_to_num(x.float() * reciprocal(scale), nan=0.0))
     return x.to(cache_dtype)
 
 

@@ -195,7 +195,8 @@ def test_fp8_decode_with_gqa_group_of_seven_and_head_dim_16():
 
 
 @pytest.mark.skipif(DEVICE == "cpu", reason="bf16 dot products: GPU only (interpreter bf16 casts)")
-def test_bf16_queries_over_an_fp8_cache_with_7b_head_shapes():
+def test_bf16_queries_over_an_fp8_cache_with_7b_head_shapes(monkeypatch):
+    monkeypatch.setattr(paged_attention, "_FP8_DOTS_ON", False)  # the float16 dots; FP8_DOTS: the tests below
     _compare(cached=[0, 200, 999], new=[300, 1, 1], heads=28, kv_heads=4, dim=128, k_scale=0.5, v_scale=2.0,
              dtype=torch.bfloat16)
 
@@ -297,3 +298,74 @@ def test_an_engine_on_the_triton_backend_generates_what_the_torch_backend_does_o
                                     llm.generate(prompt_token_ids=prompts, sampling_params=params, use_tqdm=False)]
         assert llm.engine.stats().prefix_cache_hits > 0
     assert tokens["triton", 1] == tokens["triton", 2] == tokens["torch", 1] == tokens["torch", 2]
+
+
+# -- FP8_DOTS: decode on FP8 tensor cores (paged_attention.py's module docstring) ------------------------------------
+def _fp8_dots_against_the_torch_backend(heads, kv_heads, dim, cached, splits, seed, dtype=torch.float16):
+    """(relative L2 error, smallest per-head cosine) of the FP8-dots decode against the torch backend's exact
+    attention over the same FP8 bytes (float16 queries on the CPU: the interpreter's bf16 casts truncate)."""
+    q, k, v, cache, meta = random_batch(cached, [1] * len(cached), heads, kv_heads, dim, dtype, seed,
+                                        cache_dtype=FP8, page=16)
+    torch_attn = TorchAttentionBackend(heads, kv_heads, dim, dim ** -0.5)
+    torch_attn.k_scale, torch_attn.v_scale = 0.5, 2.0
+    want = torch_attn.forward(q, k, v, cache.clone(), meta).float().view(len(cached), heads, dim)
+    store_kv(cache, k, v, meta.slot_mapping, 0.5, 2.0)
+    got = paged_decode(q, cache, meta.block_tables, meta.seq_lens, dim ** -0.5, num_splits=splits, k_scale=0.5,
+                       v_scale=2.0, use_fp8_dots=True).float()
+    cos = torch.nn.functional.cosine_similarity(got.reshape(-1, dim), want.reshape(-1, dim), dim=-1)
+    return ((got - want).norm() / want.norm()).item(), cos.min().item()
+
+
+@pytest.mark.parametrize("splits", [1, 3])
+@pytest.mark.parametrize("heads, kv_heads, dim, cached", [(14, 2, 64, [5, 40, 1, 77]), (28, 4, 128, [0, 200, 130])])
+def test_fp8_dots_decode_stays_within_e4m3_rounding_of_exact_attention(heads, kv_heads, dim, cached, splits):
+    """q and P rounded to e4m3 (3 fraction bits: up to 2^-4 relative each) move the output by 0.7-2.2% in relative
+    L2 here (per-head cosine >= 0.9989); the bounds leave ~2x. A wrong tile, page or scale gives O(1) errors."""
+    rel, cos = _fp8_dots_against_the_torch_backend(heads, kv_heads, dim, cached, splits, seed=len(cached))
+    assert rel < 0.045 and cos > 0.997
+
+
+@pytest.mark.skipif(DEVICE == "cpu", reason="bf16 queries and wgmma: GPU only")
+@pytest.mark.parametrize("splits", [1, 4])
+def test_fp8_dots_decode_with_7b_head_shapes_and_long_contexts_on_the_gpu(splits):
+    rel, cos = _fp8_dots_against_the_torch_backend(28, 4, 128, [0, 200, 999, 1500], splits, seed=11,
+                                                   dtype=torch.bfloat16)
+    assert rel < 0.045 and cos > 0.997
+
+
+def test_fp8_dots_decode_of_an_empty_sequence_is_zero_and_other_rows_are_unchanged():
+    """A padded CUDA-graph row has seq_len 0: its output is 0 (not NaN), and it changes no other row."""
+    q, k, v, cache, meta = random_batch([40, 9], [1, 1], 14, 2, 64, torch.float16, seed=2, cache_dtype=FP8, page=16)
+    store_kv(cache, k, v, meta.slot_mapping)
+    full = paged_decode(q, cache, meta.block_tables, meta.seq_lens, 0.125, num_splits=1, use_fp8_dots=True)
+    seq_lens = meta.seq_lens.clone()
+    seq_lens[1] = 0
+    for splits in (1, 2):
+        got = paged_decode(q, cache, meta.block_tables, seq_lens, 0.125, num_splits=splits, use_fp8_dots=True)
+        assert torch.equal(got[1], torch.zeros_like(got[1]))
+        torch.testing.assert_close(got[0], full[0], atol=2e-3, rtol=2e-2)
+
+
+def test_store_kv_writes_nan_as_zero_so_an_fp8_cache_never_holds_a_nan_byte():
+    """The FP8-dots kernel reads the tail of a sequence's last block unmasked (weight 0): 0 * NaN would poison the
+    output, so no NaN may ever be stored; the torch backend stores the same bytes."""
+    q, k, v, cache, meta = random_batch([3], [4], 4, 2, 32, torch.float32, seed=9, cache_dtype=FP8)
+    k[1, 0, :3] = torch.tensor([float("nan"), float("inf"), -float("inf")], device=k.device)
+    v[2, 1, 5] = float("nan")
+    ref = cache.clone()
+    store_kv(cache, k, v, meta.slot_mapping)
+    TorchAttentionBackend(4, 2, 32, 0.1).forward(q, k, v, ref, meta)
+    assert not cache.float().isnan().any() and torch.equal(_bits(cache), _bits(ref))
+
+
+def test_fp8_dots_runs_only_for_16_bit_queries_over_an_fp8_cache_on_a_hopper_gpu(monkeypatch):
+    cache = torch.zeros((2, 4, 16, 2, 64), dtype=FP8)
+    q16 = torch.zeros((1, 4, 64), dtype=torch.float16)
+    assert not paged_attention.fp8_dots(q16, cache)  # CPU tensors: the interpreter only when a test asks
+    if DEVICE == "cuda":
+        want = torch.cuda.get_device_capability() >= (9, 0)
+        assert paged_attention.fp8_dots(q16.cuda(), cache.cuda()) == want
+        assert not paged_attention.fp8_dots(q16.float().cuda(), cache.cuda())  # float32 models: exact dots
+        assert not paged_attention.fp8_dots(q16.cuda(), cache.to(torch.bfloat16).cuda())
+        monkeypatch.setattr(paged_attention, "_FP8_DOTS_ON", False)  # RAILYARD_FP8_KV_DOTS=f16
+        assert not paged_attention.fp8_dots(q16.cuda(), cache.cuda())
