@@ -104,6 +104,47 @@ def prefill(runner: ModelRunner, prompts: list[list[int]]) -> PrefillOutputs:
     return PrefillOutputs(layers, logits.float())
 
 
+def prefill_then_decode(runner: ModelRunner, prompts: list[list[int]], decode_tokens: int) -> PrefillOutputs:
+    """Each prompt's last `decode_tokens` tokens fed one decode step at a time (teacher-forced) after a prefill of
+    the rest: the layer outputs and logits of those decode positions only, [len(prompts) * decode_tokens, ...]
+    ordered step by step. Decode steps read the cache through the decode kernel, which prefill never runs."""
+    bs = runner.block_size
+    heads = [p[:-decode_tokens] for p in prompts]
+    tables, next_block = [], 0
+    for p in prompts:
+        tables.append(list(range(next_block, next_block + -(-len(p) // bs))))
+        next_block += len(tables[-1])
+    ids, positions, slots, starts = [], [], [], [0]
+    for p, table in zip(heads, tables):
+        ids += p
+        positions += range(len(p))
+        slots += [table[i // bs] * bs + i % bs for i in range(len(p))]
+        starts.append(starts[-1] + len(p))
+    runner.compute_logits(StepPlan(ids, positions, slots, starts, [len(p) for p in heads], tables,
+                                   [starts[i + 1] - 1 for i in range(len(heads))], [], []))
+    layers: list[list[torch.Tensor]] = [[] for _ in runner.model.model.layers]
+    logits: list[torch.Tensor] = []
+
+    def keeper(i: int):
+        def keep(module, inputs, output) -> None:
+            x, residual = output
+            layers[i].append(x.float() + residual.float())
+        return keep
+
+    hooks = [layer.register_forward_hook(keeper(i)) for i, layer in enumerate(runner.model.model.layers)]
+    try:
+        for step in range(decode_tokens):
+            pos = [len(h) + step for h in heads]
+            plan = StepPlan([p[n] for p, n in zip(prompts, pos)], pos,
+                            [t[n // bs] * bs + n % bs for t, n in zip(tables, pos)], list(range(len(prompts) + 1)),
+                            [n + 1 for n in pos], tables, list(range(len(prompts))), [], [])
+            logits.append(runner.compute_logits(plan).float())
+    finally:
+        for h in hooks:
+            h.remove()
+    return PrefillOutputs([torch.cat(x) for x in layers], torch.cat(logits))
+
+
 def compare(reference: PrefillOutputs, candidate: PrefillOutputs, chunk: int = 256) -> Comparison:
     if len(reference.layers) != len(candidate.layers) or reference.logits.shape != candidate.logits.shape:
         raise ValueError("reference and candidate must be the same model over the same prompts")
@@ -124,17 +165,22 @@ def compare(reference: PrefillOutputs, candidate: PrefillOutputs, chunk: int = 2
 
 
 def compare_prefill(model: str, prompts: list[list[int]], reference_args: dict,
-                    candidates: dict[str, dict], **common_args) -> dict[str, Comparison]:
+                    candidates: dict[str, dict], decode_tokens: int = 0, **common_args) -> dict[str, Comparison]:
     """Each candidate's engine arguments against the reference's (same model, weights, prompts).
 
-    One runner lives at a time (a 7B reference and its FP8 twin need not share the GPU)."""
+    decode_tokens > 0: compare the last decode_tokens positions of each prompt fed as decode steps
+    (prefill_then_decode) instead of one prefill. One runner lives at a time (a 7B reference and its FP8 twin
+    need not share the GPU)."""
+    def run(runner: ModelRunner) -> PrefillOutputs:
+        return prefill_then_decode(runner, prompts, decode_tokens) if decode_tokens else prefill(runner, prompts)
+
     ref_runner = build_runner(model, prompts, **common_args, **reference_args)
-    reference = prefill(ref_runner, prompts)
+    reference = run(ref_runner)
     del ref_runner
     results = {}
     for name, args in candidates.items():
         runner = build_runner(model, prompts, **common_args, **args)
-        results[name] = compare(reference, prefill(runner, prompts))
+        results[name] = compare(reference, run(runner))
         del runner
         if torch.cuda.is_available():
             torch.cuda.empty_cache()

@@ -21,6 +21,7 @@ from __future__ import annotations
 import random
 
 import pytest
+import torch
 
 from railyard.bench.accuracy import compare_prefill, greedy_agreement
 from railyard.engine.config import SamplingParams
@@ -99,3 +100,29 @@ def test_a_named_shape_can_be_cut_to_its_first_layers(tiny_model):
     assert (spec.num_layers, spec.hidden_size, model_dir) == (4, 3584, None)
     with pytest.raises(ValueError, match="named shapes only"):
         model_spec(tiny_model, num_layers=1)
+
+
+def test_teacher_forced_decode_steps_compute_what_prefill_computes_at_those_positions(tiny_models):
+    """prefill_then_decode's last positions, one decode step at a time, against one prefill of the whole prompts
+    (float32): the same function through the decode path, so its FP8 measurements below measure the cache."""
+    from railyard.bench.accuracy import build_runner, prefill, prefill_then_decode
+
+    prompts, d = PROMPTS[:3], 4
+    whole = prefill(build_runner(tiny_models["qwen2"], prompts, device="cpu", dtype="float32"), prompts)
+    stepped = prefill_then_decode(build_runner(tiny_models["qwen2"], prompts, device="cpu", dtype="float32"),
+                                  prompts, d)
+    ends = [sum(map(len, prompts[:i + 1])) for i in range(len(prompts))]
+    rows = [end - d + step for step in range(d) for end in ends]  # step-major, as prefill_then_decode orders them
+    assert stepped.logits.shape == (len(prompts) * d, whole.logits.shape[1])
+    for a, b in zip(whole.layers + [whole.logits], stepped.layers + [stepped.logits]):
+        torch.testing.assert_close(b, a[rows], atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_decode_steps_over_an_fp8_cache_stay_as_close_as_prefill(tiny_models, arch):
+    """16 teacher-forced decode positions per prompt over an FP8 cache against bf16's: the prefill thresholds."""
+    result = compare_prefill(tiny_models[arch], PROMPTS, {}, {"fp8 kv": dict(kv_cache_dtype="fp8")},
+                             decode_tokens=16, device="cpu", dtype="bfloat16")["fp8 kv"]
+    assert result.num_tokens == 16 * len(PROMPTS)
+    cosine, kl = THRESHOLDS["fp8 kv cache"]
+    assert min(result.layer_cosine) >= cosine and result.logit_kl_mean <= kl, result.to_dict()
