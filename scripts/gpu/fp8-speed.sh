@@ -17,7 +17,9 @@
 # bit for bit (step 2 and the kernel tests check it), and the GEMM choices are those the fifth run checked.
 # BENCH_ONLY=1: the tests and the benches only (no kernel bench, decode sweep or profile: 4 files in $OUT).
 # SILU=0: no SiLU-and-mul kernel bench; PROFILE=0: no profile; SMALL=0: no qwen3-0.6b benches; ROUNDS=1: the 7B
-# variants once (default 2, interleaved); WEIGHTS_ONLY=0: no FP8-weights-only 7B variant.
+# variants once (default 2, interleaved: bf16 and FP8 + FP8 KV again); WEIGHTS_ONLY=0: no FP8-weights-only 7B
+# variant; F16_DOTS_AB=0: no FP8 + FP8 KV run with the float16-dots decode kernel; ACCURACY=1: fp8_check.py
+# accuracy after the benches (fp8_accuracy.json).
 # DRY_RUN=1: the same 7B steps on the CPU with the embedded tiny model and auto (a check of this script).
 set -o pipefail
 export PYTHONUNBUFFERED=1
@@ -60,18 +62,23 @@ export WORKLOAD
 # CAPS: register caps of the decode kernel over the FP8 cache, each a FP8 + FP8 KV variant in both rounds
 # ($RAILYARD_FP8_DECODE_MAXNREG; default "128 104", the spill-free caps of scripts/decode_kernel_resources.py;
 # CAPS="" for none).
-CAPS=${CAPS-"128 104"}
+CAPS=${CAPS-""}
 bench_cap() { local cap=$1; shift; RAILYARD_FP8_DECODE_MAXNREG=$cap bench "$@"; }
-export -f bench_cap
+# F16_DOTS_AB=1 (default): FP8 + FP8 KV also with the decode kernel's float16 dots (RAILYARD_FP8_KV_DOTS=f16, the
+# kernel before FP8_DOTS), in the first round.
+bench_f16dots() { RAILYARD_FP8_KV_DOTS=f16 bench "$@"; }
+export -f bench_cap bench_f16dots
 ROUND_NAMES=""; [ "${ROUNDS:-2}" = 1 ] || ROUND_NAMES="-again"
 for round in "" $ROUND_NAMES; do
   step "bench bf16$round" 45 bench bf16$round
   step "bench fp8 auto + fp8 kv$round" 45 bench fp8-auto-kv$round --quantization fp8 --kv-cache-dtype fp8 $AUTO
+  [ -z "$round" ] && [ "${F16_DOTS_AB:-1}" != 0 ] && step "bench fp8 auto + fp8 kv, float16 dots" 45 \
+    bench_f16dots fp8-auto-kv-f16dots --quantization fp8 --kv-cache-dtype fp8 $AUTO
   for cap in $CAPS; do
     step "bench fp8 auto + fp8 kv, decode registers <= $cap$round" 45 \
       bench_cap $cap fp8-auto-kv-cap$cap$round --quantization fp8 --kv-cache-dtype fp8 $AUTO
   done
-  [ "${WEIGHTS_ONLY:-1}" != 0 ] && step "bench fp8 auto$round" 40 bench fp8-auto$round --quantization fp8 $AUTO
+  [ -z "$round" ] && [ "${WEIGHTS_ONLY:-1}" != 0 ] && step "bench fp8 auto$round" 40 bench fp8-auto$round --quantization fp8 $AUTO
 done
 if [ -z "$DRY_RUN" ] && [ "${SMALL:-1}" != 0 ]; then
   step "bench 0.6b bf16" 35 bench 0.6b-bf16 --model qwen3-0.6b
@@ -79,6 +86,13 @@ if [ -z "$DRY_RUN" ] && [ "${SMALL:-1}" != 0 ]; then
   step "bench 0.6b fp8 auto + fp8 kv" 35 bench 0.6b-fp8-auto-kv --model qwen3-0.6b --quantization fp8 --kv-cache-dtype fp8 $AUTO
 fi
 python3 scripts/gpu/fp8_gemm.py benches "$BENCH_TMP"
+
+# ACCURACY=1: fp8_check.py accuracy (qwen2-7b shape: prefill, and teacher-forced decode with FP8 and float16 dots)
+# -> $OUT/fp8_accuracy.json.
+if [ -z "$DRY_RUN$BENCH_ONLY" ] && [ "${ACCURACY:-0}" != 0 ]; then
+  step "accuracy qwen2-7b (prefill and decode)" 150 bash -c 'set -o pipefail; python3 scripts/gpu/fp8_check.py accuracy \
+    > /tmp/fp8_accuracy.log 2>&1 || { tail -n 5 /tmp/fp8_accuracy.log; exit 1; }'
+fi
 
 # Where the FP8 run's time goes over the real workload (steps with prefill against pure decode, the host's parts,
 # kernel tables of prefill and decode windows at the workload's contexts): profile_steps.py.

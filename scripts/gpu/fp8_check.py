@@ -100,6 +100,21 @@ def accuracy() -> None:
             quantization="fp8")}, dtype="bfloat16", **common))
     finally:
         fp8.scaled_mm_supported = scaled_mm_supported
+    # Decode steps (teacher-forced, the prompts' last 32 positions): the decode kernel reads the FP8 cache, with
+    # FP8 dots (q and P in e4m3 on FP8 tensor cores: the default on Hopper) and with float16 dots.
+    from railyard.engine.kernels import paged_attention
+
+    decode = {"decode: fp8 kv cache": dict(kv_cache_dtype="fp8"),
+              "decode: fp8 weights + kv cache": dict(quantization="fp8", kv_cache_dtype="fp8")}
+    results.update(compare_prefill("qwen2-7b", prompts, {}, decode, decode_tokens=32, dtype="bfloat16", **common))
+    fp8_dots_on = paged_attention._FP8_DOTS_ON
+    paged_attention._FP8_DOTS_ON = False
+    try:
+        results.update(compare_prefill("qwen2-7b", prompts, {}, {
+            "decode: fp8 kv cache, float16 dots": dict(kv_cache_dtype="fp8")}, decode_tokens=32, dtype="bfloat16",
+            **common))
+    finally:
+        paged_attention._FP8_DOTS_ON = fp8_dots_on
     # How any rounding grows through 28 random layers: bf16 against float32, a perturbation ~16x smaller.
     results.update(compare_prefill("qwen2-7b", prompts, dict(dtype="float32"),
                                    {"control: bf16 against float32": dict(dtype="bfloat16")}, **common))
