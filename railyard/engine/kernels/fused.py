@@ -11,6 +11,11 @@ scale per row, the same bytes kernels/fp8.quantize_per_token makes of the unfuse
 operations on the same values: the output is rounded to the model dtype first, as the unfused kernel stores
 it), without writing and re-reading that output (an H200 decode step of the 7B shape spent 0.28 ms of 5.3 in
 the 112 separate quantization launches).
+
+After an FP8 o or down projection through cuBLASLt (layers/fp8.py's ScaledAccumulator) the residual-add RMSNorm
+also takes the GEMM's unscaled float32 sums and applies the per-token and per-channel scales itself (`scales`):
+the same float32 products apply_scales makes, rounded to the model dtype, so the bytes are those of apply_scales
+then the norm, without that launch and its bf16 intermediate.
 """
 
 from __future__ import annotations
@@ -31,22 +36,34 @@ from railyard.engine.layers.fp8 import FP8_MAX, INV_FP8_MAX, MIN_SCALE
 # rms_norm_quant holds a row in registers (as the per-token kernel's one-pass case): wider rows go through rms_norm
 # and the linear layer's own quantization.
 QUANT_MAX_WIDTH = MAX_ROW_BLOCK
+# The model dtypes the norm takes unscaled GEMM sums for (`scales`): in float32 the residual add could contract
+# with the scales' product into one FMA (fp fusion stays on, as for the unfused norm, so that the rest of the
+# kernel compiles alike), where apply_scales rounds the product first; a 16-bit model's cast in between rules
+# that out. (FP8 weights take the tensor-core path in bf16 models only.)
+SCALED_DTYPES = (torch.bfloat16, torch.float16)
 
 
 @triton.jit
-def _rms_norm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, res_out_ptr, s_ptr, x_stride_t, x_stride_h, res_stride,
-                     out_stride, heads, eps, N: tl.constexpr, BLOCK: tl.constexpr, HAS_RES: tl.constexpr,
-                     QUANT: tl.constexpr = False, ROUND_TO_ODD: tl.constexpr = False, FP8_MAX: tl.constexpr = 448.0,
+def _rms_norm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, res_out_ptr, s_ptr, xs_ptr, ws_ptr, x_stride_t, x_stride_h,
+                     res_stride, out_stride, heads, eps, N: tl.constexpr, BLOCK: tl.constexpr,
+                     HAS_RES: tl.constexpr, QUANT: tl.constexpr = False, SCALED: tl.constexpr = False,
+                     ROUND_TO_ODD: tl.constexpr = False, FP8_MAX: tl.constexpr = 448.0,
                      INV_FP8_MAX: tl.constexpr = 1.0, MIN_SCALE: tl.constexpr = 1.0):
     """QUANT: out_ptr is e4m3 and s_ptr the rows' float32 scales; the output is quantized per row instead of
-    stored in the model dtype."""
+    stored in the model dtype. SCALED: x_ptr holds an unscaled GEMM's float32 sums and xs_ptr, ws_ptr its
+    per-token and per-channel scales; x is what apply_scales would store (its float32 products in its order,
+    rounded to the model dtype, w's)."""
     row = tl.program_id(0)
     t = row // heads
     h = row % heads
     cols = tl.arange(0, BLOCK)
     mask = cols < N
     x = tl.load(x_ptr + t.to(tl.int64) * x_stride_t + h * x_stride_h + cols, mask=mask, other=0.0)
-    dtype = x.dtype
+    if SCALED:
+        dtype = w_ptr.dtype.element_ty
+        x = (x.to(tl.float32) * tl.load(xs_ptr + t) * tl.load(ws_ptr + cols, mask=mask, other=0.0)).to(dtype)
+    else:
+        dtype = x.dtype
     if HAS_RES:
         r = tl.load(res_ptr + row.to(tl.int64) * res_stride + cols, mask=mask, other=0.0)
         x = (x.to(tl.float32) + r.to(tl.float32)).to(dtype)  # the residual stream is kept in the model dtype
@@ -71,51 +88,71 @@ def _rms_norm_warps(block: int) -> int:
     return 1 if block <= 256 else (4 if block <= 4096 else 8)
 
 
+Scales = tuple[torch.Tensor, torch.Tensor]
+
+
+def _scale_args(x: torch.Tensor, weight: torch.Tensor, scales: Scales | None,
+                spare: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, bool]:
+    """The kernel's (xs_ptr, ws_ptr, SCALED) for `scales` (x_scale [T, 1], weight_scale [D] float32: x [T, D] is
+    an unscaled GEMM's float32 sums, weight in the model dtype), or (spare, spare, False), not read, for none."""
+    if scales is None:
+        assert weight.dtype == x.dtype
+        return spare, spare, False
+    x_scale, weight_scale = scales
+    assert x.dim() == 2 and x.dtype == torch.float32 and weight.dtype in SCALED_DTYPES
+    assert x_scale.numel() == x.shape[0] and weight_scale.numel() == x.shape[1]
+    return x_scale.reshape(-1).contiguous(), weight_scale.reshape(-1).contiguous(), True
+
+
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
-             residual: torch.Tensor | None = None):
+             residual: torch.Tensor | None = None, scales: Scales | None = None):
     """RMSNorm over the last dim of x [T, D] or [T, H, D] (rows may be strided views, e.g. q of a fused QKV).
 
-    With residual: returns (norm(x + residual), x + residual), like RMSNorm.forward.
+    With residual: returns (norm(x + residual), x + residual), like RMSNorm.forward. With scales: x [T, D] is an
+    unscaled GEMM's float32 sums, and the norm is that of layers.fp8.apply_scales(x, *scales, None, weight.dtype).
     """
     d = x.shape[-1]
     if x.dim() == 2:
         t, heads, s_t, s_h = x.shape[0], 1, x.stride(0), 0
     else:
         t, heads, s_t, s_h = x.shape[0], x.shape[1], x.stride(0), x.stride(1)
-    assert x.stride(-1) == 1 and weight.dtype == x.dtype
-    out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    assert x.stride(-1) == 1
+    xs, ws, scaled = _scale_args(x, weight, scales, weight)
+    out = torch.empty(x.shape, dtype=weight.dtype, device=x.device)
     rows = t * heads
     if rows == 0:
         return out if residual is None else (out, residual)
     block = triton.next_power_of_2(d)
     warps = _rms_norm_warps(block)
     if residual is None:
-        _rms_norm_kernel[(rows,)](x, x, weight, out, out, out, s_t, s_h, 0, d, heads, eps, N=d, BLOCK=block,
-                                  HAS_RES=False, num_warps=warps)
+        _rms_norm_kernel[(rows,)](x, x, weight, out, out, out, xs, ws, s_t, s_h, 0, d, heads, eps, N=d,
+                                  BLOCK=block, HAS_RES=False, SCALED=scaled, num_warps=warps)
         return out
     assert residual.is_contiguous() and x.dim() == 2
     new_res = torch.empty_like(residual)
-    _rms_norm_kernel[(rows,)](x, residual, weight, out, new_res, out, s_t, s_h, residual.stride(0), d, heads, eps,
-                              N=d, BLOCK=block, HAS_RES=True, num_warps=warps)
+    _rms_norm_kernel[(rows,)](x, residual, weight, out, new_res, out, xs, ws, s_t, s_h, residual.stride(0), d,
+                              heads, eps, N=d, BLOCK=block, HAS_RES=True, SCALED=scaled, num_warps=warps)
     return out, new_res
 
 
-def rms_norm_quant(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None):
+def rms_norm_quant(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None,
+                   scales: Scales | None = None):
     """rms_norm of x [T, D] quantized per token in the same pass: ((q [T, D] e4m3, scale [T, 1] float32), and
     x + residual when residual is given). Bit for bit quantize_per_token(rms_norm(x, ...)); D up to
-    QUANT_MAX_WIDTH."""
+    QUANT_MAX_WIDTH. scales: as rms_norm's."""
     t, d = x.shape
-    assert x.stride(-1) == 1 and weight.dtype == x.dtype and d <= QUANT_MAX_WIDTH
+    assert x.stride(-1) == 1 and d <= QUANT_MAX_WIDTH
     assert residual is None or residual.is_contiguous()
+    xs, ws, scaled = _scale_args(x, weight, scales, weight)
     q = torch.empty((t, d), dtype=torch.float8_e4m3fn, device=x.device)
     scale = torch.empty((t, 1), dtype=torch.float32, device=x.device)
     new_res = None if residual is None else torch.empty_like(residual)
     if t > 0:
         block = triton.next_power_of_2(d)
         res = x if residual is None else residual
-        _rms_norm_kernel[(t,)](x, res, weight, q, x if new_res is None else new_res, scale, x.stride(0), 0,
+        _rms_norm_kernel[(t,)](x, res, weight, q, x if new_res is None else new_res, scale, xs, ws, x.stride(0), 0,
                                res.stride(0), d, 1, eps, N=d, BLOCK=block, HAS_RES=residual is not None,
-                               QUANT=True, ROUND_TO_ODD=casts_through_fp16(x.device), FP8_MAX=FP8_MAX,
+                               QUANT=True, SCALED=scaled, ROUND_TO_ODD=casts_through_fp16(x.device), FP8_MAX=FP8_MAX,
                                INV_FP8_MAX=INV_FP8_MAX, MIN_SCALE=MIN_SCALE, num_warps=_rms_norm_warps(block))
     return (q, scale) if residual is None else ((q, scale), new_res)
 

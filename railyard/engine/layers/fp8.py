@@ -28,6 +28,11 @@ The per-token quantization of an activation can come fused into the kernel that 
 RMSNorm before qkv and gate_up, SiLU-and-mul before down): those pass fp8_linear a QuantizedActivation, the
 same bytes quantize_per_token would make, and fp8_linear skips its own pass.
 
+At the other end, the scales pass after a cuBLASLt GEMM can go into the kernel that reads the result next: the
+o and down projections (one rank, no bias) hand their RMSNorm a ScaledAccumulator, and the fused residual-add
+RMSNorm applies the scales as apply_scales would, bit for bit, instead of a separate launch writing a bf16 copy
+that the norm then reads back.
+
 One recipe, in IEEE float32 operations only, so that torch on the CPU, torch on CUDA and the Triton kernels
 (kernels/fp8.py, kernels/paged_attention.py) produce the same bytes: scale = max(amax * INV_FP8_MAX,
 MIN_SCALE), inv = 1 / scale (a rounded division), q = e4m3(clamp(x * inv, +-448)), rounded to nearest even.
@@ -191,11 +196,32 @@ class QuantizedActivation:
     dtype: torch.dtype
 
 
+@dataclass(frozen=True)
+class ScaledAccumulator:
+    """A GEMM result whose per-token and per-channel scales are still to be applied: acc [M, N] float32 (the
+    unscaled cuBLASLt GEMM's sums), x_scale [M, 1] and weight_scale [N] float32, dtype the model dtype.
+    fp8_linear(defer_scales=True) hands one out so that the fused RMSNorm reading the result next applies the
+    scales in its own pass (no apply_scales launch, no bf16 copy written and read back); only an RMSNorm
+    consumes it."""
+
+    acc: torch.Tensor
+    x_scale: torch.Tensor
+    weight_scale: torch.Tensor
+    dtype: torch.dtype
+
+    def materialize(self) -> torch.Tensor:
+        """The tensor fp8_linear would have returned (apply_scales, no bias)."""
+        return apply_scales(self.acc, self.x_scale, self.weight_scale, None, self.dtype)
+
+
 def fp8_linear(x: torch.Tensor | QuantizedActivation, weight: torch.Tensor, weight_scale: torch.Tensor,
-               bias: torch.Tensor | None = None, fp8_gemm: str = "auto") -> torch.Tensor:
+               bias: torch.Tensor | None = None, fp8_gemm: str = "auto",
+               defer_scales: bool = False) -> torch.Tensor | ScaledAccumulator:
     """y = x W^T (+ b) with W [N, K] fp8 and its per-channel scale [N]; x [..., K] in the model dtype, or a
     2-D QuantizedActivation (its quantization done). fp8_gemm picks the tensor-core GEMM where there is one
-    (FP8_GEMMS); the reference path ignores it."""
+    (FP8_GEMMS); the reference path ignores it. defer_scales (only for a caller whose next step is an RMSNorm):
+    where the GEMM is cuBLASLt's unscaled one, x is 2-D and there is no bias, return y as a ScaledAccumulator;
+    everywhere else a tensor."""
     if isinstance(x, QuantizedActivation):
         lead, (xq, x_scale), dtype = x.q.shape[:-1], (x.q, x.scale), x.dtype
     else:
@@ -207,6 +233,9 @@ def fp8_linear(x: torch.Tensor | QuantizedActivation, weight: torch.Tensor, weig
     if scaled_mm_supported(xq.device, dtype) and n % 16 == 0 and k % 16 == 0:  # _scaled_mm's shape rule
         gemm = tensor_core_gemm(fp8_gemm, xq.shape[0], n, sm_count(xq.device.index or 0))
         if gemm in ("cublaslt", "cublaslt-fast"):
+            if defer_scales and bias is None and len(lead) == 1:
+                acc = unscaled_gemm(xq, weight, fast_accum=gemm == "cublaslt-fast")
+                return ScaledAccumulator(acc, x_scale, weight_scale, dtype)
             y = unscaled_mm(xq, x_scale, weight, weight_scale, bias, dtype, fast_accum=gemm == "cublaslt-fast")
         elif gemm == "triton":
             from railyard.engine.kernels.fp8_gemm import fp8_gemm as triton_fp8_gemm
@@ -256,9 +285,14 @@ def unscaled_mm(xq: torch.Tensor, x_scale: torch.Tensor, weight: torch.Tensor, w
     acc_dtype bfloat16 halves the traffic of that intermediate (a 256-token gate_up writes and reads 39 MB of
     float32) for a second bf16 rounding (2^-9 relative, against e4m3's 2^-4); the sweep measures both. fast_accum:
     as scaled_mm's."""
+    return apply_scales(unscaled_gemm(xq, weight, acc_dtype, fast_accum), x_scale, weight_scale, bias, dtype)
+
+
+def unscaled_gemm(xq: torch.Tensor, weight: torch.Tensor, acc_dtype: torch.dtype = torch.float32,
+                  fast_accum: bool = False) -> torch.Tensor:
+    """unscaled_mm's GEMM alone: xq W^T [M, N] in acc_dtype, unit scales (the sums of the e4m3 products)."""
     one = unit_scale(xq.device)
-    acc = torch._scaled_mm(xq, weight.t(), scale_a=one, scale_b=one, out_dtype=acc_dtype, use_fast_accum=fast_accum)
-    return apply_scales(acc, x_scale, weight_scale, bias, dtype)
+    return torch._scaled_mm(xq, weight.t(), scale_a=one, scale_b=one, out_dtype=acc_dtype, use_fast_accum=fast_accum)
 
 
 def apply_scales_ref(acc: torch.Tensor, x_scale: torch.Tensor, weight_scale: torch.Tensor,

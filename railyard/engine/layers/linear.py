@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from railyard.engine.layers.fp8 import FP8, fp8_linear, quantize_rows
+from railyard.engine.layers.fp8 import FP8, ScaledAccumulator, fp8_linear, quantize_rows
 from railyard.engine.parallel import SINGLE, ParallelState
 
 
@@ -168,7 +168,12 @@ class RowParallelLinear(_QuantizableWeight, nn.Module):
     def _load_vector(self, param: nn.Parameter, loaded: torch.Tensor, shard_id=None) -> None:
         _copy(param.data, loaded, "row-parallel weight scale")  # outputs are not split: every rank has all
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, defer_scales: bool = False) -> torch.Tensor | ScaledAccumulator:
+        """defer_scales: the caller feeds the output straight to an RMSNorm, which may then get an FP8 GEMM's
+        ScaledAccumulator (fp8_linear) and apply the scales itself; only on one rank without a bias, where
+        nothing (all-reduce, bias add) stands between the GEMM and the norm."""
+        if defer_scales and self.quant and self.ps.world_size == 1 and self.bias is None:
+            return fp8_linear(x, self.weight, self.weight_scale, None, self.fp8_gemm, defer_scales=True)
         y = self._matmul(x, None)
         y = self.ps.all_reduce(y)
         return y if self.bias is None else y + self.bias

@@ -6,7 +6,7 @@ import torch
 from torch import nn
 
 from railyard.engine.kernels import fused_ops
-from railyard.engine.layers.fp8 import QuantizedActivation
+from railyard.engine.layers.fp8 import QuantizedActivation, ScaledAccumulator
 
 
 class RMSNorm(nn.Module):
@@ -18,15 +18,25 @@ class RMSNorm(nn.Module):
         self.eps = eps
         self.quantize_output = quantize_output
 
-    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
-        """Normalise x (after adding residual, if given); returns (out, new_residual) when residual is given."""
+    def forward(self, x: torch.Tensor | ScaledAccumulator, residual: torch.Tensor | None = None):
+        """Normalise x (after adding residual, if given); returns (out, new_residual) when residual is given.
+
+        x may be an FP8 GEMM's ScaledAccumulator (layers/fp8.py): the fused kernel applies its scales as it reads
+        it, saving the scales pass's launch and its output's round trip; elsewhere they are applied first."""
+        scales, dtype = None, x.dtype
+        if isinstance(x, ScaledAccumulator):
+            ops = fused_ops() if x.acc.is_cuda else None
+            if ops is not None and dtype in ops.SCALED_DTYPES:
+                x, scales = x.acc, (x.x_scale, x.weight_scale)
+            else:
+                x = x.materialize()
         if x.is_cuda and fused_ops() is not None:  # one fused pass instead of ~8 (GPU profile)
             if self.quantize_output and x.dim() == 2 and x.shape[-1] <= fused_ops().QUANT_MAX_WIDTH:
-                got = fused_ops().rms_norm_quant(x, self.weight, self.eps, residual)
+                got = fused_ops().rms_norm_quant(x, self.weight, self.eps, residual, scales)
                 if residual is None:
-                    return QuantizedActivation(*got, x.dtype)
-                return QuantizedActivation(*got[0], x.dtype), got[1]
-            return fused_ops().rms_norm(x, self.weight, self.eps, residual)
+                    return QuantizedActivation(*got, dtype)
+                return QuantizedActivation(*got[0], dtype), got[1]
+            return fused_ops().rms_norm(x, self.weight, self.eps, residual, scales)
         return self.forward_native(x, residual)
 
     def forward_native(self, x: torch.Tensor, residual: torch.Tensor | None = None):

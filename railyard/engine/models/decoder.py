@@ -14,7 +14,7 @@ from torch import nn
 from railyard.engine.attention.metadata import AttentionMetadata
 from railyard.engine.layers.activation import silu_and_mul
 from railyard.engine.layers.embedding import ParallelLMHead, VocabParallelEmbedding
-from railyard.engine.layers.fp8 import FP8
+from railyard.engine.layers.fp8 import FP8, ScaledAccumulator
 from railyard.engine.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
 from railyard.engine.layers.norm import RMSNorm
 from railyard.engine.layers.rotary import RotaryEmbedding
@@ -64,8 +64,10 @@ class MLP(nn.Module):
         self.gate_up_proj = MergedColumnParallelLinear(spec.hidden_size, [inter, inter], False, ps, quant=quant)
         self.down_proj = RowParallelLinear(inter, spec.hidden_size, False, ps, quant=quant)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(silu_and_mul(self.gate_up_proj(x), quantize_output=self.down_proj.quant == "fp8"))
+    def forward(self, x: torch.Tensor, defer_scales: bool = False) -> torch.Tensor | ScaledAccumulator:
+        """defer_scales: as RowParallelLinear's (the caller hands the output to an RMSNorm only)."""
+        h = silu_and_mul(self.gate_up_proj(x), quantize_output=self.down_proj.quant == "fp8")
+        return self.down_proj(h, defer_scales=defer_scales)
 
 
 class DecoderLayer(nn.Module):
@@ -89,12 +91,15 @@ class DecoderLayer(nn.Module):
         return (*self.self_attn.project(positions, x), residual)
 
     def post_attention(self, attn_out, residual):
-        """Output projection, residual add + norm and the MLP: (x, residual) for the next layer."""
-        x = self.self_attn.o_proj(attn_out.reshape(-1, self.self_attn.q_size))
+        """Output projection, residual add + norm and the MLP: (x, residual) for the next layer. Both projections'
+        outputs go only to an RMSNorm (x to the next layer's input norm or the final norm, which every caller
+        runs next), so with FP8 weights they may be ScaledAccumulators whose scales the norm applies."""
+        x = self.self_attn.o_proj(attn_out.reshape(-1, self.self_attn.q_size), defer_scales=True)
         x, residual = self.post_attention_layernorm(x, residual)
-        return self.mlp(x), residual
+        return self.mlp(x, defer_scales=True), residual
 
     def forward(self, positions, x, residual, kv_cache, meta):
+        """-> (x, residual) for the next layer; x as post_attention returns it (for an RMSNorm only)."""
         q, k, v, residual = self.pre_attention(positions, x, residual)
         return self.post_attention(self.self_attn.attn.forward(q, k, v, kv_cache, meta), residual)
 

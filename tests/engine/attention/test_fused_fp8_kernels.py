@@ -1,6 +1,8 @@
 """The norm and SiLU-and-mul kernels that quantize their own output for an FP8 linear layer write exactly the
 bytes the unfused composition writes: the fused kernel's output in the model dtype, then the per-token
 quantization kernel over it (kernels/fp8.py, itself bit for bit layers/fp8.py's torch recipe).
+The norm that also applies an unscaled FP8 GEMM's scales (after the o and down projections) writes what
+apply_scales and then the norm write.
 
 GPU when there is one, else Triton's CPU interpreter (conftest.py); skipped where triton is not installed (CI).
 """
@@ -14,7 +16,7 @@ pytest.importorskip("triton")
 
 from railyard.engine.kernels import fp8 as fp8_kernels  # noqa: E402
 from railyard.engine.kernels import fused  # noqa: E402
-from railyard.engine.layers.fp8 import FP8  # noqa: E402
+from railyard.engine.layers.fp8 import FP8, apply_scales_ref  # noqa: E402
 from tests.engine.attention.paged_batch import DEVICE  # noqa: E402
 
 # The interpreter's float32 -> bfloat16 cast truncates; bf16 inputs are checked on the GPU only.
@@ -100,3 +102,62 @@ def test_the_layers_hand_an_fp8_linear_layer_what_it_would_compute_itself_on_the
     got = silu_and_mul(gate_up, quantize_output=True)
     assert isinstance(got, QuantizedActivation)
     assert torch.equal(fp8_linear(got, w, w_scale), fp8_linear(silu_and_mul(gate_up), w, w_scale))
+
+
+# The model dtypes the norm takes an unscaled GEMM's sums in (fused.SCALED_DTYPES); bf16 on the GPU only.
+SCALED_DTYPES = DTYPES[1:]
+
+
+def _unscaled_sums(t: int, d: int, seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(acc [t, d] float32, x_scale [t, 1], weight_scale [d]) as an unscaled FP8 GEMM leaves them: large sums of
+    e4m3 products, small scales; row 2 all zero (a padded row)."""
+    g = torch.Generator().manual_seed(seed)
+    acc = torch.randn((t, d), generator=g) * 3e4
+    acc[2] = 0.0
+    xs = torch.rand((t, 1), generator=g) * 0.05 + 1e-4
+    ws = torch.rand(d, generator=g) * 1e-4 + 1e-6
+    return acc.to(DEVICE), xs.to(DEVICE), ws.to(DEVICE)
+
+
+@pytest.mark.parametrize("dtype", SCALED_DTYPES)
+@pytest.mark.parametrize("d", [96, 3584, 5000])  # 5000: wider than rms_norm_quant takes (QUANT_MAX_WIDTH)
+@pytest.mark.parametrize("with_residual", [False, True])
+@pytest.mark.parametrize("quant", [False, True])
+def test_the_norm_of_unscaled_sums_is_apply_scales_then_the_norm(dtype, d, with_residual, quant):
+    """The o and down projections' scales pass fused into the norm after them: the same bytes (output, scales of
+    the quantized output, new residual) as layers.fp8.apply_scales_ref and then the norm kernel."""
+    if quant and d > fused.QUANT_MAX_WIDTH:
+        pytest.skip("rms_norm_quant holds a row in registers; wider rows go through rms_norm")
+    acc, xs, ws = _unscaled_sums(6, d, seed=d)
+    w = _weight(d, dtype, seed=d + 1)
+    res = _rows(6, d, dtype, seed=d + 2) if with_residual else None
+    norm = fused.rms_norm_quant if quant else fused.rms_norm
+    got = norm(acc, w, 1e-6, res, scales=(xs, ws))
+    want = norm(apply_scales_ref(acc, xs, ws, None, dtype), w, 1e-6, res)
+    if with_residual:
+        assert torch.equal(got[1], want[1])
+        got, want = got[0], want[0]
+    if quant:
+        assert _same(got, want)
+    else:
+        assert got.dtype == dtype and torch.equal(got, want)
+
+
+@pytest.mark.skipif(DEVICE == "cpu", reason="the layers take the fused path on CUDA tensors only")
+@pytest.mark.parametrize("quantize_output", [False, True])
+def test_the_norm_layer_applies_a_scaled_accumulators_scales_as_apply_scales_on_the_gpu(quantize_output):
+    from railyard.engine.layers.fp8 import QuantizedActivation, ScaledAccumulator, apply_scales
+    from railyard.engine.layers.norm import RMSNorm
+
+    acc, xs, ws = _unscaled_sums(33, 3584, seed=11)
+    res = _rows(33, 3584, torch.bfloat16, seed=12)
+    norm = RMSNorm(3584, 1e-6, quantize_output=quantize_output)
+    norm.weight.data = _weight(3584, torch.bfloat16, seed=13)
+    (got, got_res), (want, want_res) = (norm(ScaledAccumulator(acc, xs, ws, torch.bfloat16), res),
+                                        norm(apply_scales(acc, xs, ws, None, torch.bfloat16), res))
+    assert torch.equal(got_res, want_res)
+    if quantize_output:
+        assert isinstance(got, QuantizedActivation) and got.dtype == torch.bfloat16
+        assert _same((got.q, got.scale), (want.q, want.scale))
+    else:
+        assert torch.equal(got, want)

@@ -12,12 +12,13 @@ import torch
 import torch.nn.functional as F
 
 import railyard.engine.layers.fp8 as fp8_layer
-from railyard.engine.layers.fp8 import (FP8, FP8_MAX, INV_FP8_MAX, QuantizedActivation, apply_scales_ref,
-                                        dequantized_linear, fp8_linear, quantize_per_token, quantize_per_token_ref,
-                                        quantize_rows, rowwise_underfills, scaled_mm, scaled_mm_supported,
-                                        tensor_core_gemm, unscaled_mm)
+from railyard.engine.layers.fp8 import (FP8, FP8_MAX, INV_FP8_MAX, QuantizedActivation, ScaledAccumulator,
+                                        apply_scales_ref, dequantized_linear, fp8_linear, quantize_per_token,
+                                        quantize_per_token_ref, quantize_rows, rowwise_underfills, scaled_mm,
+                                        scaled_mm_supported, tensor_core_gemm, unscaled_mm)
 from railyard.engine.layers.linear import (ColumnParallelLinear, MergedColumnParallelLinear, QKVParallelLinear,
                                            RowParallelLinear)
+from railyard.engine.layers.norm import RMSNorm
 from railyard.engine.parallel import ParallelState
 
 
@@ -330,6 +331,102 @@ def test_fp8_linear_of_an_already_quantized_activation_is_fp8_linear_of_the_acti
     got = fp8_linear(QuantizedActivation(xq, xs, torch.bfloat16), q, scale, b)
     assert got.dtype == torch.bfloat16
     assert torch.equal(got, fp8_linear(x, q, scale, b))
+
+
+@pytest.fixture
+def cublaslt_on_the_cpu(monkeypatch):
+    """fp8_linear as on an FP8 GPU of 132 SMs, its GEMMs on the CPU: torch's CPU _scaled_mm takes the unit scalar
+    scales of the cuBLASLt path; the row-wise call is stubbed (those tests check what kind of result comes back)."""
+    monkeypatch.setattr(fp8_layer, "scaled_mm_supported", lambda device, dtype: True)
+    monkeypatch.setattr(fp8_layer, "sm_count", lambda index: 132)
+    monkeypatch.setattr(fp8_layer, "scaled_mm", lambda xq, xs, w, ws, b, dtype, fast_accum=False:
+                        torch.zeros(xq.shape[0], w.shape[0], dtype=dtype))
+
+
+def _bf16_operands(rows: int = 33):
+    """A bf16 activation [rows, 64] and an FP8 weight [48, 64] with its scales."""
+    q, scale = quantize_rows(_randn(48, 64, seed=31))
+    return _randn(rows, 64, seed=30).to(torch.bfloat16), q, scale
+
+
+@pytest.mark.parametrize("fp8_gemm", ["cublaslt", "cublaslt-fast", "auto"])  # auto: cuBLASLt at 33 x 48
+def test_fp8_linear_defers_a_cublaslt_gemms_scales_when_asked(fp8_gemm, cublaslt_on_the_cpu):
+    x, q, scale = _bf16_operands()
+    got = fp8_linear(x, q, scale, None, fp8_gemm, defer_scales=True)
+    assert isinstance(got, ScaledAccumulator) and got.acc.dtype == torch.float32 and got.dtype == torch.bfloat16
+    want = fp8_linear(x, q, scale, None, fp8_gemm)
+    assert isinstance(want, torch.Tensor) and torch.equal(got.materialize(), want)
+
+
+@pytest.mark.parametrize("fp8_gemm, rows, bias, batched", [
+    ("cublaslt", 33, True, False),  # the bias goes in the scales pass
+    ("cublaslt", 33, False, True),  # [3, 11, 64]: an RMSNorm's fused path takes 2-D rows
+    ("rowwise-fast", 33, False, False),  # the scales are in the GEMM's epilogue
+    ("auto", 257, False, False),  # auto's row-wise kernel above CUBLASLT_MAX_TOKENS
+])
+def test_fp8_linear_returns_a_tensor_where_the_scales_cannot_wait(fp8_gemm, rows, bias, batched, cublaslt_on_the_cpu):
+    x, q, scale = _bf16_operands(rows)
+    b = _randn(48, seed=32).to(torch.bfloat16) if bias else None
+    got = fp8_linear(x.view(3, 11, 64) if batched else x, q, scale, b, fp8_gemm, defer_scales=True)
+    assert isinstance(got, torch.Tensor)
+
+
+def test_the_reference_path_never_defers_the_scales():
+    x, q, scale = _bf16_operands()
+    got = fp8_linear(x, q, scale, None, "cublaslt", defer_scales=True)
+    assert isinstance(got, torch.Tensor) and torch.equal(got, fp8_linear(x, q, scale, None, "cublaslt"))
+
+
+@pytest.mark.parametrize("world_size, bias, quant, defers", [
+    (1, False, "fp8", True), (1, True, "fp8", False), (2, False, "fp8", False), (1, False, None, False)])
+def test_a_row_parallel_layer_defers_its_scales_only_where_nothing_stands_before_the_norm(
+        world_size, bias, quant, defers, cublaslt_on_the_cpu, monkeypatch):
+    """With TP the all-reduce, and a bias add, come between the GEMM and the norm: those keep today's tensor."""
+    monkeypatch.setattr(ParallelState, "all_reduce", lambda self, x: x)  # one rank's partial sums for the sum
+    layer = RowParallelLinear(128, 64, bias, ParallelState(0, world_size), dtype=torch.bfloat16, quant=quant)
+    layer.weight.weight_loader(layer.weight, _randn(64, 128, seed=33).to(torch.bfloat16))
+    if bias:
+        layer.bias.data.copy_(_randn(64, seed=34))
+    x = _randn(5, 128 // world_size, seed=35).to(torch.bfloat16)
+    got = layer(x, defer_scales=True)
+    assert isinstance(got, ScaledAccumulator) == defers
+    assert torch.equal(got.materialize() if defers else got, layer(x))
+
+
+@pytest.mark.parametrize("quantize_output", [False, True])
+@pytest.mark.parametrize("with_residual", [False, True])
+def test_an_rms_norm_without_fused_kernels_applies_a_scaled_accumulators_scales_first(quantize_output,
+                                                                                      with_residual):
+    acc, xs, ws = _randn(6, 64, seed=36) * 3e4, _randn(6, 1, seed=37).abs() * 0.05, _randn(64, seed=38).abs() * 1e-4
+    norm = RMSNorm(64, 1e-6, quantize_output=quantize_output)
+    norm.weight.data = _randn(64, seed=39).abs().to(torch.bfloat16) + 0.5
+    res = _randn(6, 64, seed=40).to(torch.bfloat16) if with_residual else None
+    got = norm(ScaledAccumulator(acc, xs, ws, torch.bfloat16), res)
+    want = norm(apply_scales_ref(acc, xs, ws, None, torch.bfloat16), res)
+    for g, w in zip(got, want) if with_residual else [(got, want)]:
+        assert g.dtype == torch.bfloat16 and torch.equal(g, w)
+
+
+@needs_fp8_tensor_cores
+@pytest.mark.parametrize("quantize_output", [False, True])
+def test_a_row_parallel_layer_into_an_rms_norm_gives_the_same_bytes_with_its_scales_deferred_on_the_gpu(
+        quantize_output):
+    """The o_proj -> post-attention norm hand-off of a decode step: cuBLASLt, then the scales in the norm."""
+    dev = torch.device("cuda")
+    layer = RowParallelLinear(3584, 3584, False, dtype=torch.bfloat16, quant="fp8").to(dev)
+    layer.weight.weight_loader(layer.weight, _randn(3584, 3584, seed=41, scale=0.02).to(dev))
+    layer.fp8_gemm = "cublaslt-fast"
+    norm = RMSNorm(3584, 1e-6, quantize_output=quantize_output).to(dev)
+    norm.weight.data = (_randn(3584, seed=42).abs() + 0.5).to(dev, torch.bfloat16)
+    x, res = _randn(64, 3584, seed=43).to(dev, torch.bfloat16), _randn(64, 3584, seed=44).to(dev, torch.bfloat16)
+    deferred = layer(x, defer_scales=True)
+    assert isinstance(deferred, ScaledAccumulator)
+    (got, got_res), (want, want_res) = norm(deferred, res), norm(layer(x), res)
+    assert torch.equal(got_res, want_res)
+    if quantize_output:
+        assert torch.equal(got.q.view(torch.uint8), want.q.view(torch.uint8)) and torch.equal(got.scale, want.scale)
+    else:
+        assert torch.equal(got, want)
 
 
 AUTO_ON_TENSOR_CORES = ("torch._scaled_mm (FP8 tensor cores; cuBLASLt with fast accumulation, scales applied after up "
