@@ -16,9 +16,8 @@
 #   env: CALL_S (seconds this call may use, default 450), RUNS (default 3), SERVE_ARGS (more serve flags),
 #        CKPT (checkpoint dir, default /tmp/qwen2-7b: written, and removed at the end; an existing one is kept),
 #        SHAPE (default qwen2-7b), WORK (the decode check's workload: issue 7's by default), SKIP_WHEELS,
-#        STAGED_RUN (default 1: the staged reader's start), THREADS_RUN (default 0; 1: three starts, cold then warm,
-#        with the threaded reader, $OUT/startup_threads.json), LOAD_PATHS (default 1: load_paths.py's weight loads),
-#        DROP (default 1: load_paths' loads from disk), BESIDE (load_paths' fresh loads' companions)
+#        STAGED_RUN (default 1: the staged reader's start), LOAD_PATHS (default 1: load_paths.py's weight loads),
+#        DROP (default 1: load_paths' loads from disk)
 set -o pipefail
 export PYTHONUNBUFFERED=1
 cd "$(dirname "$0")/../.."
@@ -45,7 +44,7 @@ try:
           f"{d.get('pre_read')}")
 except Exception as exc:
     print("startup.json unreadable:", exc)
-for name in ("startup.json", "startup_staged.json", "startup_threads.json"):
+for name in ("startup.json", "startup_staged.json"):
     try:
         d = json.loads((out / name).read_text())
     except Exception as exc:
@@ -104,14 +103,6 @@ if [ "${STAGED_RUN:-1}" = 1 ] && [ $(left) -gt 230 ]; then
     --page-cache as-is --serve-args "$SERVE_ARGS" --timeout 80 --output $OUT/startup_staged.json \
     > /dev/null 2> >(tee -a $LOG >&2)
   echo "bench startup (staged) rc=$?" | tee -a $LOG
-fi
-
-if [ "${THREADS_RUN:-0}" = 1 ] && [ $(left) -gt 200 ]; then
-  say "bench startup: three starts with the threaded reader (its own cache: cold, then warm)"
-  RAILYARD_WEIGHTS_READER=threads timeout 150 python3 -m railyard.cli bench startup --checkpoint-dir $CKPT --runs 3 \
-    --page-cache as-is --serve-args "$SERVE_ARGS" --timeout 80 --output $OUT/startup_threads.json \
-    > /dev/null 2> >(tee -a $LOG >&2)
-  echo "bench startup (threads) rc=$?" | tee -a $LOG
 fi
 
 if [ "${LOAD_PATHS:-1}" = 1 ]; then

@@ -2,9 +2,8 @@
 one checkpoint. Prints JSON.
 
 1. rounds: one process builds the model once and loads it REPEATS times by each reader: staged (file -> pinned
-   64 MiB chunks -> device), mapped (safetensors' memory-mapped tensors copied into the parameters from
-   pageable memory), as the first H200 call measured them (4.8-5.2 and 7.3-7.5 GB/s), and threads (the mapped
-   file copied to the device by several threads at once).
+   64 MiB chunks -> device) and mapped (safetensors' memory-mapped tensors copied into the parameters from
+   pageable memory), as the first H200 call measured them (4.8-5.2 and 7.3-7.5 GB/s).
 2. fresh: each load in a fresh process (as in `railyard serve`: the first load of the process), by each reader,
    alone and beside the engine's tokenizer load (importing transformers): on a plain thread, as the engine did
    before issue 16 (the GIL switch interval at its 5 ms), and on railyard's Background (short GIL switches).
@@ -14,8 +13,7 @@ one checkpoint. Prints JSON.
    case for keeping the staged reader.
 
 Usage: python3 scripts/gpu/load_paths.py CHECKPOINT_DIR [REPEATS [OUTPUT]]   (OUTPUT: the JSON so far, after each step)
-       python3 scripts/gpu/load_paths.py CHECKPOINT_DIR --one {mapped,staged,threads} {alone,thread,background}
-       env BESIDE: the fresh loads' companions (default "alone thread background"); DROP=0: no loads from disk
+       python3 scripts/gpu/load_paths.py CHECKPOINT_DIR --one {mapped,staged} {alone,thread,background}
 """
 
 import json
@@ -33,7 +31,7 @@ import torch
 from railyard.bench.checkpoint import checkpoint_files, drop_from_page_cache, read_through, resident_fraction
 from railyard.engine.attention import get_backend
 from railyard.engine.models.loader import build_empty, fill_from_checkpoint, iter_weights, weight_files
-from railyard.engine.models.safetensors_reader import READER_ENV, READERS, CheckpointReader
+from railyard.engine.models.safetensors_reader import READER_ENV, CheckpointReader
 from railyard.model.spec import read_model_spec
 
 ONE_TIMEOUT_S = 120
@@ -60,8 +58,8 @@ def rounds(ckpt: Path, repeats: int) -> list[dict]:
     model, dev = built(ckpt)
     out, reference = [], None
     for _ in range(repeats):
-        for kind in READERS:
-            reader = CheckpointReader(dev, kind=kind)
+        for staged in (True, False):
+            reader = CheckpointReader(dev, staged=staged)
             sync(dev)
             start = time.perf_counter()
             model.load_weights(iter_weights(weight_files(ckpt), reader))
@@ -145,8 +143,8 @@ def main() -> None:
     report["runs"] = rounds(ckpt, repeats)  # (key kept: cold-start.sh's summary reads it)
     save()
     print("rounds:", "; ".join(f"{r['path']} {r['gb_per_s']} GB/s" for r in report["runs"]), file=sys.stderr, flush=True)
-    for beside in os.environ.get("BESIDE", "alone thread background").split():
-        for reader in READERS:
+    for beside in ("alone", "thread", "background"):
+        for reader in ("mapped", "staged"):
             report["fresh"].append(fresh(ckpt, reader, beside))
             save()
     if os.environ.get("DROP", "1") == "1":

@@ -10,23 +10,15 @@ offsets) and the tensors' bytes. Two readers:
   chunks, and from those to the device while the next chunk is read. 4.8-5.2 GB/s from the page cache on the
   H200; kept for files that are not in the page cache, where large sequential reads may beat the mapped
   path's page faults (scripts/gpu/load_paths.py measures both).
-- threads ($RAILYARD_WEIGHTS_READER=threads): the mapped path on THREADS threads, each copying whole tensors of
-  the mapped file to the device on a stream of its own, up to WINDOW_BYTES ahead of the consumer, which gets
-  them in file order. A copy from pageable memory is a CPU copy into the driver's staging buffer and a page
-  fault every 4 KiB of the mapping: one thread does both serially, several overlap them (GIL released).
 """
 
 from __future__ import annotations
 
 import json
 import math
-import mmap
 import os
-import threading
 import time
-from collections import deque
 from collections.abc import Iterator
-from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -39,23 +31,17 @@ _DTYPES = {"BF16": torch.bfloat16, "F16": torch.float16, "F32": torch.float32, "
            "F8_E4M3": torch.float8_e4m3fn, "F8_E5M2": torch.float8_e5m2, "I64": torch.int64, "I32": torch.int32,
            "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8, "BOOL": torch.bool}
 CHUNK_BYTES = 64 * 2**20  # per staging buffer: large reads, yet little pinned memory
-READERS = ("mapped", "staged", "threads")
+READERS = ("mapped", "staged")
 READER_ENV = "RAILYARD_WEIGHTS_READER"
-THREADS = 8
-WINDOW_BYTES = 2 * 2**30  # tensors copied ahead of the consumer: one 7B embedding (1.1 GB) and then some
-
-
-def default_reader() -> str:
-    """The reader $RAILYARD_WEIGHTS_READER names (mapped by default), or ConfigError listing READERS."""
-    name = os.environ.get(READER_ENV, "mapped").strip().lower() or "mapped"
-    if name not in READERS:
-        raise ConfigError(f"${READER_ENV} must be one of {', '.join(READERS)}, got {name!r}")
-    return name
 
 
 def default_staged() -> bool:
-    """Whether the loader reads through the pinned chunks ($RAILYARD_WEIGHTS_READER=staged)."""
-    return default_reader() == "staged"
+    """Whether the loader reads through the pinned chunks: $RAILYARD_WEIGHTS_READER (mapped, the default, or
+    staged)."""
+    name = os.environ.get(READER_ENV, "mapped").strip().lower() or "mapped"
+    if name not in READERS:
+        raise ConfigError(f"${READER_ENV} must be one of {', '.join(READERS)}, got {name!r}")
+    return name == "staged"
 
 
 @dataclass(frozen=True)
@@ -111,16 +97,9 @@ class CheckpointReader:
     read_s: file -> host memory; to_device_s: the staged copies to the device, waits for a staging buffer
     included. What the consumer does with a tensor between two of them is not counted here."""
 
-    def __init__(self, device: torch.device, chunk_bytes: int = CHUNK_BYTES, staged: bool | None = None,
-                 kind: str | None = None) -> None:
-        """kind: one of READERS (None: $RAILYARD_WEIGHTS_READER's); staged=True/False: "staged"/"mapped"."""
+    def __init__(self, device: torch.device, chunk_bytes: int = CHUNK_BYTES, staged: bool | None = None) -> None:
         self.device = device
-        if kind is None:
-            kind = default_reader() if staged is None else ("staged" if staged else "mapped")
-        if kind not in READERS:
-            raise ConfigError(f"a weights reader must be one of {', '.join(READERS)}, got {kind!r}")
-        self.kind = kind
-        self.staged = kind == "staged"
+        self.staged = default_staged() if staged is None else staged
         self.bytes_read = 0
         self.read_s = 0.0
         self.to_device_s = 0.0
@@ -134,56 +113,11 @@ class CheckpointReader:
 
     @property
     def name(self) -> str:
-        return self.kind
+        return "staged" if self.staged else "mapped"
 
     def iter_file(self, path: Path) -> Iterator[tuple[str, torch.Tensor]]:
-        """(name, tensor) for each tensor of the file: on the device when staged or threads, else on the CPU."""
-        if self.kind == "threads":
-            yield from self._iter_threaded(path)
-        else:
-            yield from (self._iter_staged(path) if self.staged else self._iter_mapped(path))
-
-    def _iter_threaded(self, path: Path) -> Iterator[tuple[str, torch.Tensor]]:
-        entries = read_header(path)  # checked against the file's size
-        local = threading.local()
-
-        def fetch(mapped: mmap.mmap, e: TensorEntry) -> torch.Tensor:
-            src = torch.frombuffer(mapped, dtype=torch.uint8, count=e.nbytes, offset=e.start) if e.nbytes \
-                else torch.empty(0, dtype=torch.uint8)
-            # allocated for the consumer's (default) stream, filled on this thread's stream, which is synchronised
-            out = torch.empty(e.nbytes, dtype=torch.uint8, device=self.device)
-            if self.device.type == "cuda":
-                if not hasattr(local, "stream"):
-                    local.stream = torch.cuda.Stream(self.device)
-                with torch.cuda.stream(local.stream):
-                    out.copy_(src)
-                local.stream.synchronize()
-            else:
-                out.copy_(src)
-            return out.view(e.dtype).view(e.shape)
-
-        with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY) as mapped, \
-                ThreadPoolExecutor(THREADS, thread_name_prefix="railyard-weights") as pool:
-            pending: deque[tuple[TensorEntry, Future]] = deque()
-            ahead, i = 0, 0
-            try:
-                while i < len(entries) or pending:
-                    while i < len(entries) and (not pending or ahead + entries[i].nbytes <= WINDOW_BYTES):
-                        pending.append((entries[i], pool.submit(fetch, mapped, entries[i])))
-                        ahead += entries[i].nbytes
-                        i += 1
-                    e, job = pending.popleft()
-                    start = time.perf_counter()
-                    tensor = job.result()
-                    self.to_device_s += time.perf_counter() - start
-                    ahead -= e.nbytes
-                    self.bytes_read += e.nbytes
-                    yield e.name, tensor
-                    del tensor
-            finally:
-                for _, job in pending:
-                    job.cancel()
-                wait([job for _, job in pending])
+        """(name, tensor) for each tensor of the file: on the device when staged, else on the CPU."""
+        yield from (self._iter_staged(path) if self.staged else self._iter_mapped(path))
 
     def _iter_staged(self, path: Path) -> Iterator[tuple[str, torch.Tensor]]:
         entries = read_header(path)

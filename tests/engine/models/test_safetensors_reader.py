@@ -36,10 +36,10 @@ def mixed_file(tmp_path) -> Path:
     return path
 
 
-@pytest.mark.parametrize("kind", ["mapped", "staged", "threads"])
-def test_reader_gives_what_safetensors_load_file_gives(mixed_file, kind):
+@pytest.mark.parametrize("staged", [False, True], ids=["mapped", "staged"])
+def test_reader_gives_what_safetensors_load_file_gives(mixed_file, staged):
     expected = load_file(str(mixed_file))
-    reader = CheckpointReader(torch.device("cpu"), chunk_bytes=8, kind=kind)  # staged: many chunks per tensor
+    reader = CheckpointReader(torch.device("cpu"), chunk_bytes=8, staged=staged)  # many chunks per tensor
     got = dict(reader.iter_file(mixed_file))
     assert got.keys() == expected.keys()
     for name, tensor in expected.items():
@@ -54,12 +54,12 @@ def test_header_lists_tensors_in_file_order(mixed_file):
     assert {e.name for e in entries} == set(load_file(str(mixed_file)))
 
 
-@pytest.mark.parametrize("kind", ["mapped", "staged", "threads"])
-def test_a_truncated_file_is_a_model_load_error(mixed_file, tmp_path, kind):
+@pytest.mark.parametrize("staged", [False, True], ids=["mapped", "staged"])
+def test_a_truncated_file_is_a_model_load_error(mixed_file, tmp_path, staged):
     cut = tmp_path / "cut.safetensors"
     cut.write_bytes(mixed_file.read_bytes()[:-16])
     with pytest.raises(ModelLoadError, match="cut.safetensors"):
-        list(CheckpointReader(torch.device("cpu"), kind=kind).iter_file(cut))
+        list(CheckpointReader(torch.device("cpu"), staged=staged).iter_file(cut))
 
 
 def test_a_file_that_is_not_safetensors_is_a_model_load_error(tmp_path):
@@ -86,38 +86,15 @@ def test_the_mapped_reader_is_the_default_on_every_device(monkeypatch, device):
     assert CheckpointReader(torch.device(device)).name == "mapped"
 
 
-@pytest.mark.parametrize("kind", ["staged", "threads"])
-def test_the_environment_selects_the_reader(monkeypatch, kind):
-    monkeypatch.setenv(READER_ENV, kind)
-    assert CheckpointReader(torch.device("cpu")).name == kind
+def test_the_environment_selects_the_staged_reader(monkeypatch):
+    monkeypatch.setenv(READER_ENV, "staged")
+    assert CheckpointReader(torch.device("cpu")).name == "staged"
 
 
 def test_an_unknown_reader_name_is_a_config_error(monkeypatch):
     monkeypatch.setenv(READER_ENV, "fast")
-    with pytest.raises(ConfigError, match="mapped, staged, threads"):
+    with pytest.raises(ConfigError, match="mapped, staged"):
         CheckpointReader(torch.device("cpu"))
-
-
-def test_the_threaded_reader_hands_out_tensors_in_file_order_within_its_window(mixed_file, monkeypatch):
-    """Many tensors in flight, a window smaller than most of them: still every tensor, in file order, and the
-    consumer may stop early (the copies in flight are waited for, the rest cancelled)."""
-    from railyard.engine.models import safetensors_reader
-
-    monkeypatch.setattr(safetensors_reader, "WINDOW_BYTES", 16)
-    names = [name for name, _ in CheckpointReader(torch.device("cpu"), kind="threads").iter_file(mixed_file)]
-    assert names == [e.name for e in read_header(mixed_file)]
-    first = CheckpointReader(torch.device("cpu"), kind="threads").iter_file(mixed_file)
-    assert next(first)[0] == names[0]
-    first.close()
-
-
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="copies to a GPU on the threads' streams need one")
-def test_threaded_reads_to_the_gpu_give_the_same_bytes(mixed_file):
-    expected = load_file(str(mixed_file))
-    got = {name: t.cpu() for name, t in CheckpointReader(torch.device("cuda"), kind="threads").iter_file(mixed_file)}
-    for name, tensor in expected.items():
-        assert got[name].dtype == tensor.dtype and got[name].shape == tensor.shape, name
-        assert torch.equal(_bytes(got[name]), _bytes(tensor)), name
 
 
 @pytest.mark.parametrize("staged", [False, True], ids=["mapped", "staged"])
@@ -128,23 +105,3 @@ def test_a_reader_counts_the_files_bytes_and_times_its_reads(mixed_file, staged)
         pass
     assert reader.bytes_read == sum(t.numel() * t.element_size() for t in expected.values())
     assert reader.read_s > 0.0 and reader.to_device_s >= 0.0
-
-
-def test_a_model_filled_by_the_threaded_reader_equals_one_filled_by_the_mapped_reader(tmp_path, monkeypatch):
-    """The engine's own load (fill_from_checkpoint: fused QKV and gate_up slices, tied or untied heads) through
-    $RAILYARD_WEIGHTS_READER=threads: every parameter the same as through the default reader."""
-    from railyard.engine.attention import get_backend
-    from railyard.engine.models.loader import build_empty, fill_from_checkpoint
-    from railyard.engine.tiny_model import write_tiny_checkpoint
-    from railyard.model.spec import read_model_spec
-
-    path = write_tiny_checkpoint(tmp_path / "qwen2", "qwen2")
-    spec = read_model_spec(path)
-    models = {}
-    for kind in ("mapped", "threads"):
-        monkeypatch.setenv(READER_ENV, kind)
-        model = build_empty(spec, torch.float32, torch.device("cpu"), get_backend("torch", "cpu"))
-        assert fill_from_checkpoint(model, path).reader == kind
-        models[kind] = dict(model.named_parameters())
-    assert models["mapped"].keys() == models["threads"].keys()
-    assert all(torch.equal(p, models["threads"][name]) for name, p in models["mapped"].items())
