@@ -202,9 +202,12 @@ def test_bf16_queries_over_an_fp8_cache_with_7b_head_shapes(monkeypatch):
 
 
 @pytest.mark.parametrize("cached, new", [([5, 40, 1, 77], [1, 1, 1, 1]), ([16, 24, 0], [5, 40, 17])])
-def test_fp16_queries_over_an_fp8_cache_take_float16_dot_products_and_match_the_torch_backend(cached, new):
+def test_fp16_queries_over_an_fp8_cache_take_float16_dot_products_and_match_the_torch_backend(cached, new,
+                                                                                            monkeypatch):
     """16-bit queries over an FP8 cache run both dot products in float16 (paged_attention.py's F16_DOTS: one
-    e4m3 -> float16 conversion per two elements), q scaled by a power of two first; decode and prefill."""
+    e4m3 -> float16 conversion per two elements), q scaled by a power of two first; decode and prefill. (Decode
+    on a Hopper GPU takes FP8 dots by default: RAILYARD_FP8_KV_DOTS=f16 here.)"""
+    monkeypatch.setattr(paged_attention, "_FP8_DOTS_ON", False)
     _compare(cached=cached, new=new, heads=14, kv_heads=2, dim=64, k_scale=0.25, v_scale=3.0, dtype=torch.float16)
 
 
@@ -217,9 +220,9 @@ def test_the_power_of_two_scaling_of_fp16_queries_changes_no_output(q_multiplier
     store_kv(cache, k, v, meta.slot_mapping, 0.5, 2.0)
     for splits in (1, 5):
         args = (q, cache, meta.block_tables, meta.seq_lens, 0.125)
-        scaled = paged_decode(*args, num_splits=splits, k_scale=0.5, v_scale=2.0)
+        scaled = paged_decode(*args, num_splits=splits, k_scale=0.5, v_scale=2.0, use_fp8_dots=False)
         monkeypatch.setattr(paged_attention, "_f16_dots", lambda q, kv_cache: False)
-        plain = paged_decode(*args, num_splits=splits, k_scale=0.5, v_scale=2.0)
+        plain = paged_decode(*args, num_splits=splits, k_scale=0.5, v_scale=2.0, use_fp8_dots=False)
         monkeypatch.undo()
         assert torch.equal(scaled, plain)
 
