@@ -19,7 +19,8 @@
 # SILU=0: no SiLU-and-mul kernel bench; PROFILE=0: no profile; SMALL=0: no qwen3-0.6b benches; ROUNDS=1: the 7B
 # variants once (default 2, interleaved: bf16 and FP8 + FP8 KV again); WEIGHTS_ONLY=0: no FP8-weights-only 7B
 # variant; F16_DOTS_AB=0: no FP8 + FP8 KV run with the float16-dots decode kernel; ACCURACY=1: fp8_check.py
-# accuracy after the benches (fp8_accuracy.json).
+# accuracy after the benches (fp8_accuracy.json; ACCURACY_PARTS picks its comparisons); TUNE=0: no decode sweep;
+# TESTS_S: the tests' time limit (default 75 s).
 # DRY_RUN=1: the same 7B steps on the CPU with the embedded tiny model and auto (a check of this script).
 set -o pipefail
 export PYTHONUNBUFFERED=1
@@ -40,10 +41,10 @@ tests() {
   return $rc
 }
 export -f tests
-step tests 75 tests
+step tests ${TESTS_S:-75} tests
 [ -z "$DRY_RUN$BENCH_ONLY" ] && [ "${SILU:-1}" != 0 ] && step "SiLU-and-mul quantization kernels" 60 \
   bash -c 'set -o pipefail; python3 scripts/gpu/silu_quant_bench.py | tail -n 1 > /dev/null'
-[ -z "$DRY_RUN$BENCH_ONLY" ] && step "decode attention over an FP8 cache: launch configurations" 100 \
+[ -z "$DRY_RUN$BENCH_ONLY" ] && [ "${TUNE:-1}" != 0 ] && step "decode attention over an FP8 cache: launch configurations" 100 \
   bash -c 'set -o pipefail; python3 scripts/gpu/tune_decode.py fp8 2>&1 | grep -v "^ best" | tail -n 4'
 
 if [ -n "$DRY_RUN" ]; then

@@ -90,23 +90,41 @@ def accuracy() -> None:
     variants = {"fp8 weights": dict(quantization="fp8"), "fp8 kv cache": dict(kv_cache_dtype="fp8"),
                 "fp8 weights + kv cache": dict(quantization="fp8", kv_cache_dtype="fp8")}
     common = dict(device="cuda", attention_backend="triton", max_model_len=4096)
+    # $ACCURACY_PARTS: which comparisons (default all four; each rebuilds the 7B model per variant)
+    parts = os.environ.get("ACCURACY_PARTS", "prefill reference decode control").split()
     start = time.time()
-    results = compare_prefill("qwen2-7b", prompts, {}, variants, dtype="bfloat16", **common)
+    results = {}
+    if "prefill" in parts:
+        results.update(compare_prefill("qwen2-7b", prompts, {}, variants, dtype="bfloat16", **common))
     # The same FP8 numbers through the dequantizing reference GEMMs (the CPU's path): the tensor cores' share.
     scaled_mm_supported = fp8.scaled_mm_supported
     fp8.scaled_mm_supported = lambda device, dtype: False
     try:
-        results.update(compare_prefill("qwen2-7b", prompts, {}, {"fp8 weights, reference GEMMs": dict(
-            quantization="fp8")}, dtype="bfloat16", **common))
+        if "reference" in parts:
+            results.update(compare_prefill("qwen2-7b", prompts, {}, {"fp8 weights, reference GEMMs": dict(
+                quantization="fp8")}, dtype="bfloat16", **common))
     finally:
         fp8.scaled_mm_supported = scaled_mm_supported
-    # Decode steps (teacher-forced, the prompts' last 32 positions): the decode kernel reads the FP8 cache, with
-    # FP8 dots (q and P in e4m3 on FP8 tensor cores: the default on Hopper) and with float16 dots.
+    if "decode" in parts:
+        results.update(decode_accuracy(prompts, common))
+    # How any rounding grows through 28 random layers: bf16 against float32, a perturbation ~16x smaller.
+    if "control" in parts:
+        results.update(compare_prefill("qwen2-7b", prompts, dict(dtype="float32"),
+                                       {"control: bf16 against float32": dict(dtype="bfloat16")}, **common))
+    save("accuracy", {"model": "qwen2-7b (random weights, std 0.02)", "reference": "bf16, bf16 KV",
+                      "prompt_lens": [len(p) for p in prompts], "seconds": round(time.time() - start, 1),
+                      **{name: r.to_dict() for name, r in results.items()}})
+
+
+def decode_accuracy(prompts: list[list[int]], common: dict) -> dict:
+    """Decode steps (teacher-forced, the prompts' last 32 positions): the decode kernel reads the FP8 cache, with
+    FP8 dots (q and P in e4m3 on FP8 tensor cores: the default on Hopper) and with float16 dots."""
+    from railyard.bench.accuracy import compare_prefill
     from railyard.engine.kernels import paged_attention
 
     decode = {"decode: fp8 kv cache": dict(kv_cache_dtype="fp8"),
               "decode: fp8 weights + kv cache": dict(quantization="fp8", kv_cache_dtype="fp8")}
-    results.update(compare_prefill("qwen2-7b", prompts, {}, decode, decode_tokens=32, dtype="bfloat16", **common))
+    results = compare_prefill("qwen2-7b", prompts, {}, decode, decode_tokens=32, dtype="bfloat16", **common)
     fp8_dots_on = paged_attention._FP8_DOTS_ON
     paged_attention._FP8_DOTS_ON = False
     try:
@@ -115,12 +133,7 @@ def accuracy() -> None:
             **common))
     finally:
         paged_attention._FP8_DOTS_ON = fp8_dots_on
-    # How any rounding grows through 28 random layers: bf16 against float32, a perturbation ~16x smaller.
-    results.update(compare_prefill("qwen2-7b", prompts, dict(dtype="float32"),
-                                   {"control: bf16 against float32": dict(dtype="bfloat16")}, **common))
-    save("accuracy", {"model": "qwen2-7b (random weights, std 0.02)", "reference": "bf16, bf16 KV",
-                      "prompt_lens": [len(p) for p in prompts], "seconds": round(time.time() - start, 1),
-                      **{name: r.to_dict() for name, r in results.items()}})
+    return results
 
 
 def gemm_accuracy() -> None:
