@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from railyard.engine.config import EngineConfig
+from railyard.engine.layers.fp8 import ScaledAccumulator
 from railyard.engine.model_runner import ModelRunner, StepPlan
 from railyard.engine.models.loader import resolve_model_dir
 from railyard.model.spec import ModelSpec, read_model_spec
@@ -74,6 +75,14 @@ def build_runner(model: str, prompts: list[list[int]], num_layers: int | None = 
     return ModelRunner(config, spec, model_dir)
 
 
+def hidden_state(x, residual: torch.Tensor) -> torch.Tensor:
+    """A decoder layer's output (x, residual) as the hidden state x + residual in float32; x may still be an FP8
+    GEMM's accumulator whose scales the next RMSNorm applies (layers/fp8.py ScaledAccumulator)."""
+    if isinstance(x, ScaledAccumulator):
+        x = x.materialize()
+    return x.float() + residual.float()
+
+
 def prefill(runner: ModelRunner, prompts: list[list[int]]) -> PrefillOutputs:
     """One prefill step of every prompt (fresh blocks, laid out one sequence after another)."""
     bs = runner.block_size
@@ -93,7 +102,7 @@ def prefill(runner: ModelRunner, prompts: list[list[int]]) -> PrefillOutputs:
 
     def keep(module, inputs, output) -> None:
         x, residual = output  # a layer hands on (its output, the residual stream): their sum is its hidden state
-        layers.append(x.float() + residual.float())
+        layers.append(hidden_state(x, residual))
 
     hooks = [layer.register_forward_hook(keep) for layer in runner.model.model.layers]
     try:
@@ -128,7 +137,7 @@ def prefill_then_decode(runner: ModelRunner, prompts: list[list[int]], decode_to
     def keeper(i: int):
         def keep(module, inputs, output) -> None:
             x, residual = output
-            layers[i].append(x.float() + residual.float())
+            layers[i].append(hidden_state(x, residual))
         return keep
 
     hooks = [layer.register_forward_hook(keeper(i)) for i, layer in enumerate(runner.model.model.layers)]

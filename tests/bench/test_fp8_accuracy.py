@@ -126,3 +126,16 @@ def test_decode_steps_over_an_fp8_cache_stay_as_close_as_prefill(tiny_models, ar
     assert result.num_tokens == 16 * len(PROMPTS)
     cosine, kl = THRESHOLDS["fp8 kv cache"]
     assert min(result.layer_cosine) >= cosine and result.logit_kl_mean <= kl, result.to_dict()
+
+
+def test_a_layer_output_still_holding_fp8_scales_is_measured_as_the_tensor_it_stands_for():
+    """On Hopper an FP8 layer hands its last projection on as a ScaledAccumulator (the next RMSNorm applies the
+    scales): the accuracy hooks must see the hidden state it stands for (the first H200 run failed on it)."""
+    from railyard.bench.accuracy import hidden_state
+    from railyard.engine.layers.fp8 import ScaledAccumulator, apply_scales_ref
+
+    g = torch.Generator().manual_seed(0)
+    acc, xs, ws = torch.randn(3, 8, generator=g) * 100, torch.rand(3, 1, generator=g), torch.rand(8, generator=g)
+    residual = torch.randn(3, 8, generator=g).to(torch.bfloat16)
+    want = apply_scales_ref(acc, xs, ws, None, torch.bfloat16).float() + residual.float()
+    assert torch.equal(hidden_state(ScaledAccumulator(acc, xs, ws, torch.bfloat16), residual), want)
