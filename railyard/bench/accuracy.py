@@ -11,7 +11,9 @@ early flip changes everything after it.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -83,34 +85,53 @@ def hidden_state(x, residual: torch.Tensor) -> torch.Tensor:
     return x.float() + residual.float()
 
 
-def prefill(runner: ModelRunner, prompts: list[list[int]]) -> PrefillOutputs:
-    """One prefill step of every prompt (fresh blocks, laid out one sequence after another)."""
-    bs = runner.block_size
-    ids, positions, slots, starts, lens, tables = [], [], [], [0], [], []
-    next_block = 0
+def fresh_block_tables(prompts: list[list[int]], block_size: int) -> list[list[int]]:
+    """Each prompt's blocks, fresh and laid out one sequence after another."""
+    tables, next_block = [], 0
     for p in prompts:
-        table = list(range(next_block, next_block + -(-len(p) // bs)))
-        next_block += len(table)
+        tables.append(list(range(next_block, next_block + -(-len(p) // block_size))))
+        next_block += len(tables[-1])
+    return tables
+
+
+def prefill_plan(prompts: list[list[int]], tables: list[list[int]], block_size: int, last_only: bool) -> StepPlan:
+    """One prefill step of every prompt into its blocks; logits of every position, or of each prompt's last."""
+    ids, positions, slots, starts = [], [], [], [0]
+    for p, table in zip(prompts, tables):
         ids += p
         positions += range(len(p))
-        slots += [table[i // bs] * bs + i % bs for i in range(len(p))]
+        slots += [table[i // block_size] * block_size + i % block_size for i in range(len(p))]
         starts.append(starts[-1] + len(p))
-        lens.append(len(p))
-        tables.append(table)
-    plan = StepPlan(ids, positions, slots, starts, lens, tables, list(range(len(ids))), [], [])
-    layers: list[torch.Tensor] = []
+    rows = [end - 1 for end in starts[1:]] if last_only else list(range(len(ids)))
+    return StepPlan(ids, positions, slots, starts, [len(p) for p in prompts], tables, rows, [], [])
 
-    def keep(module, inputs, output) -> None:
-        x, residual = output  # a layer hands on (its output, the residual stream): their sum is its hidden state
-        layers.append(hidden_state(x, residual))
 
-    hooks = [layer.register_forward_hook(keep) for layer in runner.model.model.layers]
+@contextlib.contextmanager
+def layer_outputs(runner: ModelRunner) -> Iterator[list[list[torch.Tensor]]]:
+    """Per decoder layer, the hidden states (float32) of every forward pass run inside."""
+    layers: list[list[torch.Tensor]] = [[] for _ in runner.model.model.layers]
+
+    def keeper(i: int):
+        def keep(module, inputs, output) -> None:
+            x, residual = output  # a layer hands on (its output, the residual stream): their sum is its hidden state
+            layers[i].append(hidden_state(x, residual))
+        return keep
+
+    hooks = [layer.register_forward_hook(keeper(i)) for i, layer in enumerate(runner.model.model.layers)]
     try:
-        logits = runner.compute_logits(plan)
+        yield layers
     finally:
         for h in hooks:
             h.remove()
-    return PrefillOutputs(layers, logits.float())
+
+
+def prefill(runner: ModelRunner, prompts: list[list[int]]) -> PrefillOutputs:
+    """One prefill step of every prompt (fresh blocks, laid out one sequence after another)."""
+    bs = runner.block_size
+    plan = prefill_plan(prompts, fresh_block_tables(prompts, bs), bs, last_only=False)
+    with layer_outputs(runner) as layers:
+        logits = runner.compute_logits(plan)
+    return PrefillOutputs([torch.cat(x) for x in layers], logits.float())
 
 
 def prefill_then_decode(runner: ModelRunner, prompts: list[list[int]], decode_tokens: int) -> PrefillOutputs:
@@ -119,38 +140,16 @@ def prefill_then_decode(runner: ModelRunner, prompts: list[list[int]], decode_to
     ordered step by step. Decode steps read the cache through the decode kernel, which prefill never runs."""
     bs = runner.block_size
     heads = [p[:-decode_tokens] for p in prompts]
-    tables, next_block = [], 0
-    for p in prompts:
-        tables.append(list(range(next_block, next_block + -(-len(p) // bs))))
-        next_block += len(tables[-1])
-    ids, positions, slots, starts = [], [], [], [0]
-    for p, table in zip(heads, tables):
-        ids += p
-        positions += range(len(p))
-        slots += [table[i // bs] * bs + i % bs for i in range(len(p))]
-        starts.append(starts[-1] + len(p))
-    runner.compute_logits(StepPlan(ids, positions, slots, starts, [len(p) for p in heads], tables,
-                                   [starts[i + 1] - 1 for i in range(len(heads))], [], []))
-    layers: list[list[torch.Tensor]] = [[] for _ in runner.model.model.layers]
+    tables = fresh_block_tables(prompts, bs)
+    runner.compute_logits(prefill_plan(heads, tables, bs, last_only=True))
     logits: list[torch.Tensor] = []
-
-    def keeper(i: int):
-        def keep(module, inputs, output) -> None:
-            x, residual = output
-            layers[i].append(hidden_state(x, residual))
-        return keep
-
-    hooks = [layer.register_forward_hook(keeper(i)) for i, layer in enumerate(runner.model.model.layers)]
-    try:
+    with layer_outputs(runner) as layers:
         for step in range(decode_tokens):
             pos = [len(h) + step for h in heads]
             plan = StepPlan([p[n] for p, n in zip(prompts, pos)], pos,
                             [t[n // bs] * bs + n % bs for t, n in zip(tables, pos)], list(range(len(prompts) + 1)),
                             [n + 1 for n in pos], tables, list(range(len(prompts))), [], [])
             logits.append(runner.compute_logits(plan).float())
-    finally:
-        for h in hooks:
-            h.remove()
     return PrefillOutputs([torch.cat(x) for x in layers], torch.cat(logits))
 
 
