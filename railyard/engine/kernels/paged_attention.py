@@ -313,8 +313,8 @@ def _decode_fp8_dots_kernel(q_ptr, cache_ptr, block_tables_ptr, seq_lens_ptr, pa
         toks = tile * BLOCK_N + n
         valid = toks < seq_len
         page = tl.load(bt_row + toks // PAGE, mask=valid, other=0).to(tl.int64)
-        # Tokens past the end read finite bytes (a stale or zeroed block: store_kv saturates, so an FP8 cache holds
-        # no NaN) whose scores are masked to -inf and whose weights are 0.
+        # Tokens past the end read finite bytes (a stale or zeroed block: store_kv stores NaN as 0, so an FP8 cache
+        # holds no NaN) whose scores are masked to -inf and whose weights are 0.
         k = tl.load(cache_ptr + ((page * PAGE + toks % PAGE) * (NUM_KV_HEADS * HEAD_DIM) + kvh * HEAD_DIM)[:, None]
                     + d[None, :])  # [BLOCK_N, HEAD_DIM]
         s_t = tl.dot(k, q_t)  # [BLOCK_N, G_PAD]
@@ -428,7 +428,7 @@ def paged_decode(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Te
             q, kv_cache, block_tables, seq_lens, part_acc, part_ml, out, qk_scale, v_scale,
             q.stride(0), q.stride(1), out.stride(0), out.stride(1), block_tables.stride(0), kv_cache.stride(0),
             num_splits, NUM_HEADS=num_heads, NUM_KV_HEADS=hk, GROUP=group,
-            G_PAD=max(16, triton.next_power_of_2(group)), HEAD_DIM=d, PAGE=page, BLOCK_N=block_n or 64,
+            G_PAD=max(16, triton.next_power_of_2(group)), HEAD_DIM=d, PAGE=page, BLOCK_N=_tile(block_n or 64, kv_cache),
             DIRECT=direct, num_warps=num_warps, num_stages=num_stages or 2,
             **({} if maxnreg is None else {"maxnreg": maxnreg}))
     else:

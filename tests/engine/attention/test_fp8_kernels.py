@@ -372,3 +372,10 @@ def test_fp8_dots_runs_only_for_16_bit_queries_over_an_fp8_cache_on_a_hopper_gpu
         assert not paged_attention.fp8_dots(q16.cuda(), cache.to(torch.bfloat16).cuda())
         monkeypatch.setattr(paged_attention, "_FP8_DOTS_ON", False)  # RAILYARD_FP8_KV_DOTS=f16
         assert not paged_attention.fp8_dots(q16.cuda(), cache.cuda())
+
+
+def test_an_fp8_dots_tile_that_is_not_whole_blocks_is_refused():
+    """Its value loads are declared runs of whole blocks: a tile that splits one is refused, not misread."""
+    q, k, v, cache, meta = random_batch([40], [1], 4, 2, 64, torch.float16, seed=1, cache_dtype=FP8, page=16)
+    with pytest.raises(ValueError, match="multiple of its 16-token blocks"):
+        paged_decode(q, cache, meta.block_tables, meta.seq_lens, 0.125, num_splits=1, block_n=24, use_fp8_dots=True)
