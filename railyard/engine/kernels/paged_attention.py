@@ -378,8 +378,9 @@ def decode_splits(batch: int, num_kv_heads: int, max_seq_len: int, num_sms: int)
     return max(1, min(want, triton.cdiv(max_seq_len, 256), 64))
 
 
-# RAILYARD_FP8_DECODE_MAXNREG=N: cap the decode kernel's registers over an FP8 cache at N a thread (for A/B
-# measurements: uncapped it takes 145, so 3 programs share an SM where bf16's 96 allow 5; scripts/gpu/fp8-speed.sh).
+# RAILYARD_FP8_DECODE_MAXNREG=N: cap the decode kernel's registers over an FP8 cache at N a thread, whichever
+# kernel runs (for A/B measurements: the float16-dots one takes 145 uncapped, so 3 programs share an SM where bf16's
+# 96 allow 5; scripts/gpu/fp8-speed.sh's CAPS).
 _FP8_DECODE_MAXNREG = os.environ.get("RAILYARD_FP8_DECODE_MAXNREG", "")
 
 
@@ -430,7 +431,7 @@ def paged_decode(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Te
             num_splits, NUM_HEADS=num_heads, NUM_KV_HEADS=hk, GROUP=group,
             G_PAD=max(16, triton.next_power_of_2(group)), HEAD_DIM=d, PAGE=page, BLOCK_N=_tile(block_n or 64, kv_cache),
             DIRECT=direct, num_warps=num_warps, num_stages=num_stages or 2,
-            **({} if maxnreg is None else {"maxnreg": maxnreg}))
+            **({} if (cap := maxnreg or decode_maxnreg(kv_cache)) is None else {"maxnreg": cap}))
     else:
         _decode_split_kernel[(b, hk, num_splits)](
             q, kv_cache, block_tables, seq_lens, part_acc, part_ml, out, qk_scale, v_scale,
