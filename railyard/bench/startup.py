@@ -48,6 +48,7 @@ class StartupRun:
     weight_parts_s: dict[str, float] = field(default_factory=dict)  # weight_loading by part: read, to_device, ...
     background_s: dict[str, float] = field(default_factory=dict)  # threads beside the phases: the front's tokenizer
     output_tail: list[str] = field(default_factory=list)  # the server's last lines (its start-up report among them)
+    capture_lines: list[str] = field(default_factory=list)  # the engine's CUDA-graph capture reports (sizes, seconds)
 
 
 class ServerFailed(RailyardError):
@@ -133,7 +134,8 @@ def start_once(serve_cmd: list[str], env: dict[str, str], cache: str, files: lis
     finally:
         server.stop()
     return StartupRun(cache=cache, wall_s=round(wall, 3), page_cache_resident=resident,
-                      output_tail=[line.rstrip() for line in server.lines[-12:]], **report)
+                      output_tail=[line.rstrip() for line in server.lines[-12:]],
+                      capture_lines=[line.rstrip() for line in server.lines if "CUDA graphs" in line], **report)
 
 
 def _stop(proc: subprocess.Popen) -> None:

@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from railyard.engine.attention.metadata import AttentionMetadata
-from railyard.engine.graph_capture import without_cache_flushes
+from railyard.engine.graph_capture import capture_each, without_cache_flushes
 
 log = logging.getLogger("railyard.engine")
 
@@ -50,6 +50,7 @@ class DecodeGraphs:
         self.block_tables = torch.zeros((mb, self.max_blocks), dtype=torch.int32, device=device)
         self.query_start = torch.arange(mb + 1, dtype=torch.int32, device=device)
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self.warmed_up: list[int] = []  # the sizes run eagerly before their capture (graph_capture.capture_each)
         self.logits: dict[int, torch.Tensor] = {}
         self.copied = torch.cuda.Event()  # the last host-to-device copy out of the staging buffers
         self._capture()
@@ -69,21 +70,29 @@ class DecodeGraphs:
     def _capture(self) -> None:
         start = time.perf_counter()
         pool = None
+
+        def warm_up(bs: int) -> None:
+            # One eager run compiles (or loads) the kernels and creates library handles and workspaces outside
+            # capture: before the first size, and before any size whose capture would meet a kernel not loaded yet.
+            ids, pos, meta = self._views(bs)
+            self.model.compute_logits(self.model(ids, pos, self.kv_caches, meta))
+            torch.cuda.synchronize(self.device)
+
+        def capture(bs: int) -> None:
+            nonlocal pool
+            ids, pos, meta = self._views(bs)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=pool):
+                logits = self.model.compute_logits(self.model(ids, pos, self.kv_caches, meta))
+            pool = graph.pool()
+            self.graphs[bs], self.logits[bs] = graph, logits
+
         with without_cache_flushes():  # the model runner empties the cache once, before the first capture
-            for bs in reversed(self.sizes):  # largest first: smaller graphs reuse its memory pool
-                ids, pos, meta = self._views(bs)
-                # One eager run compiles (or loads) the kernels and creates library handles and workspaces outside
-                # capture: one run per size, as vLLM v1 and the piecewise graphs (which run fine on the H200) do.
-                self.model.compute_logits(self.model(ids, pos, self.kv_caches, meta))
-                torch.cuda.synchronize(self.device)
-                graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph, pool=pool):
-                    self.logits[bs] = self.model.compute_logits(self.model(ids, pos, self.kv_caches, meta))
-                pool = graph.pool()
-                self.graphs[bs] = graph
+            # largest first: smaller graphs reuse its memory pool
+            self.warmed_up = warmed = capture_each(list(reversed(self.sizes)), warm_up, capture)
         torch.cuda.synchronize(self.device)
-        log.info("captured decode CUDA graphs for %d batch sizes (1..%d) in %.1f s", len(self.sizes),
-                 self.max_batch, time.perf_counter() - start)
+        log.info("captured decode CUDA graphs for %d batch sizes (1..%d; %d warmed up first) in %.1f s",
+                 len(self.sizes), self.max_batch, len(warmed), time.perf_counter() - start)
 
     def padded_size(self, n: int) -> int | None:
         return padded_size(self.sizes, n)

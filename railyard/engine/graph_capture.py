@@ -1,18 +1,27 @@
-"""Capturing hundreds of CUDA graphs in a row without torch's per-capture cache flushes.
+"""Capturing hundreds of CUDA graphs in a row: without torch's per-capture cache flushes, and without an eager
+warm-up run before each capture that needs none.
 
-Why: `torch.cuda.graph` empties the caching allocator (and, in recent torch, the pinned host cache, and with
+Flushes. Why: `torch.cuda.graph` empties the caching allocator (and, in recent torch, the pinned host cache, and with
 `force_cudagraph_gc` runs `gc.collect()`) before every capture, so that one graph gets as much memory as can be
 had. railyard captures ~29 pieces for each of ~19 token counts plus every decode batch size into one shared pool,
 each flush a device synchronisation and a walk of the allocator's free lists: vLLM skips them for the same reason
 after its first graph (vllm/compilation/cuda_graph.py). The model runner empties the cache once before capture
 and measures the pool after it, so nothing it accounts for changes.
+
+Warm-ups. A run outside capture compiles or loads the Triton kernels a size needs (and tunes autotuned ones),
+which must not happen under capture. Every size used to get one (~40% of a warm start's capture time: 19 x 29
+pieces and 20 decode sizes, each run eagerly once and then captured). But most sizes need exactly the kernels
+the size before them loaded, so `capture_each` warms up only the first size, and any size whose capture meets a
+kernel that is not loaded yet: `jit_forbidden` makes Triton raise `NeedsWarmUp` before it would compile or load one
+(before any CUDA call, so the capture ends cleanly and is thrown away), and the size is warmed up and captured
+again. vLLM v1 captures with no warm-up runs at all (its cudagraph_num_of_warmups is 0).
 """
 
 from __future__ import annotations
 
 import contextlib
 import gc
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import torch
 
@@ -32,3 +41,52 @@ def without_cache_flushes() -> Iterator[None]:
     finally:
         for owner, name, original in saved:
             setattr(owner, name, original)
+
+
+class NeedsWarmUp(RuntimeError):
+    """A kernel would compile, load or be tuned under capture: the size wants an eager run first."""
+
+
+def _refuse_jit(**kwargs) -> bool:
+    raise NeedsWarmUp("a Triton kernel would compile or load under CUDA graph capture")
+
+
+@contextlib.contextmanager
+def jit_forbidden() -> Iterator[None]:
+    """Inside: a Triton kernel launch that misses Triton's in-memory cache raises NeedsWarmUp instead of compiling
+    or loading the kernel (Triton's jit_cache_hook runs before either). The hook held before (the start-up timer's)
+    is restored on exit. Nothing to do where Triton is absent."""
+    try:
+        from triton import knobs
+    except Exception:  # no Triton: no Triton kernel can compile under capture either
+        yield
+        return
+    runtime = knobs.runtime
+    saved = runtime.jit_cache_hook
+    runtime.jit_cache_hook = _refuse_jit
+    try:
+        yield
+    finally:
+        runtime.jit_cache_hook = saved
+
+
+def capture_each(sizes: list[int], warm_up: Callable[[int], None], capture: Callable[[int], None]) -> list[int]:
+    """capture(n) for each size in order; warm_up(n) (an eager run, then a device synchronisation) before the first
+    capture, and before any capture that raised NeedsWarmUp under `jit_forbidden`, which is then run again
+    unguarded (as every capture ran before). capture(n) must keep nothing of a capture that raised.
+    Returns the sizes that were warmed up."""
+    warmed: list[int] = []
+    for n in sizes:
+        if not warmed:
+            warm_up(n)
+            warmed.append(n)
+        else:
+            try:
+                with jit_forbidden():
+                    capture(n)
+                continue
+            except NeedsWarmUp:
+                warm_up(n)
+                warmed.append(n)
+        capture(n)
+    return warmed

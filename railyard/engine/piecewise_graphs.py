@@ -26,7 +26,7 @@ import torch
 
 from railyard.engine.attention.metadata import AttentionMetadata
 from railyard.engine.cuda_graphs import padded_size, staging_free, upload
-from railyard.engine.graph_capture import without_cache_flushes
+from railyard.engine.graph_capture import capture_each, without_cache_flushes
 
 log = logging.getLogger("railyard.engine")
 
@@ -71,6 +71,7 @@ class PiecewiseGraphs:
         self.graphs: dict[int, list[torch.cuda.CUDAGraph]] = {}
         self.copied = torch.cuda.Event() if pin else None  # the last host-to-device copy out of host_ints
         self.capture_seconds = 0.0
+        self.warmed_up: list[int] = []  # the buckets run eagerly before their capture (graph_capture.capture_each)
         if capture:
             self._capture()
 
@@ -102,23 +103,29 @@ class PiecewiseGraphs:
         start = time.perf_counter()
         pool = None
         pieces = len(self.layers) + 1
-        with without_cache_flushes():  # the model runner empties the cache once, before the first capture
-            for n in reversed(self.sizes):  # largest first: smaller buckets reuse its pool
-                for i in range(pieces):  # compile kernels, create library handles and workspaces outside capture
+
+        def warm_up(n: int) -> None:  # compile kernels, create library handles and workspaces outside capture
+            for i in range(pieces):
+                self._piece(i, n)
+            torch.cuda.synchronize(self.device)
+
+        def capture(n: int) -> None:  # the bucket's graphs are kept only once every piece is captured
+            nonlocal pool
+            graphs = []
+            for i in range(pieces):
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph, pool=pool):
                     self._piece(i, n)
-                torch.cuda.synchronize(self.device)
-                graphs = []
-                for i in range(pieces):
-                    graph = torch.cuda.CUDAGraph()
-                    with torch.cuda.graph(graph, pool=pool):
-                        self._piece(i, n)
-                    pool = graph.pool()
-                    graphs.append(graph)
-                self.graphs[n] = graphs
+                pool = graph.pool()
+                graphs.append(graph)
+            self.graphs[n] = graphs
+
+        with without_cache_flushes():  # the model runner empties the cache once, before the first capture
+            self.warmed_up = warmed = capture_each(list(reversed(self.sizes)), warm_up, capture)  # largest first: smaller reuse its pool
         torch.cuda.synchronize(self.device)
         self.capture_seconds = time.perf_counter() - start
-        log.info("captured piecewise CUDA graphs (%d pieces x %d token counts, 16..%d) in %.1f s", pieces,
-                 len(self.sizes), self.max_tokens, self.capture_seconds)
+        log.info("captured piecewise CUDA graphs (%d pieces x %d token counts, 16..%d; %d warmed up first) in %.1f s",
+                 pieces, len(self.sizes), self.max_tokens, len(warmed), self.capture_seconds)
 
     # -- one step ---------------------------------------------------------------------------------
     @torch.inference_mode()

@@ -57,6 +57,8 @@ for name in ("startup.json", "startup_staged.json"):
               + f"; beside it, the front's {r.get('background_s')}), Triton JIT {r['triton_jit_s']:.2f} s for "
               f"{r['triton_kernels']} kernels ({r['triton_compiled']} compiled), page cache {r['page_cache_resident']}")
         print("   ", ", ".join(f"{p} {s:.2f}" for p, s in r["phases_s"].items()))
+        for line in r.get("capture_lines", []):
+            print("    ", line[-150:])
 try:
     lp = json.loads((out / "load_paths.json").read_text())
     print("weight loading, one process (page cache {}):".format(lp["resident"]),
@@ -115,7 +117,7 @@ fi
 
 say "decode check: issue 7's 7B benchmark"
 timeout $(( $(left) > 40 ? $(left) - 10 : 30 )) python3 scripts/gpu/cli.py bench throughput --model $SHAPE $WORK \
-  > $OUT/throughput.json 2> >(grep -E "roofline|start-up|memory profile|Error|error" | tee -a $LOG >&2)
+  > $OUT/throughput.json 2> >(grep -E "roofline|start-up|memory profile|captured|Error|error" | tee -a $LOG >&2)
 echo "throughput rc=$?" | tee -a $LOG
 [ -n "$KEEP_CKPT" ] || rm -rf $CKPT
 say done

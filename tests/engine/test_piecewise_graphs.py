@@ -166,3 +166,19 @@ def test_engine_with_captured_pieces_matches_hf_generate_on_gpu(tiny_models, arc
     params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
     outputs = llm.generate(prompt_token_ids=PROMPTS, sampling_params=params, use_tqdm=False)
     assert [o.outputs[0].token_ids for o in outputs] == hf_greedy(tiny_models[arch], PROMPTS, 12)
+
+
+@needs_cuda
+def test_buckets_captured_without_a_warm_up_of_their_own_replay_the_eager_forward_on_gpu(tiny_models):
+    """Only the largest bucket (and any whose capture met a kernel not loaded yet) runs eagerly before its capture;
+    the others are captured straight away (graph_capture.capture_each) and must still give the eager forward."""
+    runner = _runner(tiny_models["qwen3"], "cuda", attention_backend="triton", dtype="float32")
+    pw = runner.piecewise
+    assert pw.warmed_up[0] == pw.sizes[-1] and len(pw.warmed_up) < len(pw.sizes)
+    assert runner.graphs.warmed_up[0] == runner.graphs.sizes[-1]
+    for step in ("mixed-prefill-and-decode", "prefill-only"):  # buckets 16 and 32
+        plan = _step(runner, STEPS[step], random.Random(step))
+        bucket = -(-len(plan.input_ids) // 16) * 16
+        assert bucket in pw.graphs and bucket not in pw.warmed_up
+        (ref, _), (got, _) = _unsplit_and_piecewise(runner, pw, plan)
+        torch.testing.assert_close(got, ref, rtol=1e-4, atol=1e-4)

@@ -7,7 +7,7 @@ sm_90 Triton's FP8 dot accumulates in the tensor cores' reduced precision unless
 (max_num_imprecise_acc, 2^30 by default there): PRECISE adds each BLOCK_K-deep partial product into the float32
 accumulator, as CUTLASS and cuBLAS do without fast accumulation. Tiles: small BLOCK_M for small batches, and
 triton.autotune over a few configurations per power-of-two bucket of M (timed at the first call of each
-bucket, i.e. in the engine's eager warm-up runs, never under CUDA graph capture).
+bucket, i.e. in the engine's eager warm-up runs, never under CUDA graph capture: graph_capture.capture_each).
 """
 
 from __future__ import annotations
@@ -15,6 +15,8 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+
+from railyard.engine.graph_capture import NeedsWarmUp
 
 # (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages): small-M tiles that cut a 3584..37888-wide output into
 # enough programs for 132 SMs, and the usual large ones.
@@ -65,7 +67,10 @@ def _fp8_gemm_kernel(a_ptr, b_ptr, y_ptr, as_ptr, bs_ptr, bias_ptr, M, N, K, str
 
 def _quick_bench(kernel_call, quantiles):
     """The autotuner's timing, shortened (5 ms warm-up, 20 ms of runs instead of 25 and 100): it runs for every
-    (M bucket, N, K) an engine meets, in its warm-up."""
+    (M bucket, N, K) an engine meets, in its warm-up. Under CUDA graph capture it cannot (timing synchronises the
+    device): NeedsWarmUp asks the capture for an eager run of that size first (graph_capture.capture_each)."""
+    if torch.cuda.is_current_stream_capturing():
+        raise NeedsWarmUp("the FP8 GEMM's autotuner would time its configurations under CUDA graph capture")
     return triton.testing.do_bench(kernel_call, warmup=5, rep=20, quantiles=quantiles)
 
 
