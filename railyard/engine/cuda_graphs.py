@@ -91,8 +91,8 @@ class DecodeGraphs:
             # largest first: smaller graphs reuse its memory pool
             self.warmed_up = warmed = capture_each(list(reversed(self.sizes)), warm_up, capture)
         torch.cuda.synchronize(self.device)
-        log.info("captured decode CUDA graphs for %d batch sizes (1..%d; %d warmed up first) in %.1f s",
-                 len(self.sizes), self.max_batch, len(warmed), time.perf_counter() - start)
+        log.info("captured decode CUDA graphs for %d batch sizes (1..%d; warmed up first: %s) in %.1f s",
+                 len(self.sizes), self.max_batch, warmed, time.perf_counter() - start)
 
     def padded_size(self, n: int) -> int | None:
         return padded_size(self.sizes, n)

@@ -124,8 +124,8 @@ class PiecewiseGraphs:
             self.warmed_up = warmed = capture_each(list(reversed(self.sizes)), warm_up, capture)  # largest first: smaller reuse its pool
         torch.cuda.synchronize(self.device)
         self.capture_seconds = time.perf_counter() - start
-        log.info("captured piecewise CUDA graphs (%d pieces x %d token counts, 16..%d; %d warmed up first) in %.1f s",
-                 pieces, len(self.sizes), self.max_tokens, len(warmed), self.capture_seconds)
+        log.info("captured piecewise CUDA graphs (%d pieces x %d token counts, 16..%d; warmed up first: %s) in %.1f s",
+                 pieces, len(self.sizes), self.max_tokens, warmed, self.capture_seconds)
 
     # -- one step ---------------------------------------------------------------------------------
     @torch.inference_mode()

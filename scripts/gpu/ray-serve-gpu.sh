@@ -36,6 +36,8 @@
 #        PHASES (default "pp direct old opt p2 rr burst": a second call can run what the first had no time for),
 #        STREAM_INTERVAL_S, STREAM_ITEMS_PER_S, INGRESS_REPLICAS (the stack of 1's stream_interval_s,
 #        stream_items_per_s and ingress.num_replicas; unset: the serve layer's 0.05 s and 500, and 2 ingress replicas),
+#        PYSPY_S (seconds of py-spy samples of each engine core process in every throughput run; CPU% per process
+#        is recorded in every one: proc_cpu.py),
 #        MPS (1: the whole call under a CUDA MPS daemon of its own, below; phase solo: the direct server first,
 #        before the daemon starts), N_LOW / N_HIGH (requests of the 64- and 256-stream runs, default 384 / 768: runs
 #        of 6-9 s, where one server's tok/s spread ~13% between runs on the 2026-12-04 H200 calls)
@@ -209,6 +211,18 @@ if burst:
     print("burst", json.dumps(summary["burst"]["fleet"]), "failed", burst.get("failed"))
 PY
   cp $R/burst.png "$OUT/burst.png" 2>/dev/null
+  python3 - $R <<'PY' | tee -a "$LOG"  # CPU% per process over each observed run (proc_cpu.py), busiest first
+import json, pathlib, sys
+for f in sorted(pathlib.Path(sys.argv[1]).glob("cpu_*_c*.json")):
+    d = json.loads(f.read_text())
+    print(f"cpu {f.stem[4:]}: {d['interval_s']} s, {d['total_cpu_pct']}% of {d['cpus']} CPUs' {d['cpus'] * 100}%, "
+          f"load {' '.join(d['loadavg_after'])}")
+    for r in d["busiest"][:9]:
+        print(f"    {r['cpu_pct']:6.1f}%  {r['pid']:>7} <- {r['ppid']:<7} {r['cmd'][:90]}")
+PY
+  for f in $R/pyspy_*.txt; do
+    [ -s "$f" ] && { echo "py-spy $(basename $f)"; python3 scripts/gpu/pyspy_phases.py $f --top 14 | head -40; } | tee -a "$LOG"
+  done
   tar czf "$OUT/results.tgz" -C "$(dirname $R)" "$(basename $R)"
   # Ray's own logs of every stack (Serve controller, proxy, replicas; the daemons' stderr), files under 4 MB.
   local ray_tmp=${RAY_TMPDIR:-/tmp}/ray
@@ -318,6 +332,23 @@ bench() {  # name url flags...: one `railyard bench serve`
   local name=$1 url=$2; shift 2
   python3 -m railyard.cli bench serve --url $url --model qwen3 --seed 0 "$@" > $R/$name.json 2> $R/$name.err
 }
+observed() {  # name cmd...: the command, and every process's CPU% over it ($R/cpu_NAME.json); with PYSPY_S, py-spy's
+  # samples of each engine core process for PYSPY_S seconds from 5 s in ($R/pyspy_NAME_PID.txt)
+  local name=$1 spies= pid; shift
+  python3 scripts/gpu/proc_cpu.py snapshot $R/cpu_before.json
+  if [ -n "$PYSPY_S" ] && command -v py-spy > /dev/null; then
+    for pid in $(python3 scripts/gpu/proc_cpu.py engine-cores); do
+      (sleep 5; timeout $(( PYSPY_S + 10 )) py-spy record -p $pid -d $PYSPY_S -r 200 --nonblocking --idle --threads --format raw \
+        -o $R/pyspy_${name}_$pid.txt > /dev/null 2>&1) &
+      spies="$spies $!"
+    done
+  fi
+  "$@"; local rc=$?
+  python3 scripts/gpu/proc_cpu.py snapshot $R/cpu_after.json
+  python3 scripts/gpu/proc_cpu.py diff $R/cpu_before.json $R/cpu_after.json > $R/cpu_$name.json
+  [ -z "$spies" ] || wait $spies
+  return $rc
+}
 warm() {  # url: Triton JIT and CUDA graphs of both replicas warm, outside the measurements
   python3 -m railyard.cli bench serve --url $1 --model qwen3 --num-prompts 32 --input-len 64-512 --output-len 16 \
     --max-concurrency 16 --seed 99 > /dev/null 2>&1
@@ -341,7 +372,7 @@ burst() {  # the burst trace on the autoscaled stack; RAY_AUTH_MODE=token: it jo
   RAY_AUTH_MODE=token python3 -m railyard.cli bench burst --url $URL --model qwen3 $BURST --seed 0 --app gpu \
     --deployment engine-qwen3-default --ray-address "$RAY_GCS" --plot $R/burst.png > $R/burst.json 2> $R/burst.err
 }
-export -f bench warm scrape prefix_trace burst pair_bench
+export -f bench observed warm scrape prefix_trace burst pair_bench
 export TPUT PAIR_PORT_A PAIR_PORT_B
 export R PREFIX URL BURST
 
@@ -349,8 +380,8 @@ export R PREFIX URL BURST
 # client pays for the daemon's scheduling even alone), so the MPS runs' ratios have both denominators.
 if phase solo && [ -n "$MPS" ] && step "direct up (no MPS)" $T_UP direct "" "" solo; then
   step "warm-up" 60 warm $DIRECT_URL
-  step "solo c$C_LOW" $T_BENCH bench solo_clow $DIRECT_URL $TPUT --num-prompts $N_LOW --max-concurrency $C_LOW
-  step "solo c$C_HIGH" $T_BENCH bench solo_chigh $DIRECT_URL $TPUT --num-prompts $N_HIGH --max-concurrency $C_HIGH
+  step "solo c$C_LOW" $T_BENCH observed solo_clow bench solo_clow $DIRECT_URL $TPUT --num-prompts $N_LOW --max-concurrency $C_LOW
+  step "solo c$C_HIGH" $T_BENCH observed solo_chigh bench solo_chigh $DIRECT_URL $TPUT --num-prompts $N_HIGH --max-concurrency $C_HIGH
 fi
 stop
 mps_start
@@ -359,8 +390,8 @@ mps_start
 FIXED=$(stack fixed no)
 if phase pp && step "ray up (pending_prefix)" $T_UP up pp pending_prefix $FIXED; then
   step "warm-up" 60 warm $URL
-  step "ray c$C_LOW" $T_BENCH bench ray_pp_clow $URL $TPUT --num-prompts $N_LOW --max-concurrency $C_LOW
-  step "ray c$C_HIGH" $T_BENCH bench ray_pp_chigh $URL $TPUT --num-prompts $N_HIGH --max-concurrency $C_HIGH
+  step "ray c$C_LOW" $T_BENCH observed ray_pp_clow bench ray_pp_clow $URL $TPUT --num-prompts $N_LOW --max-concurrency $C_LOW
+  step "ray c$C_HIGH" $T_BENCH observed ray_pp_chigh bench ray_pp_chigh $URL $TPUT --num-prompts $N_HIGH --max-concurrency $C_HIGH
   step "ray prefix trace (pending_prefix)" $T_BENCH prefix_trace ray_pp $URL && placement ray_pp
 fi
 stop
@@ -368,8 +399,8 @@ stop
 # 2. One railyard serve with the same total KV: the same benchmarks.
 if phase direct && step "direct up" $T_UP direct; then
   step "warm-up" 60 warm $DIRECT_URL
-  step "direct c$C_LOW" $T_BENCH bench direct_clow $DIRECT_URL $TPUT --num-prompts $N_LOW --max-concurrency $C_LOW
-  step "direct c$C_HIGH" $T_BENCH bench direct_chigh $DIRECT_URL $TPUT --num-prompts $N_HIGH --max-concurrency $C_HIGH
+  step "direct c$C_LOW" $T_BENCH observed direct_clow bench direct_clow $DIRECT_URL $TPUT --num-prompts $N_LOW --max-concurrency $C_LOW
+  step "direct c$C_HIGH" $T_BENCH observed direct_chigh bench direct_chigh $DIRECT_URL $TPUT --num-prompts $N_HIGH --max-concurrency $C_HIGH
   step "direct prefix trace" $T_BENCH prefix_trace direct $DIRECT_URL
 fi
 stop
@@ -378,8 +409,8 @@ stop
 if phase pair && step "pair up" $T_UP pair_up; then
   step "warm-up" 60 warm http://127.0.0.1:$PAIR_PORT_A
   step "warm-up" 60 warm http://127.0.0.1:$PAIR_PORT_B
-  step "pair c$C_LOW" $T_BENCH pair_bench pair_clow $C_LOW $N_LOW
-  step "pair c$C_HIGH" $T_BENCH pair_bench pair_chigh $C_HIGH $N_HIGH
+  step "pair c$C_LOW" $T_BENCH observed pair_clow pair_bench pair_clow $C_LOW $N_LOW
+  step "pair c$C_HIGH" $T_BENCH observed pair_chigh pair_bench pair_chigh $C_HIGH $N_HIGH
 fi
 stop
 

@@ -121,3 +121,16 @@ def test_the_fp8_gemm_autotuner_refuses_to_time_under_capture():
         with torch.cuda.graph(graph):
             x.add_(1)
             _quick_bench(lambda: None, None)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graph capture needs a GPU")
+def test_a_unit_scale_first_asked_for_under_capture_asks_for_a_warm_up():
+    """The unscaled FP8 GEMM's 1.0 made under capture would hold its value only once the graph replays."""
+    from railyard.engine.layers import fp8
+
+    fp8._UNIT_SCALES.clear()
+    graph = torch.cuda.CUDAGraph()
+    with pytest.raises(NeedsWarmUp, match="unit_scale"):
+        with torch.cuda.graph(graph):
+            fp8.unit_scale(torch.device("cuda"))
+    assert fp8.unit_scale(torch.device("cuda")).item() == 1.0

@@ -52,6 +52,7 @@ from typing import get_args
 import torch
 import torch.nn.functional as F
 
+from railyard.engine.graph_capture import NeedsWarmUp
 from railyard.engine.kernels import fp8_ops
 from railyard.errors import ConfigError
 from railyard.model.precision import Fp8Gemm
@@ -264,14 +265,15 @@ _UNIT_SCALES: dict[torch.device, torch.Tensor] = {}
 
 def unit_scale(device: torch.device) -> torch.Tensor:
     """A float32 1.0 on `device`, one per device, for the scalar scales of the unscaled GEMM. Made outside any CUDA
-    graph capture (the graphs' eager warm-up runs come first): one first made while a graph is captured would be
-    filled only when that graph replays, so that case is an error, not a silently uninitialised scale."""
+    graph capture: one first made while a graph is captured would be filled only when that graph replays, so that
+    case raises NeedsWarmUp (graph_capture.capture_each then runs the size eagerly first: the first size captured
+    may take the row-wise GEMM, and only a smaller one this GEMM), not a silently uninitialised scale."""
     if device.type == "cuda" and device.index is None:
         device = torch.device("cuda", torch.cuda.current_device())
     one = _UNIT_SCALES.get(device)
     if one is None:
         if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-            raise RuntimeError("unit_scale: first asked for inside a CUDA graph capture; run the layer eagerly first")
+            raise NeedsWarmUp("unit_scale: first asked for inside a CUDA graph capture; run the layer eagerly first")
         one = _UNIT_SCALES[device] = torch.ones((), dtype=torch.float32, device=device)
     return one
 
