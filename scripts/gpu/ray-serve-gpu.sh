@@ -36,6 +36,7 @@
 #        PHASES (default "pp direct old opt p2 rr burst": a second call can run what the first had no time for),
 #        STREAM_INTERVAL_S, STREAM_ITEMS_PER_S, INGRESS_REPLICAS (the stack of 1's stream_interval_s,
 #        stream_items_per_s and ingress.num_replicas; unset: the serve layer's 0.05 s and 500, and 2 ingress replicas),
+#        RENICE (phase pp: its benches again with the engine cores' threads at this nice value, as ppnice),
 #        PYSPY_S (seconds of py-spy samples of each engine core process in every throughput run; CPU% per process
 #        is recorded in every one: proc_cpu.py),
 #        MPS (1: the whole call under a CUDA MPS daemon of its own, below; phase solo: the direct server first,
@@ -107,6 +108,7 @@ SERVER=
 
 git log --oneline -1 2>/dev/null | tee -a "$LOG"; echo "commit ${COMMIT:-unknown}" | tee -a "$LOG"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv 2>/dev/null | tee -a "$LOG"
+lscpu 2>/dev/null | grep -E "^(Model name|CPU\(s\)|Thread|Core|Socket|NUMA node\(s\))" | tee -a "$LOG"
 python3 -c "import ray, torch; print('ray', ray.__version__, ray.__file__, 'torch', torch.__version__)" 2>&1 | tee -a "$LOG"
 # The image's versions of what Ray leans on and .whl-ray does not carry (for the record, if Ray fails to start).
 python3 -m pip show aiohttp yarl multidict grpcio 2>/dev/null | grep ^Version | tr '\n' ' ' | tee -a "$LOG"; echo | tee -a "$LOG"
@@ -154,7 +156,7 @@ def hit_rate(name):
 summary = {"model": sys.argv[4], "kv_blocks_per_replica": int(sys.argv[3]), "throughput": {}, "routing": {}}
 # pp: the serve layer's defaults; old: one ingress, fixed 50 ms interval; opt: pp under Ray's throughput mode;
 # ing1: pp with one ingress; one: one whole-GPU engine replica
-VARIANTS = ("pp", "old", "opt", "ing1", "one")
+VARIANTS = ("pp", "ppnice", "old", "opt", "ing1", "one")  # ppnice: pp with its engine cores reniced (RENICE)
 for c in ("low", "high"):
     direct = bench(load(f"direct_c{c}"))
     row = {"direct": direct}
@@ -200,7 +202,8 @@ for c, row in summary["throughput"].items():
     for v in VARIANTS:
         r = row[f"ray_{v}"]
         if r:
-            print(f"      ray {v:4s} {r['output_tok_s']} tok/s  ratio {row.get(f'ray_{v}_over_direct')}  "
+            print(f"      ray {v:4s} {r['output_tok_s']} tok/s  ratio {row.get(f'ray_{v}_over_direct')} "
+                  f"(of solo {row.get(f'ray_{v}_over_solo')})  "
                   f"TTFT p50 {r['ttft_p50_ms']} ms  TPOT p50 {r['tpot_p50_ms']} ms  ITL p99 {r['itl_p99_ms']} ms")
 for name, row in summary["routing"].items():
     b, p = row["bench"], row["prefix_cache"]
@@ -392,6 +395,14 @@ if phase pp && step "ray up (pending_prefix)" $T_UP up pp pending_prefix $FIXED;
   step "warm-up" 60 warm $URL
   step "ray c$C_LOW" $T_BENCH observed ray_pp_clow bench ray_pp_clow $URL $TPUT --num-prompts $N_LOW --max-concurrency $C_LOW
   step "ray c$C_HIGH" $T_BENCH observed ray_pp_chigh bench ray_pp_chigh $URL $TPUT --num-prompts $N_HIGH --max-concurrency $C_HIGH
+  if [ -n "$RENICE" ]; then  # the same stack again with every thread of its engine cores at nice $RENICE
+    for pid in $(python3 scripts/gpu/proc_cpu.py engine-cores); do
+      for task in /proc/$pid/task/*; do renice -n $RENICE -p ${task##*/} > /dev/null; done
+      log "engine core $pid: nice $(ps -o ni= -p $pid)"
+    done
+    step "ray nice c$C_LOW" $T_BENCH observed ray_ppnice_clow bench ray_ppnice_clow $URL $TPUT --num-prompts $N_LOW --max-concurrency $C_LOW
+    step "ray nice c$C_HIGH" $T_BENCH observed ray_ppnice_chigh bench ray_ppnice_chigh $URL $TPUT --num-prompts $N_HIGH --max-concurrency $C_HIGH
+  fi
   step "ray prefix trace (pending_prefix)" $T_BENCH prefix_trace ray_pp $URL && placement ray_pp
 fi
 stop
