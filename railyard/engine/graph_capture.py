@@ -47,15 +47,17 @@ class NeedsWarmUp(RuntimeError):
     """A kernel would compile, load or be tuned under capture: the size wants an eager run first."""
 
 
-def _refuse_jit(**kwargs) -> bool:
-    raise NeedsWarmUp("a Triton kernel would compile or load under CUDA graph capture")
+def _capturing() -> bool:
+    """Whether this thread's current CUDA stream is being captured."""
+    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
 
 
 @contextlib.contextmanager
 def jit_forbidden() -> Iterator[None]:
-    """Inside: a Triton kernel launch that misses Triton's in-memory cache raises NeedsWarmUp instead of compiling
-    or loading the kernel (Triton's jit_cache_hook runs before either). The hook held before (the start-up timer's)
-    is restored on exit. Nothing to do where Triton is absent."""
+    """Inside: a Triton kernel launch under capture that misses Triton's in-memory cache raises NeedsWarmUp instead
+    of compiling or loading the kernel (Triton's jit_cache_hook runs before either). Launches from a thread that is
+    not capturing (a weight load beside the capture) go to the hook held before (the start-up timer's), which is
+    restored on exit. Nothing to do where Triton is absent."""
     try:
         from triton import knobs
     except Exception:  # no Triton: no Triton kernel can compile under capture either
@@ -63,7 +65,13 @@ def jit_forbidden() -> Iterator[None]:
         return
     runtime = knobs.runtime
     saved = runtime.jit_cache_hook
-    runtime.jit_cache_hook = _refuse_jit
+
+    def refuse_under_capture(**kwargs) -> bool | None:
+        if _capturing():
+            raise NeedsWarmUp("a Triton kernel would compile or load under CUDA graph capture")
+        return saved(**kwargs) if saved is not None else None
+
+    runtime.jit_cache_hook = refuse_under_capture
     try:
         yield
     finally:

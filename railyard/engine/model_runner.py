@@ -15,18 +15,19 @@ from pathlib import Path
 import torch
 
 from railyard.engine.attention import AttentionMetadata, get_backend
+from railyard.engine.background import Background
 from railyard.engine.cuda_graphs import DecodeGraphs, padded_block_tables
 from railyard.engine.config import EngineConfig
 from railyard.engine.kernels import fp8_ops
 from railyard.engine.layers.fp8 import FP8, cache_bits, gemm_path, scaled_mm_supported
-from railyard.engine.models.loader import build_empty, fill_from_checkpoint, random_weights
+from railyard.engine.models.loader import build_empty, fill_from_checkpoint, load_beside_capture, random_weights
 from railyard.engine.parallel import SINGLE, ParallelState
 from railyard.engine.piecewise_graphs import PiecewiseGraphs
 from railyard.engine.sampler import (DoneSample, PendingSample, SamplerOutput, SamplingRow, host_tensor, sample_async,
                                     to_device)
 from railyard.engine.scheduler import SchedulerOutput
 from railyard.engine.sequence import PLACEHOLDER
-from railyard.engine.startup import StartupTimes, TritonJitTimer
+from railyard.engine.startup import StartupTimes, TritonJitTimer, WeightLoad
 from railyard.errors import ConfigError
 from railyard.model.memory import GIB, MemoryBudget, piecewise_tokens, profile_tokens, reserve_bytes
 from railyard.model.spec import ModelSpec
@@ -133,15 +134,7 @@ class ModelRunner:
         with timed("model_construction"):
             model = build_empty(spec, self.dtype, self.device, self.backend_cls, ps)
             _synchronize(self.device)
-        with timed("weight_loading"):
-            if model_dir is None:  # a named shape with random weights (benchmarks): nothing to read from disk
-                self.model, load = random_weights(model, config.seed), None
-            else:
-                load = fill_from_checkpoint(model, model_dir)
-                self.model = model
-            _synchronize(self.device)
-        if load is not None:
-            self.startup.record_weights(load, self.startup.phases["weight_loading"])
+        self.model = model
         if self.quantization == "fp8":
             _set_fp8_gemm(self.model, config.fp8_gemm, self.device, self.dtype)
             log.info("FP8 weights (per-channel scales, per-token activations); GEMMs: %s",
@@ -149,14 +142,40 @@ class ModelRunner:
         elif config.fp8_gemm != "auto":
             raise ConfigError(f"fp8_gemm {config.fp8_gemm!r} picks the GEMM of FP8 weights: this model has none "
                               "(add --quantization fp8, or leave fp8_gemm at auto)")
+        # Where piecewise graphs will be captured, the checkpoint loads on a thread beside their capture (it needs
+        # the weights' addresses, not their values): the phases then hold only the part of loading the capture did
+        # not hide, and its whole time is a `background` entry (load_beside_capture).
+        beside = model_dir is not None and self._piecewise_allowed() and load_beside_capture()
+        load: WeightLoad | None = None
+        loader: Background | None = None
+        if model_dir is None:  # a named shape with random weights (benchmarks): nothing to read from disk
+            with timed("weight_loading"):
+                random_weights(model, config.seed)
+                _synchronize(self.device)
+        elif beside:
+            loader = Background(fill_from_checkpoint, model, model_dir, name="railyard-weights")
+        else:
+            with timed("weight_loading"):
+                load = fill_from_checkpoint(model, model_dir)
+                _synchronize(self.device)
+            self.startup.record_weights(load, self.startup.phases["weight_loading"])
         attn = self.model.model.layers[0].self_attn
         self.num_kv_heads, self.head_dim = attn.num_kv_heads, attn.head_dim
         self.block_size = config.block_size
         self.memory: MemoryBudget | None = None  # the start-up report (None when num_gpu_blocks was given)
         with TritonJitTimer(enabled=self.device.type == "cuda") as jit:  # kernels compile at their first launch: the profile step and graph capture
             # Captured before the memory profile, which counts their buffers and pool (they need no KV cache).
-            with timed("cuda_graphs"):
-                self.piecewise = self._capture_piecewise()
+            try:
+                with timed("cuda_graphs"):
+                    self.piecewise = self._capture_piecewise(beside_load=loader is not None)
+            finally:
+                if loader is not None:  # the rest of the load (raising its error, if any), before anything reads
+                    with timed("weight_loading"):
+                        load = loader.result()
+                        _synchronize(self.device)
+            if loader is not None:
+                self.startup.record_weights(load, loader.seconds, beside=True)
+            self._measure_piecewise()
             with timed("kv_profile"):
                 self.num_gpu_blocks = config.num_gpu_blocks or self._profile_num_blocks()
             with timed("kv_allocation"):
@@ -188,22 +207,31 @@ class ModelRunner:
         max_batch = min(c.cuda_graph_max_batch_size, c.max_num_seqs)
         return DecodeGraphs(self.model, self.kv_caches, max_batch, c.max_model_len, self.block_size, self.device)
 
-    def _capture_piecewise(self) -> PiecewiseGraphs | None:
-        """CUDA graphs of everything but attention, for every other step (prefill chunks, mixed steps);
-        sets their memory (static buffers and pool) in `piecewise_bytes`."""
+    def _piecewise_allowed(self) -> bool:
+        return self.config.piecewise_cuda_graphs and self._graphs_allowed()
+
+    def _capture_piecewise(self, beside_load: bool = False) -> PiecewiseGraphs | None:
+        """CUDA graphs of everything but attention, for every other step (prefill chunks, mixed steps); with
+        beside_load, while another thread loads the weights. `_measure_piecewise` then sets their memory."""
         self.piecewise_bytes = 0
         c = self.config
-        if not (c.piecewise_cuda_graphs and self._graphs_allowed()):
+        if not self._piecewise_allowed():
             return None
         torch.cuda.empty_cache()
-        before = torch.cuda.memory_reserved(self.device)
-        graphs = PiecewiseGraphs(self.model, piecewise_tokens(c.max_num_batched_tokens, c.max_model_len,
-                                                              c.max_num_seqs), self.device)
+        self._reserved_before_piecewise = torch.cuda.memory_reserved(self.device)
+        return PiecewiseGraphs(self.model, piecewise_tokens(c.max_num_batched_tokens, c.max_model_len,
+                                                            c.max_num_seqs), self.device, beside_load=beside_load)
+
+    def _measure_piecewise(self) -> None:
+        """The piecewise graphs' memory (static buffers and pool) in `piecewise_bytes`: what the device holds more
+        than before their capture, measured once a weight load beside it has freed its temporaries."""
+        graphs = self.piecewise
+        if graphs is None:
+            return
         torch.cuda.empty_cache()
-        self.piecewise_bytes = torch.cuda.memory_reserved(self.device) - before
+        self.piecewise_bytes = torch.cuda.memory_reserved(self.device) - self._reserved_before_piecewise
         log.info("piecewise CUDA graphs hold %.2f GiB (static buffers %.2f GiB, pool and graphs the rest)",
                  self.piecewise_bytes / GIB, graphs.static_bytes / GIB)
-        return graphs
 
     # -- sizing ----------------------------------------------------------------------------------
     @property

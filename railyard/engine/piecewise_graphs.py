@@ -45,7 +45,8 @@ def piecewise_sizes(max_tokens: int) -> list[int]:
 class PiecewiseGraphs:
     """The model's forward pass as captured pieces per token-count bucket, attention run eagerly between them."""
 
-    def __init__(self, model, max_tokens: int, device: torch.device, capture: bool = True) -> None:
+    def __init__(self, model, max_tokens: int, device: torch.device, capture: bool = True,
+                 beside_load: bool = False) -> None:
         self.model, self.device = model, device
         self.decoder = model.model
         self.layers = self.decoder.layers
@@ -72,6 +73,11 @@ class PiecewiseGraphs:
         self.copied = torch.cuda.Event() if pin else None  # the last host-to-device copy out of host_ints
         self.capture_seconds = 0.0
         self.warmed_up: list[int] = []  # the buckets run eagerly before their capture (graph_capture.capture_each)
+        # Another thread may fill the weights meanwhile (model_runner): its copies and allocations are CUDA calls
+        # that torch's default "global" capture mode forbids any thread while a graph is captured; "thread_local"
+        # forbids them to the capturing thread only. (The pieces read the weights' addresses, never their values:
+        # the one eager warm-up computes garbage, which nothing keeps.)
+        self.capture_error_mode = "thread_local" if beside_load else "global"
         if capture:
             self._capture()
 
@@ -114,7 +120,7 @@ class PiecewiseGraphs:
             graphs = []
             for i in range(pieces):
                 graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph, pool=pool):
+                with torch.cuda.graph(graph, pool=pool, capture_error_mode=self.capture_error_mode):
                     self._piece(i, n)
                 pool = graph.pool()
                 graphs.append(graph)

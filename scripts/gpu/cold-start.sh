@@ -17,7 +17,8 @@
 #        CKPT (checkpoint dir, default /tmp/qwen2-7b: written, and removed at the end; an existing one is kept),
 #        SHAPE (default qwen2-7b), WORK (the decode check's workload: issue 7's by default), SKIP_WHEELS,
 #        STAGED_RUN (default 1: the staged reader's start), LOAD_PATHS (default 1: load_paths.py's weight loads),
-#        DROP (default 1: load_paths' loads from disk)
+#        DROP (default 1: load_paths' loads from disk), SEQUENTIAL_RUNS (starts, the first cold, with
+#        RAILYARD_LOAD_BESIDE_CAPTURE=0: the weights load before the graphs' capture, as before 2026-12-04's change)
 set -o pipefail
 export PYTHONUNBUFFERED=1
 cd "$(dirname "$0")/../.."
@@ -44,7 +45,7 @@ try:
           f"{d.get('pre_read')}")
 except Exception as exc:
     print("startup.json unreadable:", exc)
-for name in ("startup.json", "startup_staged.json"):
+for name in ("startup.json", "startup_sequential.json", "startup_staged.json"):
     try:
         d = json.loads((out / name).read_text())
     except Exception as exc:
@@ -98,6 +99,14 @@ timeout $(( $(left) - 100 )) python3 -m railyard.cli bench startup --model $SHAP
   --runs $RUNS --page-cache warm --serve-args "$SERVE_ARGS" --timeout 240 --output $OUT/startup.json \
   > /dev/null 2> >(tee -a $LOG >&2)
 echo "bench startup rc=$?" | tee -a $LOG
+
+if [ -n "$SEQUENTIAL_RUNS" ] && [ $(left) -gt 200 ]; then
+  say "bench startup: $SEQUENTIAL_RUNS starts loading the weights before the graphs' capture, not beside it (A/B)"
+  RAILYARD_LOAD_BESIDE_CAPTURE=0 timeout 150 python3 -m railyard.cli bench startup --checkpoint-dir $CKPT \
+    --runs $SEQUENTIAL_RUNS --page-cache as-is --serve-args "$SERVE_ARGS" --timeout 80 --output $OUT/startup_sequential.json \
+    > /dev/null 2> >(grep -v "^run [0-9]*: {" | tee -a $LOG >&2)
+  echo "bench startup (sequential) rc=$?" | tee -a $LOG
+fi
 
 if [ "${STAGED_RUN:-1}" = 1 ] && [ $(left) -gt 230 ]; then
   say "bench startup: one start with the staged reader (its own empty cache: cold)"

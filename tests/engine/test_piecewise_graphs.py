@@ -163,6 +163,7 @@ def test_engine_with_captured_pieces_matches_hf_generate_on_gpu(tiny_models, arc
     llm = LLM(tiny_models[arch], device="cuda", dtype="float32", attention_backend="triton", block_size=8,
               max_num_batched_tokens=24)
     assert llm.engine.executor.runner.piecewise is not None
+    assert "weights" in llm.engine.executor.runner.startup.background  # loaded beside the capture, and right
     params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
     outputs = llm.generate(prompt_token_ids=PROMPTS, sampling_params=params, use_tqdm=False)
     assert [o.outputs[0].token_ids for o in outputs] == hf_greedy(tiny_models[arch], PROMPTS, 12)

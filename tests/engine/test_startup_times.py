@@ -92,3 +92,32 @@ def test_the_log_line_names_each_phase_and_the_total(core):
                                       (2_100_000, "2.10 MB"), (4_096, "4.10 kB"), (512, "512 B")])
 def test_weight_sizes_show_in_the_unit_that_shows_them(n, shown):
     assert readable_bytes(n) == shown
+
+
+def test_a_load_beside_the_capture_gives_its_rate_from_its_own_seconds_and_shows_beside_the_phases():
+    """Loaded on a thread beside the graphs' capture, the weight_loading phase is only the wait the capture did
+    not hide: the rate comes from the load's own seconds, which the report lists beside the phases."""
+    from railyard.engine.startup import WeightLoad
+
+    startup = StartupTimes()
+    startup.add("cuda_graphs", 1.5)
+    startup.add("weight_loading", 0.5)  # the load took 2.0 s, 1.5 of them hidden by the capture
+    startup.record_weights(WeightLoad(bytes=16_000_000_000, reader="mapped", read_s=0.1, to_device_s=0.0,
+                                      copy_s=1.8), 2.0, beside=True)
+    assert startup.weights_gb_per_s == pytest.approx(8.0)
+    assert startup.background["weights"] == 2.0
+    assert sum(startup.weight_parts.values()) == pytest.approx(2.0)
+    assert "weights 2.00 s" in startup.describe()
+    decoded = msgspec.msgpack.decode(msgspec.msgpack.encode(startup), type=StartupTimes)
+    assert decoded.weights_s == 2.0 and decoded.weights_gb_per_s == pytest.approx(8.0)
+
+
+@pytest.mark.parametrize("value, beside", [(None, True), ("1", True), ("0", False), ("off", False)])
+def test_the_load_beside_capture_switch(monkeypatch, value, beside):
+    from railyard.engine.models.loader import BESIDE_CAPTURE_ENV, load_beside_capture
+
+    if value is None:
+        monkeypatch.delenv(BESIDE_CAPTURE_ENV, raising=False)
+    else:
+        monkeypatch.setenv(BESIDE_CAPTURE_ENV, value)
+    assert load_beside_capture() is beside

@@ -6,6 +6,7 @@ Which files those are is railyard.engine.models.checkpoint_dir's job (torch-free
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,6 +21,16 @@ from railyard.engine.parallel import SINGLE, ParallelState
 from railyard.engine.startup import WeightLoad
 from railyard.errors import ModelLoadError
 from railyard.model.spec import ModelSpec
+
+
+# "0" loads the checkpoint before the CUDA graphs' capture instead of beside it (model_runner): the A/B of cold-start.sh.
+BESIDE_CAPTURE_ENV = "RAILYARD_LOAD_BESIDE_CAPTURE"
+
+
+def load_beside_capture() -> bool:
+    """Whether the weights may load on a thread while the piecewise graphs are captured ($RAILYARD_LOAD_BESIDE_CAPTURE,
+    default 1)."""
+    return os.environ.get(BESIDE_CAPTURE_ENV, "1").strip() not in ("0", "false", "no", "off")
 
 
 def iter_weights(files: list[Path], reader: CheckpointReader | None = None) -> Iterator[tuple[str, torch.Tensor]]:
