@@ -36,6 +36,8 @@
 #        PHASES (default "pp direct old opt p2 rr burst": a second call can run what the first had no time for),
 #        STREAM_INTERVAL_S, STREAM_ITEMS_PER_S, INGRESS_REPLICAS (the stack of 1's stream_interval_s,
 #        stream_items_per_s and ingress.num_replicas; unset: the serve layer's 0.05 s and 500, and 2 ingress replicas),
+#        ROUNDS (phase alt: interleaved rounds of the direct server without MPS and the Ray stack, both up;
+#        default 2),
 #        RENICE (phase pp: its benches again with the engine cores' threads at this nice value, as ppnice),
 #        PYSPY_S (seconds of py-spy samples of each engine core process in every throughput run; CPU% per process
 #        is recorded in every one: proc_cpu.py),
@@ -205,6 +207,20 @@ for c, row in summary["throughput"].items():
             print(f"      ray {v:4s} {r['output_tok_s']} tok/s  ratio {row.get(f'ray_{v}_over_direct')} "
                   f"(of solo {row.get(f'ray_{v}_over_solo')})  "
                   f"TTFT p50 {r['ttft_p50_ms']} ms  TPOT p50 {r['tpot_p50_ms']} ms  ITL p99 {r['itl_p99_ms']} ms")
+alt = {}
+for c in ("low", "high"):
+    rounds = []
+    for r in range(1, 10):
+        solo, ray = bench(load(f"alt_solo_c{c}_r{r}")), bench(load(f"alt_ray_c{c}_r{r}"))
+        if solo and ray:
+            rounds.append({"solo": solo["output_tok_s"], "ray_pp": ray["output_tok_s"],
+                           "ratio": round(ray["output_tok_s"] / solo["output_tok_s"], 3)})
+    if rounds:
+        alt[c] = {"rounds": rounds, "sum_ratio": round(sum(x["ray_pp"] for x in rounds) / sum(x["solo"] for x in rounds), 3)}
+        print(f"alt {c}: " + "; ".join(f"solo {x['solo']} ray {x['ray_pp']} ({x['ratio']})" for x in rounds)
+              + f"; all rounds {alt[c]['sum_ratio']}")
+summary["alt"] = alt
+pathlib.Path(sys.argv[2]).write_text(json.dumps(summary, indent=1))
 for name, row in summary["routing"].items():
     b, p = row["bench"], row["prefix_cache"]
     pl = row["placement"]
@@ -387,10 +403,31 @@ if phase solo && [ -n "$MPS" ] && step "direct up (no MPS)" $T_UP direct "" "" s
   step "solo c$C_HIGH" $T_BENCH observed solo_chigh bench solo_chigh $DIRECT_URL $TPUT --num-prompts $N_HIGH --max-concurrency $C_HIGH
 fi
 stop
+# (alt, with MPS=1) Interleaved rounds in one call: the direct server without MPS (started before the daemon) and
+# the Ray stack of 1 (under it) up at once, benched in turn (one at a time has work), ROUNDS (default 2) times:
+# the same-call comparison, without the run-to-run drift of a machine between a phase and the next.
+ALT_DIRECT=
+if phase alt && step "direct up (no MPS, kept up)" $T_UP direct "" "" solo; then
+  step "warm-up" 60 warm $DIRECT_URL
+  ALT_DIRECT=$SERVER SERVER=
+fi
 mps_start
+FIXED=$(stack fixed no)
+if [ -n "$ALT_DIRECT" ] && step "ray up (pending_prefix, beside the direct server)" $T_UP up pp pending_prefix $FIXED; then
+  step "warm-up" 60 warm $URL
+  for r in $(seq 1 ${ROUNDS:-2}); do
+    for c in low high; do
+      n=$N_LOW k=$C_LOW; [ $c = high ] && n=$N_HIGH k=$C_HIGH
+      step "solo c$k round $r" $T_BENCH observed alt_solo_c${c}_r$r bench alt_solo_c${c}_r$r $DIRECT_URL $TPUT \
+        --num-prompts $n --max-concurrency $k
+      step "ray c$k round $r" $T_BENCH observed alt_ray_c${c}_r$r bench alt_ray_c${c}_r$r $URL $TPUT \
+        --num-prompts $n --max-concurrency $k
+    done
+  done
+fi
+SERVER="$SERVER $ALT_DIRECT"; stop
 
 # 1. The Ray Serve stack, two half-GPU replicas, railyard's router: throughput through the proxy, prefix trace.
-FIXED=$(stack fixed no)
 if phase pp && step "ray up (pending_prefix)" $T_UP up pp pending_prefix $FIXED; then
   step "warm-up" 60 warm $URL
   step "ray c$C_LOW" $T_BENCH observed ray_pp_clow bench ray_pp_clow $URL $TPUT --num-prompts $N_LOW --max-concurrency $C_LOW
