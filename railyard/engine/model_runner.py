@@ -144,7 +144,9 @@ class ModelRunner:
                               "(add --quantization fp8, or leave fp8_gemm at auto)")
         # Where piecewise graphs will be captured, the checkpoint loads on a thread beside their capture (it needs
         # the weights' addresses, not their values): the phases then hold only the part of loading the capture did
-        # not hide, and its whole time is a `background` entry (load_beside_capture).
+        # not hide, and its whole time is a `background` entry (load_beside_capture). What loading sets on the host
+        # (a checkpoint's KV-cache scales) is read by attention only, which the pieces leave out; the KV profile and
+        # the decode graphs, which do read it, come after the load has finished.
         beside = model_dir is not None and self._piecewise_allowed() and load_beside_capture()
         load: WeightLoad | None = None
         loader: Background | None = None
