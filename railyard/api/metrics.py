@@ -62,6 +62,8 @@ class _EngineStatsCollector:
              s.computed_tokens_total),
             ("railyard:decode_rows", "Of the computed tokens, single-token decodes (the rest is prefill).",
              s.decode_rows_total),
+            ("railyard:prefill_steps", "Of the forward passes, those that carried prefill tokens.",
+             s.prefill_steps_total),
         ):
             family = CounterMetricFamily(name, doc, labels=_LABELS)
             family.add_metric(labels, value)

@@ -153,6 +153,8 @@ async def send_request(client: httpx.AsyncClient, cfg: ServeBenchConfig, prompt:
 # The server's counters (railyard's /metrics) whose change over a run says what its engine steps carried.
 SERVER_COUNTERS = ("railyard:engine_steps_total", "railyard:computed_tokens_total", "railyard:decode_rows_total",
                    "vllm:num_preemptions_total")
+# Read where the server has it (railyard servers from 2026-12-04 on): the share of steps that carried a prefill.
+OPTIONAL_SERVER_COUNTERS = ("railyard:prefill_steps_total",)
 
 
 async def scrape_metrics(url: str, names: tuple[str, ...]) -> dict[str, float] | None:
@@ -176,12 +178,13 @@ async def scrape_metrics(url: str, names: tuple[str, ...]) -> dict[str, float] |
 
 async def scrape_server_counters(cfg: ServeBenchConfig) -> dict[str, float] | None:
     """SERVER_COUNTERS from the server's /metrics, or None where it has not all of them."""
-    values = await scrape_metrics(cfg.url.rstrip("/") + "/metrics", SERVER_COUNTERS)
-    return values if values is not None and len(values) == len(SERVER_COUNTERS) else None
+    values = await scrape_metrics(cfg.url.rstrip("/") + "/metrics", SERVER_COUNTERS + OPTIONAL_SERVER_COUNTERS)
+    return values if values is not None and all(name in values for name in SERVER_COUNTERS) else None
 
 
 def server_steps(before: dict[str, float] | None, after: dict[str, float] | None, duration_s: float) -> dict | None:
-    """What the server's engine steps carried during the run: steps, and per step decode rows and prefill tokens."""
+    """What the server's engine steps carried during the run: steps, and per step decode rows and prefill tokens
+    (and, from servers that count them, the fraction of steps that carried a prefill)."""
     if before is None or after is None:
         return None
     d = {name: after[name] - before[name] for name in SERVER_COUNTERS}
@@ -190,9 +193,13 @@ def server_steps(before: dict[str, float] | None, after: dict[str, float] | None
         return None
     decode = d["railyard:decode_rows_total"]
     prefill = d["railyard:computed_tokens_total"] - decode
-    return {"steps": int(steps), "ms_per_step": round(1000 * duration_s / steps, 3),
-            "decode_rows_per_step": round(decode / steps, 2), "prefill_tokens_per_step": round(prefill / steps, 2),
-            "preemptions": int(d["vllm:num_preemptions_total"])}
+    out = {"steps": int(steps), "ms_per_step": round(1000 * duration_s / steps, 3),
+           "decode_rows_per_step": round(decode / steps, 2), "prefill_tokens_per_step": round(prefill / steps, 2),
+           "preemptions": int(d["vllm:num_preemptions_total"])}
+    name = "railyard:prefill_steps_total"
+    if name in before and name in after:
+        out["prefill_step_fraction"] = round((after[name] - before[name]) / steps, 4)
+    return out
 
 
 async def run_serve_bench(cfg: ServeBenchConfig) -> tuple[list[RequestResult], float]:

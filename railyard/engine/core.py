@@ -128,6 +128,7 @@ class EngineCore:
         self.prompt_tokens_total = 0
         self.computed_tokens_total = 0
         self.num_steps_total = 0
+        self.prefill_steps_total = 0
         self.decode_rows_total = 0
         self.generation_tokens_total = 0
         self.requests_finished_total = 0
@@ -267,8 +268,10 @@ class EngineCore:
         pending = self.executor.launch_forward(out) if constrained else self.executor.launch(out)
         self.computed_tokens_total += out.num_batched_tokens
         self.num_steps_total += 1
-        self.decode_rows_total += sum(1 for item in out.scheduled if item.num_new_tokens == 1
-                                      and item.seq.num_computed_tokens >= item.seq.num_prompt_tokens)
+        decode_rows = sum(1 for item in out.scheduled if item.num_new_tokens == 1
+                          and item.seq.num_computed_tokens >= item.seq.num_prompt_tokens)
+        self.decode_rows_total += decode_rows
+        self.prefill_steps_total += out.num_batched_tokens > decode_rows
         self.scheduler.mark_computed(out)
         sampled: list[Sequence] = []
         for item in out.scheduled:
@@ -390,6 +393,7 @@ class EngineCore:
             prefix_cache_queries=bm.prefix_queries, prefix_cache_hits=bm.prefix_hits,
             prompt_tokens_total=self.prompt_tokens_total, computed_tokens_total=self.computed_tokens_total,
             num_steps_total=self.num_steps_total, decode_rows_total=self.decode_rows_total,
+            prefill_steps_total=self.prefill_steps_total,
             generation_tokens_total=self.generation_tokens_total,
             num_preemptions_total=sch.num_preemptions, num_requests_finished_total=self.requests_finished_total,
             num_requests_added_total=self.requests_added_total,

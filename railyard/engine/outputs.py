@@ -117,6 +117,9 @@ class EngineStats:
     computed_tokens_total: int = 0  # tokens run through the model (prefill chunks + decodes)
     num_steps_total: int = 0  # forward passes; with decode_rows_total, what an average step carries
     decode_rows_total: int = 0  # of computed_tokens_total, single-token decodes (the rest is prefill)
+    # of num_steps_total, steps that carried prefill tokens: they run piecewise graphs and eager attention instead
+    # of one whole-step decode graph, so how arrivals spread over steps shows in step time (BENCHMARKS.md, issue 16)
+    prefill_steps_total: int = 0
     generation_tokens_total: int = 0
     num_preemptions_total: int = 0
     num_requests_finished_total: int = 0

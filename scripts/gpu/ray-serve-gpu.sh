@@ -145,7 +145,8 @@ def bench(d):
     return {"completed": d["completed"], "failed": d["failed"], "duration_s": d["duration_s"],
             "output_tok_s": round(d["output_token_throughput"], 1),
             "ttft_p50_ms": d["ttft_ms"]["p50"], "ttft_p99_ms": d["ttft_ms"]["p99"],
-            "tpot_p50_ms": d["tpot_ms"]["p50"], "itl_p99_ms": d["itl_ms"]["p99"]}
+            "tpot_p50_ms": d["tpot_ms"]["p50"], "itl_p99_ms": d["itl_ms"]["p99"],
+            "server_steps": d.get("server_steps")}  # steps, rows and prefill per step, share of prefill steps
 def hit_rate(name):
     before, after = load(f"metrics_{name}_before"), load(f"metrics_{name}_after")
     if not after:
@@ -214,10 +215,13 @@ for c in ("low", "high"):
         solo, ray = bench(load(f"alt_solo_c{c}_r{r}")), bench(load(f"alt_ray_c{c}_r{r}"))
         if solo and ray:
             rounds.append({"solo": solo["output_tok_s"], "ray_pp": ray["output_tok_s"],
-                           "ratio": round(ray["output_tok_s"] / solo["output_tok_s"], 3)})
+                           "ratio": round(ray["output_tok_s"] / solo["output_tok_s"], 3),
+                           "prefill_step_fraction": [(x["server_steps"] or {}).get("prefill_step_fraction")
+                                                     for x in (solo, ray)]})
     if rounds:
         alt[c] = {"rounds": rounds, "sum_ratio": round(sum(x["ray_pp"] for x in rounds) / sum(x["solo"] for x in rounds), 3)}
-        print(f"alt {c}: " + "; ".join(f"solo {x['solo']} ray {x['ray_pp']} ({x['ratio']})" for x in rounds)
+        print(f"alt {c}: " + "; ".join(f"solo {x['solo']} ray {x['ray_pp']} ({x['ratio']}; prefill steps "
+                                       f"{x['prefill_step_fraction'][0]} / {x['prefill_step_fraction'][1]})" for x in rounds)
               + f"; all rounds {alt[c]['sum_ratio']}")
 summary["alt"] = alt
 pathlib.Path(sys.argv[2]).write_text(json.dumps(summary, indent=1))

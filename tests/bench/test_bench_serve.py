@@ -33,6 +33,8 @@ def test_bench_serve_reports_latency_percentiles_and_throughput(server, tmp_path
     assert steps["steps"] > 0 and steps["decode_rows_per_step"] > 0 and steps["prefill_tokens_per_step"] > 0
     # Every output token but each request's first comes from a decode row.
     assert steps["decode_rows_per_step"] * steps["steps"] >= result["total_output_tokens"] - 40 - 1
+    # Each request's prompt went through at least one step that carried prefill, and not every step did.
+    assert 0 < steps["prefill_step_fraction"] < 1
 
 
 def test_bench_serve_counts_failures_instead_of_crashing(server):

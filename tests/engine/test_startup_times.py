@@ -121,3 +121,27 @@ def test_the_load_beside_capture_switch(monkeypatch, value, beside):
     else:
         monkeypatch.setenv(BESIDE_CAPTURE_ENV, value)
     assert load_beside_capture() is beside
+
+
+def test_steps_that_carry_a_prefill_are_counted_apart_from_pure_decode_steps(tiny_model):
+    """Two prompts admitted in one step, then decodes only: one prefill step. A third prompt arriving mid-way
+    makes a second (a step with its prefill and the others' decodes)."""
+    from railyard.engine.config import SamplingParams
+
+    core = EngineCore(EngineConfig(model=tiny_model, device="cpu", max_model_len=128, num_gpu_blocks=64,
+                                   async_scheduling=False))
+    try:
+        params = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
+        core.add_request("a", list(range(10, 30)), params)
+        core.add_request("b", list(range(40, 52)), params)
+        for _ in range(3):
+            core.step()
+        core.add_request("c", list(range(60, 70)), params)
+        while core.has_unfinished_requests():
+            core.step()
+        stats = core.stats()
+        assert stats.prefill_steps_total == 2
+        assert stats.num_steps_total > stats.prefill_steps_total
+        assert stats.decode_rows_total == 3 * 5  # every output token but each request's first
+    finally:
+        core.shutdown()
