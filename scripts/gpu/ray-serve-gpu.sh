@@ -36,6 +36,7 @@
 #        PHASES (default "pp direct old opt p2 rr burst": a second call can run what the first had no time for),
 #        STREAM_INTERVAL_S, STREAM_ITEMS_PER_S, INGRESS_REPLICAS (the stack of 1's stream_interval_s,
 #        stream_items_per_s and ingress.num_replicas; unset: the serve layer's 0.05 s and 500, and 2 ingress replicas),
+#        OUT_LEN (the throughput runs' output tokens, default 256; a range spreads them),
 #        ROUNDS (phase alt: interleaved rounds of the direct server without MPS and the Ray stack, both up;
 #        default 2),
 #        RENICE (phase pp: its benches again with the engine cores' threads at this nice value, as ppnice),
@@ -78,7 +79,9 @@ else
   MODEL=${MODEL:-qwen3-0.6b} BLOCKS=${BLOCKS:-16384} CPU_FLAG= DIRECT_FLAGS=
   MAXLEN=8192 SEQS=256 TOKENS=8192
   # The issue-12 workload: 100-1024 prompt tokens, 256 out (EOS ignored); 6 and 3 rounds of the streams.
-  TPUT="--input-len 100-1024 --output-len 256"; C_LOW=64 C_HIGH=256 N_LOW=${N_LOW:-384} N_HIGH=${N_HIGH:-768}
+  # OUT_LEN (e.g. 128-384, the same mean): output lengths spread, so that a closed loop's requests do not finish,
+  # and come back, in cohorts (with every request 256 tokens long, those admitted in one step finish in one step).
+  TPUT="--input-len 100-1024 --output-len ${OUT_LEN:-256}"; C_LOW=64 C_HIGH=256 N_LOW=${N_LOW:-384} N_HIGH=${N_HIGH:-768}
   # 64 documents of 2048 tokens shared by the requests (Poisson 24 req/s): 131k prefix tokens, half of one
   # replica's KV pool, so a router that scatters a prefix over both replicas pays its prefill twice.
   PREFIX_N=384 PREFIX_GROUPS=64
