@@ -57,22 +57,31 @@ def test_short_requests_go_to_the_idle_replica_while_the_other_is_busy(pending_p
     assert to_idle >= 8, f"only {to_idle}/10 short requests went to the idle replica: {[r.replica for r in short]}"
 
 
-def _prefix_trace(seed: int, groups: int = 8, rounds: int = 3) -> list[list[list[int]]]:
-    """Rounds of requests: each group shares its own 12-block prefix; one request per group per round."""
+def _prefix_trace(seed: int, groups: int = 8, rounds: int = 3) -> list[list[tuple[int, list[int]]]]:
+    """Rounds of (group, prompt) requests: each group shares its own 12-block prefix; one request per group per
+    round, in a new order each round (a router that merely alternates replicas in arrival order would otherwise
+    keep each group on one replica by the order's accident, not by its prefix)."""
     rng = random.Random(seed)
     prefixes = [_tokens(rng, 12 * BLOCK) for _ in range(groups)]
-    return [[p + _tokens(rng, 7) for p in prefixes] for _ in range(rounds)]
+    trace = []
+    for _ in range(rounds):
+        order = list(range(groups))
+        rng.shuffle(order)
+        trace.append([(g, prefixes[g] + _tokens(rng, 7)) for g in order])
+    return trace
 
 
-async def _replay(client, trace) -> list:
+async def _replay(client, trace) -> list[tuple[int, object]]:
+    """(group, result) of every request, in the order sent."""
     served = []
     for round_ in trace:  # a round's requests run together; the next round starts when it is done
-        served += await asyncio.gather(*(run_request(client, ids, 8) for ids in round_))
+        results = await asyncio.gather(*(run_request(client, ids, 8) for _, ids in round_))
+        served += [(group, r) for (group, _), r in zip(round_, results)]
     return served
 
 
 def _hit_rate(served) -> float:
-    return sum(r.cached_prompt_tokens for r in served) / sum(r.prompt_tokens for r in served)
+    return sum(r.cached_prompt_tokens for _, r in served) / sum(r.prompt_tokens for _, r in served)
 
 
 def test_prefix_affinity_beats_rays_default_router_on_fleet_cache_hit_rate(serve_cluster, tiny_model_dir):
@@ -88,11 +97,10 @@ def test_prefix_affinity_beats_rays_default_router_on_fleet_cache_hit_rate(serve
     finally:
         for app in apps:
             serve.delete(app)
-    assert all(r.error is None for r in ours + theirs)
-    groups = len(_prefix_trace(7)[0])
+    assert all(r.error is None for _, r in ours + theirs)
     placement = {}
-    for i, r in enumerate(ours):
-        placement.setdefault(i % groups, set()).add(r.replica)
+    for group, r in ours:
+        placement.setdefault(group, set()).add(r.replica)
     assert all(len(replicas) == 1 for replicas in placement.values()), f"prefix groups split: {placement}"
     ours_rate, theirs_rate = _hit_rate(ours), _hit_rate(theirs)
     assert ours_rate > theirs_rate + 0.15, f"prefix-cache hit rate: ours {ours_rate:.2f}, Ray default {theirs_rate:.2f}"
