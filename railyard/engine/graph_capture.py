@@ -14,7 +14,8 @@ pieces and 20 decode sizes, each run eagerly once and then captured). But most s
 the size before them loaded, so `capture_each` warms up only the first size, and any size whose capture meets a
 kernel that is not loaded yet: `jit_forbidden` makes Triton raise `NeedsWarmUp` before it would compile or load one
 (before any CUDA call, so the capture ends cleanly and is thrown away), and the size is warmed up and captured
-again. vLLM v1 captures with no warm-up runs at all (its cudagraph_num_of_warmups is 0).
+again. vLLM v1 captures each size with no eager run of its own either (its cudagraph_num_of_warmups is 0 by
+default), after one profile run of the largest step.
 """
 
 from __future__ import annotations
