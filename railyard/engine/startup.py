@@ -54,10 +54,9 @@ class StartupTimes:
     triton_cache_dir: str | None = None
     weights_reader: str | None = None  # mapped or staged (safetensors_reader)
     weight_parts: dict[str, float] = field(default_factory=dict)  # within the load's seconds, WEIGHT_PARTS
-    # The load's own seconds where it ran on a thread beside the CUDA graphs' capture (the weight_loading phase is
-    # then only what the capture did not hide); None: the load was the weight_loading phase itself.
-    weights_s: float | None = None
-    background: dict[str, float] = field(default_factory=dict)  # seconds of work run on threads beside the phases
+    # Seconds of work run on threads beside the phases: the front's tokenizer; "weights", a load beside the CUDA
+    # graphs' capture (the weight_loading phase is then only what the capture did not hide).
+    background: dict[str, float] = field(default_factory=dict)
 
     def add(self, phase: str, seconds: float) -> None:
         self.phases[phase] = self.phases.get(phase, 0.0) + max(0.0, seconds)
@@ -80,8 +79,6 @@ class StartupTimes:
         for name, seconds in other.phases.items():
             self.add(name, seconds)
         self.weight_bytes += other.weight_bytes
-        if other.weights_s is not None:
-            self.weights_s = (self.weights_s or 0.0) + other.weights_s
         self.triton_jit_s += other.triton_jit_s
         self.triton_kernels += other.triton_kernels
         self.triton_compiled += other.triton_compiled
@@ -98,7 +95,7 @@ class StartupTimes:
 
     @property
     def weights_gb_per_s(self) -> float | None:
-        seconds = self.weights_s if self.weights_s is not None else self.phases.get("weight_loading", 0.0)
+        seconds = self.background["weights"] if "weights" in self.background else self.phases.get("weight_loading", 0.0)
         return self.weight_bytes / seconds / 1e9 if self.weight_bytes and seconds > 0 else None
 
     def record_weights(self, load: WeightLoad, seconds: float, beside: bool = False) -> None:
@@ -109,7 +106,6 @@ class StartupTimes:
         self.weight_parts = {"read": load.read_s, "to_device": load.to_device_s, "copy": load.copy_s,
                              "other": max(0.0, seconds - load.read_s - load.to_device_s - load.copy_s)}
         if beside:
-            self.weights_s = seconds
             self.background["weights"] = self.background.get("weights", 0.0) + seconds
 
     def ordered(self) -> list[tuple[str, float]]:

@@ -109,7 +109,7 @@ def test_a_load_beside_the_capture_gives_its_rate_from_its_own_seconds_and_shows
     assert sum(startup.weight_parts.values()) == pytest.approx(2.0)
     assert "weights 2.00 s" in startup.describe()
     decoded = msgspec.msgpack.decode(msgspec.msgpack.encode(startup), type=StartupTimes)
-    assert decoded.weights_s == 2.0 and decoded.weights_gb_per_s == pytest.approx(8.0)
+    assert decoded.background["weights"] == 2.0 and decoded.weights_gb_per_s == pytest.approx(8.0)
 
 
 @pytest.mark.parametrize("value, beside", [(None, True), ("1", True), ("0", False), ("off", False)])
