@@ -48,7 +48,7 @@ class NeedsWarmUp(RuntimeError):
     """A kernel would compile, load or be tuned under capture: the size wants an eager run first."""
 
 
-def _capturing() -> bool:
+def capturing() -> bool:
     """Whether this thread's current CUDA stream is being captured."""
     return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
 
@@ -68,7 +68,7 @@ def jit_forbidden() -> Iterator[None]:
     saved = runtime.jit_cache_hook
 
     def refuse_under_capture(**kwargs) -> bool | None:
-        if _capturing():
+        if capturing():
             raise NeedsWarmUp("a Triton kernel would compile or load under CUDA graph capture")
         return saved(**kwargs) if saved is not None else None
 

@@ -104,11 +104,11 @@ def test_under_capture_a_triton_cache_miss_raises_elsewhere_the_held_hook_answer
     runtime.jit_cache_hook = held
     try:
         with jit_forbidden():
-            monkeypatch.setattr(graph_capture, "_capturing", lambda: True)
+            monkeypatch.setattr(graph_capture, "capturing", lambda: True)
             with pytest.raises(NeedsWarmUp):
                 runtime.jit_cache_hook(key="k", is_warmup=False)
             assert held_calls == []
-            monkeypatch.setattr(graph_capture, "_capturing", lambda: False)
+            monkeypatch.setattr(graph_capture, "capturing", lambda: False)
             assert runtime.jit_cache_hook(key="k", is_warmup=False) is False
             assert held_calls == [{"key": "k", "is_warmup": False}]
         assert runtime.jit_cache_hook is held

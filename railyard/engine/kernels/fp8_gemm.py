@@ -16,7 +16,7 @@ import torch
 import triton
 import triton.language as tl
 
-from railyard.engine.graph_capture import NeedsWarmUp
+from railyard.engine.graph_capture import NeedsWarmUp, capturing
 
 # (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages): small-M tiles that cut a 3584..37888-wide output into
 # enough programs for 132 SMs, and the usual large ones.
@@ -69,7 +69,7 @@ def _quick_bench(kernel_call, quantiles):
     """The autotuner's timing, shortened (5 ms warm-up, 20 ms of runs instead of 25 and 100): it runs for every
     (M bucket, N, K) an engine meets, in its warm-up. Under CUDA graph capture it cannot (timing synchronises the
     device): NeedsWarmUp asks the capture for an eager run of that size first (graph_capture.capture_each)."""
-    if torch.cuda.is_current_stream_capturing():
+    if capturing():
         raise NeedsWarmUp("the FP8 GEMM's autotuner would time its configurations under CUDA graph capture")
     return triton.testing.do_bench(kernel_call, warmup=5, rep=20, quantiles=quantiles)
 

@@ -52,7 +52,7 @@ from typing import get_args
 import torch
 import torch.nn.functional as F
 
-from railyard.engine.graph_capture import NeedsWarmUp
+from railyard.engine.graph_capture import NeedsWarmUp, capturing
 from railyard.engine.kernels import fp8_ops
 from railyard.errors import ConfigError
 from railyard.model.precision import Fp8Gemm
@@ -272,7 +272,7 @@ def unit_scale(device: torch.device) -> torch.Tensor:
         device = torch.device("cuda", torch.cuda.current_device())
     one = _UNIT_SCALES.get(device)
     if one is None:
-        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+        if device.type == "cuda" and capturing():
             raise NeedsWarmUp("unit_scale: first asked for inside a CUDA graph capture; run the layer eagerly first")
         one = _UNIT_SCALES[device] = torch.ones((), dtype=torch.float32, device=device)
     return one
