@@ -38,7 +38,8 @@
 #        stream_items_per_s and ingress.num_replicas; unset: the serve layer's 0.05 s and 500, and 2 ingress replicas),
 #        OUT_LEN (the throughput runs' output tokens, default 256; a range spreads them),
 #        ROUNDS (phase alt: interleaved rounds of the direct server without MPS and the Ray stack, both up;
-#        default 2),
+#        default 2), ALT_OUT_LENS (phase alt: the output lengths of each round, e.g. "256 128-384"; default
+#        OUT_LEN), ALT_LEVELS (phase alt: "low high" by default, the 64- and 256-stream runs),
 #        RENICE (phase pp: its benches again with the engine cores' threads at this nice value, as ppnice),
 #        PYSPY_S (seconds of py-spy samples of each engine core process in every throughput run; CPU% per process
 #        is recorded in every one: proc_cpu.py),
@@ -212,7 +213,8 @@ for c, row in summary["throughput"].items():
                   f"(of solo {row.get(f'ray_{v}_over_solo')})  "
                   f"TTFT p50 {r['ttft_p50_ms']} ms  TPOT p50 {r['tpot_p50_ms']} ms  ITL p99 {r['itl_p99_ms']} ms")
 alt = {}
-for c in ("low", "high"):
+tags = sorted({p.stem.rsplit("_r", 1)[0][len("alt_solo_c"):] for p in R.glob("alt_solo_c*_r*.json")})
+for c in tags:  # low / high, then _o<output lengths> where they were not 256
     rounds = []
     for r in range(1, 10):
         solo, ray = bench(load(f"alt_solo_c{c}_r{r}")), bench(load(f"alt_ray_c{c}_r{r}"))
@@ -423,12 +425,16 @@ FIXED=$(stack fixed no)
 if [ -n "$ALT_DIRECT" ] && step "ray up (pending_prefix, beside the direct server)" $T_UP up pp pending_prefix $FIXED; then
   step "warm-up" 60 warm $URL
   for r in $(seq 1 ${ROUNDS:-2}); do
-    for c in low high; do
-      n=$N_LOW k=$C_LOW; [ $c = high ] && n=$N_HIGH k=$C_HIGH
-      step "solo c$k round $r" $T_BENCH observed alt_solo_c${c}_r$r bench alt_solo_c${c}_r$r $DIRECT_URL $TPUT \
-        --num-prompts $n --max-concurrency $k
-      step "ray c$k round $r" $T_BENCH observed alt_ray_c${c}_r$r bench alt_ray_c${c}_r$r $URL $TPUT \
-        --num-prompts $n --max-concurrency $k
+    for o in ${ALT_OUT_LENS:-${OUT_LEN:-256}}; do
+      work="--input-len 100-1024 --output-len $o" tag=; [ "$o" != 256 ] && tag=_o${o/-/to}
+      for c in ${ALT_LEVELS:-low high}; do
+        n=$N_LOW k=$C_LOW; [ $c = high ] && n=$N_HIGH k=$C_HIGH
+        [ -n "$SMALL" ] && work="$TPUT"
+        step "solo c$k out $o round $r" $T_BENCH observed alt_solo_c${c}${tag}_r$r bench alt_solo_c${c}${tag}_r$r \
+          $DIRECT_URL $work --num-prompts $n --max-concurrency $k
+        step "ray c$k out $o round $r" $T_BENCH observed alt_ray_c${c}${tag}_r$r bench alt_ray_c${c}${tag}_r$r \
+          $URL $work --num-prompts $n --max-concurrency $k
+      done
     done
   done
 fi

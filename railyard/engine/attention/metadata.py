@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -27,3 +28,21 @@ class AttentionMetadata:
     @property
     def decode_only(self) -> bool:
         return self.max_query_len == 1
+
+    @functools.cached_property
+    def num_decodes(self) -> int:
+        """How many sequences at the front of the batch have one new token each.
+
+        A mixed step runs them through the decode kernel, and only the rest through the prefill kernel. The
+        scheduler lists running sequences before new ones, so a step's decodes lead it (all but those behind a
+        prompt still being chunked). Computed once per step, on first use, from the host offsets."""
+        starts = self.query_start_loc_cpu
+        n = 0
+        while n + 1 < len(starts) and starts[n + 1] - starts[n] == 1:
+            n += 1
+        return n
+
+    @functools.cached_property
+    def decode_max_seq_len(self) -> int:
+        """The longest context among the leading decodes (sizes the decode kernel's context splits)."""
+        return max(self.seq_lens_cpu[:self.num_decodes], default=0)

@@ -1,8 +1,12 @@
 """Triton paged attention (GPU): same interface and results as the torch reference backend.
 
 Decode-only steps use the split-context decode kernel (graph-capturable: it reads lengths and
-block tables from device tensors only); any step with a longer query (prefill chunks, prefix-cache
-hits, mixed batches) uses the varlen prefill kernel over the paged cache.
+block tables from device tensors only); sequences with longer queries (prefill chunks, prefix-cache
+hits) use the varlen prefill kernel over the paged cache. A mixed step runs its leading decodes through
+the decode kernel and only the rest through the prefill kernel: in the prefill kernel a decode row is a
+64-row query tile with one live row that walks its whole context in one program, without context splits,
+so 32 decodes over ~3k-token contexts took 252 us a layer beside one 964-token prompt, three times what
+the decode kernel takes for them (scripts/gpu/mixed_step_cost.py; vLLM splits its batches the same way).
 """
 
 from __future__ import annotations
@@ -20,6 +24,10 @@ def _num_sms(device_index: int) -> int:
     if not torch.cuda.is_available():
         return 1  # Triton's CPU interpreter (kernel tests without a GPU)
     return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+# Off: a mixed step's decodes go through the prefill kernel with its prompts (the A/B of mixed_step_cost.py).
+SPLIT_MIXED_STEPS = True
 
 
 class TritonAttentionBackend:
@@ -40,5 +48,12 @@ class TritonAttentionBackend:
             splits = decode_splits(q.shape[0], self.num_kv_heads, meta.max_seq_len,
                                    _num_sms(q.device.index or 0))
             return paged_decode(q, kv_cache, meta.block_tables, meta.seq_lens, self.scale, splits, out, **scales)
-        return paged_prefill(q, kv_cache, meta.block_tables, meta.seq_lens, meta.query_start_loc,
+        nd = meta.num_decodes if SPLIT_MIXED_STEPS else 0
+        if nd:  # the leading decodes apart; the prefill kernel's grid covers the sequences after them only
+            out = torch.empty_like(q) if out is None else out
+            splits = decode_splits(nd, self.num_kv_heads, meta.decode_max_seq_len, _num_sms(q.device.index or 0))
+            paged_decode(q[:nd], kv_cache, meta.block_tables[:nd], meta.seq_lens[:nd], self.scale, splits, out[:nd],
+                         **scales)
+        # query_start_loc holds offsets into the whole batch: the prefill kernel reads and writes q / out there.
+        return paged_prefill(q, kv_cache, meta.block_tables[nd:], meta.seq_lens[nd:], meta.query_start_loc[nd:],
                              meta.max_query_len, self.scale, out, **scales)

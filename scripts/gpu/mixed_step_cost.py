@@ -1,0 +1,202 @@
+"""What a prompt costs the decodes it joins: the same prefills arriving one per step apart (spread, as behind a
+router's hops or Poisson traffic) against arriving together (a cohort, as a closed loop of equal-length
+requests brings them), on one engine with running decodes.
+
+Each window runs STEPS engine steps with ROWS decodes running (prompts of the same lengths, long outputs, EOS
+ignored) and adds PROMPTS prompts of the issue-12 lengths (100-1024, max_tokens 1, so they leave after their
+prefill): `base` adds none, `spread` one every STEPS // PROMPTS steps, `pairs` two every twice that, `cohort` all
+at step 0. Every window gets new tokens (no prefix-cache hits). A prompt's cost is the window's wall time beyond
+its steps at its own (median) decode-step time, over PROMPTS. Variants (AB=1, the default): `split` (a mixed
+step's leading decodes in the decode kernel, the prompts alone in the prefill kernel) and `together` (all in the
+prefill kernel, the code before), each on new decodes, interleaved REPS times. Then a torch.profiler window of one
+prompt's steps: GPU kernel time against the steps' wall time and the top kernels.
+
+Usage: python3 scripts/gpu/mixed_step_cost.py [MODEL] [FIELD=VALUE ...]   (default qwen3-0.6b)
+    env: ROWS (default 32), PROMPTS (32), STEPS (128), REPS (3), AB (1), OUT (default /tmp)
+    -> $OUT/mixed_step_cost_<model>_rows<ROWS>.json and .txt
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import statistics
+import sys
+import time
+
+sys.path.insert(0, __file__.rsplit("/scripts/", 1)[0])
+
+import torch  # noqa: E402
+
+import railyard.engine.attention.triton_backend as backend  # noqa: E402
+from railyard.engine.config import EngineConfig, SamplingParams  # noqa: E402
+from railyard.engine.engine import Engine  # noqa: E402
+
+MODEL = next((a for a in sys.argv[1:] if "=" not in a), "qwen3-0.6b")
+FIELDS = dict(a.split("=", 1) for a in sys.argv[1:] if "=" in a)
+ROWS, PROMPTS = int(os.environ.get("ROWS", 32)), int(os.environ.get("PROMPTS", 32))
+STEPS, REPS = int(os.environ.get("STEPS", 128)), int(os.environ.get("REPS", 3))
+OUT = os.environ.get("OUT", "/tmp")
+KINDS = ("base", "spread", "pairs", "cohort")
+lines: list[str] = []
+
+
+def say(text: str = "") -> None:
+    print(text, flush=True)
+    lines.append(text)
+
+
+def sync() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def config() -> EngineConfig:
+    defaults = dict(max_model_len=8192, max_num_seqs=256, max_num_batched_tokens=8192)
+    if torch.cuda.is_available():
+        defaults["num_gpu_blocks"] = 16384
+    else:  # a CPU dry run on the embedded tiny model
+        defaults.update(device="cpu", dtype="float32", max_model_len=1024, num_gpu_blocks=1024)
+    return EngineConfig(model=MODEL, **{**defaults, **FIELDS})
+
+
+eng = Engine.from_config(config())
+vocab = eng.spec.vocab_size
+rng = random.Random(0)
+cap = min(1024, eng.config.max_model_len // 4)
+lengths = [rng.randint(min(100, cap), cap) for _ in range(PROMPTS)]
+decode_params = SamplingParams(temperature=0.0, max_tokens=eng.config.max_model_len - 600, ignore_eos=True)
+prefill_params = SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True)
+decoders: list[str] = []
+
+
+def fresh_decoders() -> None:
+    """ROWS new decodes of the same prompt lengths (the old ones aborted): every variant's windows see contexts
+    of the benchmark's size (prompt + a few hundred tokens), not ones grown over the whole run."""
+    global counter
+    for request_id in decoders:
+        eng.abort(request_id)
+    decoders.clear()
+    for i in range(ROWS):
+        counter += 1
+        decoders.append(f"d{counter}")
+        eng.add_request(decoders[-1], None, decode_params,
+                        prompt_token_ids=[rng.randrange(10, min(vocab, 30000)) for _ in range(lengths[i % PROMPTS])])
+    while eng.scheduler.waiting or any(s.num_uncomputed_tokens > 1 for s in eng.scheduler.running):
+        eng.step()
+    for _ in range(8):
+        eng.step()
+
+
+counter = 0
+launched: list[tuple[bool, int]] = []  # per launched batch: carried a prompt, tokens
+inner = eng.executor.launch
+
+
+def recorded_launch(out):
+    launched.append((any(s.num_new_tokens > 1 for s in out.scheduled), out.num_batched_tokens))
+    return inner(out)
+
+
+eng.executor.launch = recorded_launch
+
+
+def schedule_of(kind: str) -> dict[int, list[int]]:
+    """Window step -> indices of the prompts added before it."""
+    if kind == "base":
+        return {}
+    if kind == "cohort":
+        return {0: list(range(PROMPTS))}
+    group = 2 if kind == "pairs" else 1
+    every = max(1, STEPS * group // PROMPTS)
+    return {k * every: list(range(k * group, min(PROMPTS, (k + 1) * group))) for k in range(-(-PROMPTS // group))}
+
+
+def window(kind: str) -> dict:
+    """STEPS steps with kind's arrivals, then steps until the added prompts are done: the window's wall time
+    beyond its steps at the window's own decode-step time, per prompt."""
+    global counter
+    plan = schedule_of(kind)
+    fresh = [[rng.randrange(10, min(vocab, 30000)) for _ in range(n)] for n in lengths]  # no prefix-cache hits
+    launched.clear()
+    sync()
+    t0 = time.perf_counter()
+    step_walls: list[float] = []
+    for step in range(STEPS):
+        for i in plan.get(step, []):
+            counter += 1
+            eng.add_request(f"p{counter}", None, prefill_params, prompt_token_ids=fresh[i])
+        t = time.perf_counter()
+        eng.step()
+        step_walls.append(time.perf_counter() - t)
+    extra = 0
+    while eng.scheduler.waiting or any(s.num_uncomputed_tokens > 1 for s in eng.scheduler.running):
+        eng.step()
+        extra += 1
+    sync()
+    wall = time.perf_counter() - t0
+    steps = STEPS + extra
+    with_prompt = [w for (p, _), w in zip(launched, step_walls) if p]
+    # The median: under asynchronous scheduling the step after one with a prompt waits for it.
+    pure_ms = statistics.median(w for (p, _), w in zip(launched, step_walls) if not p) * 1e3
+    return {"wall_s": round(wall, 4), "steps": steps, "prompt_steps": sum(p for p, _ in launched),
+            "pure_decode_ms": round(pure_ms, 3),
+            "extra_ms_per_prompt": round((wall * 1e3 - steps * pure_ms) / PROMPTS, 3),
+            "ms_per_step_with_prompt": round(statistics.mean(with_prompt) * 1e3, 3) if with_prompt else None}
+
+
+VARIANTS = ("split", "together") if os.environ.get("AB", "1") != "0" else ("split",)
+results: dict[str, dict[str, list[dict]]] = {v: {k: [] for k in KINDS} for v in VARIANTS}
+for rep in range(REPS):
+    for variant in VARIANTS:
+        backend.SPLIT_MIXED_STEPS = variant == "split"
+        fresh_decoders()
+        for kind in KINDS:
+            results[variant][kind].append(window(kind))
+backend.SPLIT_MIXED_STEPS = True
+summary = {"model": MODEL, "fields": FIELDS, "rows": ROWS, "prompts": PROMPTS, "prompt_tokens": sum(lengths),
+           "steps": STEPS, "reps": REPS, "variants": {}}
+say(f"# {MODEL} {FIELDS or ''}: {ROWS} decodes, {PROMPTS} prompts of {min(lengths)}-{max(lengths)} tokens "
+    f"({sum(lengths)} in all), {STEPS}-step windows x {REPS}; split: a mixed step's decodes in the decode kernel, "
+    f"together: in the prefill kernel with the prompts")
+for variant in VARIANTS:
+    rows = summary["variants"][variant] = {}
+    for kind in KINDS:
+        runs = results[variant][kind]
+        extra = [r["extra_ms_per_prompt"] for r in runs]
+        rows[kind] = {"extra_ms_per_prompt": extra, "pure_decode_ms": [r["pure_decode_ms"] for r in runs],
+                      "prompt_steps": [r["prompt_steps"] for r in runs],
+                      "ms_per_step_with_prompt": [r["ms_per_step_with_prompt"] for r in runs]}
+        say(f"{variant:8s} {kind:7s}: a prompt costs {min(extra):7.2f} to {max(extra):7.2f} ms of the window "
+            f"(decode step {[r['pure_decode_ms'] for r in runs]} ms; {[r['prompt_steps'] for r in runs]} steps with "
+            f"prompts at {[r['ms_per_step_with_prompt'] for r in runs]} ms)")
+
+if torch.cuda.is_available():
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        sync()
+        t0 = time.perf_counter()
+        counter += 1
+        eng.add_request(f"p{counter}", None, prefill_params,
+                        prompt_token_ids=[rng.randrange(10, min(vocab, 30000)) for _ in range(lengths[0])])
+        for _ in range(4):
+            eng.step()
+        sync()
+        wall = time.perf_counter() - t0
+    events = prof.key_averages()
+    gpu_us = sum(e.self_device_time_total for e in events)
+    summary["profile_one_prompt_4_steps"] = {"wall_ms": round(wall * 1e3, 3), "gpu_kernel_ms": round(gpu_us / 1e3, 3),
+                                            "prompt_tokens": lengths[0]}
+    say(f"\nprofiled: one {lengths[0]}-token prompt joining, 4 steps: wall {wall * 1e3:.2f} ms, "
+        f"GPU kernels {gpu_us / 1e3:.2f} ms")
+    say(events.table(sort_by="self_device_time_total", row_limit=20, max_name_column_width=60))
+    say(events.table(sort_by="self_cpu_time_total", row_limit=20, max_name_column_width=60))
+
+name = f"{MODEL.rsplit('/', 1)[-1]}_rows{ROWS}"
+with open(os.path.join(OUT, f"mixed_step_cost_{name}.json"), "w") as f:
+    json.dump({**summary, "windows": results}, f, indent=1)
+with open(os.path.join(OUT, f"mixed_step_cost_{name}.txt"), "w") as f:
+    f.write("\n".join(lines) + "\n")
+eng.shutdown()
