@@ -7,13 +7,14 @@ ignored) and adds PROMPTS prompts of the issue-12 lengths (100-1024, max_tokens 
 prefill): `base` adds none, `spread` one every STEPS // PROMPTS steps, `pairs` two every twice that, `cohort` all
 at step 0. Every window gets new tokens (no prefix-cache hits). A prompt's cost is the window's wall time beyond
 its steps at its own (median) decode-step time, over PROMPTS. Variants (AB=1, the default): `split` (a mixed
-step's leading decodes in the decode kernel, the prompts alone in the prefill kernel) and `together` (all in the
-prefill kernel, the code before), each on new decodes, interleaved REPS times. Then a torch.profiler window of one
+step's leading decodes in the decode kernel, the prompts alone in the prefill kernel, at any context length)
+and `together` (all in the prefill kernel), each on new decodes (of DECODE_LEN prompt tokens if set),
+interleaved REPS times. Then a torch.profiler window of one
 prompt's steps: GPU kernel time against the steps' wall time and the top kernels.
 
 Usage: python3 scripts/gpu/mixed_step_cost.py [MODEL] [FIELD=VALUE ...]   (default qwen3-0.6b)
-    env: ROWS (default 32), PROMPTS (32), STEPS (128), REPS (3), AB (1), OUT (default /tmp)
-    -> $OUT/mixed_step_cost_<model>_rows<ROWS>.json and .txt
+    env: ROWS (default 32), PROMPTS (32), STEPS (128), REPS (3), AB (1), DECODE_LEN (0), OUT (default /tmp)
+    -> $OUT/mixed_step_cost_<model>_rows<ROWS>[_ctx<DECODE_LEN>].json and .txt
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ MODEL = next((a for a in sys.argv[1:] if "=" not in a), "qwen3-0.6b")
 FIELDS = dict(a.split("=", 1) for a in sys.argv[1:] if "=" in a)
 ROWS, PROMPTS = int(os.environ.get("ROWS", 32)), int(os.environ.get("PROMPTS", 32))
 STEPS, REPS = int(os.environ.get("STEPS", 128)), int(os.environ.get("REPS", 3))
+DECODE_LEN = int(os.environ.get("DECODE_LEN", 0))  # the decodes' prompt tokens (0: the prompts' lengths)
 OUT = os.environ.get("OUT", "/tmp")
 KINDS = ("base", "spread", "pairs", "cohort")
 lines: list[str] = []
@@ -82,7 +84,8 @@ def fresh_decoders() -> None:
         counter += 1
         decoders.append(f"d{counter}")
         eng.add_request(decoders[-1], None, decode_params,
-                        prompt_token_ids=[rng.randrange(10, min(vocab, 30000)) for _ in range(lengths[i % PROMPTS])])
+                        prompt_token_ids=[rng.randrange(10, min(vocab, 30000))
+                                          for _ in range(DECODE_LEN or lengths[i % PROMPTS])])
     while eng.scheduler.waiting or any(s.num_uncomputed_tokens > 1 for s in eng.scheduler.running):
         eng.step()
     for _ in range(8):
@@ -146,15 +149,16 @@ def window(kind: str) -> dict:
             "ms_per_step_with_prompt": round(statistics.mean(with_prompt) * 1e3, 3) if with_prompt else None}
 
 
+split_default = backend.SPLIT_MIN_CONTEXT
 VARIANTS = ("split", "together") if os.environ.get("AB", "1") != "0" else ("split",)
 results: dict[str, dict[str, list[dict]]] = {v: {k: [] for k in KINDS} for v in VARIANTS}
 for rep in range(REPS):
     for variant in VARIANTS:
-        backend.SPLIT_MIXED_STEPS = variant == "split"
+        backend.SPLIT_MIN_CONTEXT = 0 if variant == "split" else 1 << 30
         fresh_decoders()
         for kind in KINDS:
             results[variant][kind].append(window(kind))
-backend.SPLIT_MIXED_STEPS = True
+backend.SPLIT_MIN_CONTEXT = split_default
 summary = {"model": MODEL, "fields": FIELDS, "rows": ROWS, "prompts": PROMPTS, "prompt_tokens": sum(lengths),
            "steps": STEPS, "reps": REPS, "variants": {}}
 say(f"# {MODEL} {FIELDS or ''}: {ROWS} decodes, {PROMPTS} prompts of {min(lengths)}-{max(lengths)} tokens "
@@ -194,7 +198,7 @@ if torch.cuda.is_available():
     say(events.table(sort_by="self_device_time_total", row_limit=20, max_name_column_width=60))
     say(events.table(sort_by="self_cpu_time_total", row_limit=20, max_name_column_width=60))
 
-name = f"{MODEL.rsplit('/', 1)[-1]}_rows{ROWS}"
+name = f"{MODEL.rsplit('/', 1)[-1]}_rows{ROWS}" + (f"_ctx{DECODE_LEN}" if DECODE_LEN else "")
 with open(os.path.join(OUT, f"mixed_step_cost_{name}.json"), "w") as f:
     json.dump({**summary, "windows": results}, f, indent=1)
 with open(os.path.join(OUT, f"mixed_step_cost_{name}.txt"), "w") as f:

@@ -46,3 +46,11 @@ class AttentionMetadata:
     def decode_max_seq_len(self) -> int:
         """The longest context among the leading decodes (sizes the decode kernel's context splits)."""
         return max(self.seq_lens_cpu[:self.num_decodes], default=0)
+
+    @functools.cached_property
+    def split(self) -> tuple[tuple[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+        """(block tables, seq lens) of the leading decodes and (block tables, seq lens, query starts) of the rest,
+        sliced once per step rather than once per layer (a mixed step's launches are its critical path)."""
+        nd = self.num_decodes
+        return ((self.block_tables[:nd], self.seq_lens[:nd]),
+                (self.block_tables[nd:], self.seq_lens[nd:], self.query_start_loc[nd:]))

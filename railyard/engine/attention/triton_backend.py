@@ -3,10 +3,11 @@
 Decode-only steps use the split-context decode kernel (graph-capturable: it reads lengths and
 block tables from device tensors only); sequences with longer queries (prefill chunks, prefix-cache
 hits) use the varlen prefill kernel over the paged cache. A mixed step runs its leading decodes through
-the decode kernel and only the rest through the prefill kernel: in the prefill kernel a decode row is a
-64-row query tile with one live row that walks its whole context in one program, without context splits,
-so 32 decodes over ~3k-token contexts took 252 us a layer beside one 964-token prompt, three times what
-the decode kernel takes for them (scripts/gpu/mixed_step_cost.py; vLLM splits its batches the same way).
+the decode kernel and only the rest through the prefill kernel, once the decodes' contexts are long
+(SPLIT_MIN_CONTEXT): in the prefill kernel a decode row is a 64-row query tile with one live row that walks
+its whole context in one program, without context splits, so 32 decodes over ~3k-token contexts took 252 us
+a layer beside one 964-token prompt, where the decode kernel takes 108 us for them
+(scripts/gpu/mixed_step_cost.py; vLLM splits its batches into decodes and prefills too).
 """
 
 from __future__ import annotations
@@ -26,8 +27,10 @@ def _num_sms(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
-# Off: a mixed step's decodes go through the prefill kernel with its prompts (the A/B of mixed_step_cost.py).
-SPLIT_MIXED_STEPS = True
+# A mixed step runs its leading decodes apart once the longest of their contexts reaches this many tokens. Below,
+# the prefill kernel's one-row programs are short and the step is bound by its launches, which the split adds to:
+# at ~1k-token contexts (qwen3-0.6b, 32 decodes) it made a step with a prompt 2.5 ms slower (BENCHMARKS.md).
+SPLIT_MIN_CONTEXT = 2048
 
 
 class TritonAttentionBackend:
@@ -48,12 +51,14 @@ class TritonAttentionBackend:
             splits = decode_splits(q.shape[0], self.num_kv_heads, meta.max_seq_len,
                                    _num_sms(q.device.index or 0))
             return paged_decode(q, kv_cache, meta.block_tables, meta.seq_lens, self.scale, splits, out, **scales)
-        nd = meta.num_decodes if SPLIT_MIXED_STEPS else 0
-        if nd:  # the leading decodes apart; the prefill kernel's grid covers the sequences after them only
+        if meta.num_decodes and meta.decode_max_seq_len >= SPLIT_MIN_CONTEXT:
+            # The leading decodes apart; the prefill kernel's grid covers the sequences after them only.
+            nd = meta.num_decodes
+            (decode_tables, decode_lens), (tables, lens, starts) = meta.split
             out = torch.empty_like(q) if out is None else out
             splits = decode_splits(nd, self.num_kv_heads, meta.decode_max_seq_len, _num_sms(q.device.index or 0))
-            paged_decode(q[:nd], kv_cache, meta.block_tables[:nd], meta.seq_lens[:nd], self.scale, splits, out[:nd],
-                         **scales)
-        # query_start_loc holds offsets into the whole batch: the prefill kernel reads and writes q / out there.
-        return paged_prefill(q, kv_cache, meta.block_tables[nd:], meta.seq_lens[nd:], meta.query_start_loc[nd:],
+            paged_decode(q[:nd], kv_cache, decode_tables, decode_lens, self.scale, splits, out[:nd], **scales)
+            # starts are offsets into the whole batch: the prefill kernel reads and writes q and out there.
+            return paged_prefill(q, kv_cache, tables, lens, starts, meta.max_query_len, self.scale, out, **scales)
+        return paged_prefill(q, kv_cache, meta.block_tables, meta.seq_lens, meta.query_start_loc,
                              meta.max_query_len, self.scale, out, **scales)
