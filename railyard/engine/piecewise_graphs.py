@@ -97,12 +97,12 @@ class PiecewiseGraphs:
         self.v[:n].copy_(v.reshape(n, -1))
         self.residual[:n].copy_(residual)
 
-    def _attention(self, i: int, n: int, kv_cache: torch.Tensor, meta: AttentionMetadata) -> None:
-        """Layer i's attention over the step's n real tokens, into the static attention output."""
+    def _attention_views(self, n: int) -> tuple[torch.Tensor, ...]:
+        """q, k, v and the attention output of the step's n real tokens, as attention takes them: made once a step,
+        since every layer's attention reads the same static buffers (a mixed step is bound by its launches)."""
         h, hk, d = self.num_heads, self.num_kv_heads, self.head_dim
-        self.layers[i].self_attn.attn.forward(self.q[:n].view(n, h, d), self.k[:n].view(n, hk, d),
-                                              self.v[:n].view(n, hk, d), kv_cache, meta,
-                                              out=self.attn_out[:n].view(n, h, d))
+        return (self.q[:n].view(n, h, d), self.k[:n].view(n, hk, d), self.v[:n].view(n, hk, d),
+                self.attn_out[:n].view(n, h, d))
 
     @torch.inference_mode()
     def _capture(self) -> None:
@@ -153,9 +153,10 @@ class PiecewiseGraphs:
         upload(self.copied, (self.ints, self.host_ints))
         if feed is not None:
             self.ints[feed[0]] = feed[1]
-        for i, cache in enumerate(kv_caches):
+        q, k, v, out = self._attention_views(n)
+        for i, cache in enumerate(kv_caches):  # layer i's attention over the real tokens, into the static output
             self._replay(i, bucket)
-            self._attention(i, n, cache, meta)
+            self.layers[i].self_attn.attn.forward(q, k, v, cache, meta, out=out)
         self._replay(len(self.layers), bucket)
         return self.hidden[:n]
 
