@@ -6,8 +6,8 @@ Each window runs STEPS engine steps with ROWS decodes running (prompts of the sa
 ignored) and adds PROMPTS prompts of the issue-12 lengths (100-1024, max_tokens 1, so they leave after their
 prefill): `base` adds none, `spread` one every STEPS // PROMPTS steps, `pairs` two every twice that, `cohort` all
 at step 0. Every window gets new tokens (no prefix-cache hits). A prompt's cost is the window's wall time beyond
-its steps at its own (median) decode-step time, over PROMPTS. Variants (AB=1, the default): `split` (a mixed
-step's leading decodes in the decode kernel, the prompts alone in the prefill kernel, at any context length)
+the same repetition's base window (per step), over PROMPTS. Variants (AB=1, the default): `split` (a mixed
+step's leading decodes in the decode kernel, the prompts alone in the prefill kernel)
 and `together` (all in the prefill kernel), each on new decodes (of DECODE_LEN prompt tokens if set),
 interleaved REPS times. Then a torch.profiler window of one
 prompt's steps: GPU kernel time against the steps' wall time and the top kernels.
@@ -22,7 +22,6 @@ from __future__ import annotations
 import json
 import os
 import random
-import statistics
 import sys
 import time
 
@@ -117,22 +116,18 @@ def schedule_of(kind: str) -> dict[int, list[int]]:
 
 
 def window(kind: str) -> dict:
-    """STEPS steps with kind's arrivals, then steps until the added prompts are done: the window's wall time
-    beyond its steps at the window's own decode-step time, per prompt."""
+    """STEPS steps with kind's arrivals, then steps until the added prompts are done; the wall time of all."""
     global counter
     plan = schedule_of(kind)
     fresh = [[rng.randrange(10, min(vocab, 30000)) for _ in range(n)] for n in lengths]  # no prefix-cache hits
     launched.clear()
     sync()
     t0 = time.perf_counter()
-    step_walls: list[float] = []
     for step in range(STEPS):
         for i in plan.get(step, []):
             counter += 1
             eng.add_request(f"p{counter}", None, prefill_params, prompt_token_ids=fresh[i])
-        t = time.perf_counter()
         eng.step()
-        step_walls.append(time.perf_counter() - t)
     extra = 0
     while eng.scheduler.waiting or any(s.num_uncomputed_tokens > 1 for s in eng.scheduler.running):
         eng.step()
@@ -140,25 +135,19 @@ def window(kind: str) -> dict:
     sync()
     wall = time.perf_counter() - t0
     steps = STEPS + extra
-    with_prompt = [w for (p, _), w in zip(launched, step_walls) if p]
-    # The median: under asynchronous scheduling the step after one with a prompt waits for it.
-    pure_ms = statistics.median(w for (p, _), w in zip(launched, step_walls) if not p) * 1e3
-    return {"wall_s": round(wall, 4), "steps": steps, "prompt_steps": sum(p for p, _ in launched),
-            "pure_decode_ms": round(pure_ms, 3),
-            "extra_ms_per_prompt": round((wall * 1e3 - steps * pure_ms) / PROMPTS, 3),
-            "ms_per_step_with_prompt": round(statistics.mean(with_prompt) * 1e3, 3) if with_prompt else None}
+    return {"wall_ms": round(wall * 1e3, 2), "steps": steps, "prompt_steps": sum(p for p, _ in launched)}
 
 
-split_default = backend.SPLIT_MIN_CONTEXT
+split_default = backend.SPLIT_MIXED_STEPS
 VARIANTS = ("split", "together") if os.environ.get("AB", "1") != "0" else ("split",)
 results: dict[str, dict[str, list[dict]]] = {v: {k: [] for k in KINDS} for v in VARIANTS}
 for rep in range(REPS):
     for variant in VARIANTS:
-        backend.SPLIT_MIN_CONTEXT = 0 if variant == "split" else 1 << 30
+        backend.SPLIT_MIXED_STEPS = variant == "split"
         fresh_decoders()
         for kind in KINDS:
             results[variant][kind].append(window(kind))
-backend.SPLIT_MIN_CONTEXT = split_default
+backend.SPLIT_MIXED_STEPS = split_default
 summary = {"model": MODEL, "fields": FIELDS, "rows": ROWS, "prompts": PROMPTS, "prompt_tokens": sum(lengths),
            "steps": STEPS, "reps": REPS, "variants": {}}
 say(f"# {MODEL} {FIELDS or ''}: {ROWS} decodes, {PROMPTS} prompts of {min(lengths)}-{max(lengths)} tokens "
@@ -166,15 +155,16 @@ say(f"# {MODEL} {FIELDS or ''}: {ROWS} decodes, {PROMPTS} prompts of {min(length
     f"together: in the prefill kernel with the prompts")
 for variant in VARIANTS:
     rows = summary["variants"][variant] = {}
+    bases = results[variant]["base"]
     for kind in KINDS:
         runs = results[variant][kind]
-        extra = [r["extra_ms_per_prompt"] for r in runs]
-        rows[kind] = {"extra_ms_per_prompt": extra, "pure_decode_ms": [r["pure_decode_ms"] for r in runs],
-                      "prompt_steps": [r["prompt_steps"] for r in runs],
-                      "ms_per_step_with_prompt": [r["ms_per_step_with_prompt"] for r in runs]}
-        say(f"{variant:8s} {kind:7s}: a prompt costs {min(extra):7.2f} to {max(extra):7.2f} ms of the window "
-            f"(decode step {[r['pure_decode_ms'] for r in runs]} ms; {[r['prompt_steps'] for r in runs]} steps with "
-            f"prompts at {[r['ms_per_step_with_prompt'] for r in runs]} ms)")
+        # Per step, the decodes cost what they cost in the same repetition's base window (per-step walls would
+        # not do: under asynchronous scheduling the step after one with a prompt waits for it).
+        extra = [round((r["wall_ms"] - b["wall_ms"] * r["steps"] / b["steps"]) / PROMPTS, 3) for r, b in zip(runs, bases)]
+        rows[kind] = {"wall_ms": [r["wall_ms"] for r in runs], "steps": [r["steps"] for r in runs],
+                      "prompt_steps": [r["prompt_steps"] for r in runs], "extra_ms_per_prompt": extra}
+        say(f"{variant:8s} {kind:7s}: windows {[r['wall_ms'] for r in runs]} ms ({[r['steps'] for r in runs]} steps, "
+            f"{[r['prompt_steps'] for r in runs]} with prompts); a prompt adds {extra} ms")
 
 if torch.cuda.is_available():
     from torch.profiler import ProfilerActivity, profile

@@ -3,11 +3,12 @@
 Decode-only steps use the split-context decode kernel (graph-capturable: it reads lengths and
 block tables from device tensors only); sequences with longer queries (prefill chunks, prefix-cache
 hits) use the varlen prefill kernel over the paged cache. A mixed step runs its leading decodes through
-the decode kernel and only the rest through the prefill kernel, once the decodes' contexts are long
-(SPLIT_MIN_CONTEXT): in the prefill kernel a decode row is a 64-row query tile with one live row that walks
-its whole context in one program, without context splits, so 32 decodes over ~3k-token contexts took 252 us
-a layer beside one 964-token prompt, where the decode kernel takes 108 us for them
-(scripts/gpu/mixed_step_cost.py; vLLM splits its batches into decodes and prefills too).
+the decode kernel and only the rest through the prefill kernel: in the prefill kernel a decode row is a
+64-row query tile with one live row that walks its whole context in one program, without context splits.
+Beside one 964-token prompt, 32 decodes over ~3k-token contexts took 252 us a layer there, where the decode
+kernel takes 108 us for them. With prompts arriving one every 4 steps among 64 decodes (qwen3-0.6b, ~1k-token
+contexts), 128 steps took 8% less time split; among 32 the same time (scripts/gpu/mixed_step_cost.py,
+BENCHMARKS.md). vLLM splits its batches into decodes and prefills too.
 """
 
 from __future__ import annotations
@@ -27,10 +28,8 @@ def _num_sms(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
-# A mixed step runs its leading decodes apart once the longest of their contexts reaches this many tokens. Below,
-# the prefill kernel's one-row programs are short and the step is bound by its launches, which the split adds to:
-# at ~1k-token contexts (qwen3-0.6b, 32 decodes) it made a step with a prompt 2.5 ms slower (BENCHMARKS.md).
-SPLIT_MIN_CONTEXT = 2048
+# Off: a mixed step's decodes go through the prefill kernel with its prompts (the A/B of mixed_step_cost.py).
+SPLIT_MIXED_STEPS = True
 
 
 class TritonAttentionBackend:
@@ -51,7 +50,7 @@ class TritonAttentionBackend:
             splits = decode_splits(q.shape[0], self.num_kv_heads, meta.max_seq_len,
                                    _num_sms(q.device.index or 0))
             return paged_decode(q, kv_cache, meta.block_tables, meta.seq_lens, self.scale, splits, out, **scales)
-        if meta.num_decodes and meta.decode_max_seq_len >= SPLIT_MIN_CONTEXT:
+        if SPLIT_MIXED_STEPS and meta.num_decodes:
             # The leading decodes apart; the prefill kernel's grid covers the sequences after them only.
             nd = meta.num_decodes
             (decode_tables, decode_lens), (tables, lens, starts) = meta.split

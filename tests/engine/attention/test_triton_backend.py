@@ -50,12 +50,9 @@ def test_prefill_after_prefix_cache_hit_or_earlier_chunk_matches_torch_backend()
     _compare(cached=[16, 24, 9], new=[5, 40, 1])
 
 
-def test_mixed_step_with_its_decodes_apart_matches_torch_backend(monkeypatch):
+def test_mixed_step_with_its_decodes_apart_matches_torch_backend():
     # Two leading decodes take the decode kernel, the rest the prefill kernel: a prompt, a decode behind it,
     # a chunk after a prefix hit.
-    import railyard.engine.attention.triton_backend as backend
-
-    monkeypatch.setattr(backend, "SPLIT_MIN_CONTEXT", 0)
     _compare(cached=[300, 41, 0, 77, 16], new=[1, 1, 50, 1, 9])
 
 
@@ -63,9 +60,8 @@ def test_mixed_step_gives_the_same_output_with_its_decodes_apart_or_in_the_prefi
     import railyard.engine.attention.triton_backend as backend
 
     q, k, v, cache, meta = _batch([120, 9, 0], [1, 1, 33], 4, 2, 32, torch.float32, seed=5)
-    monkeypatch.setattr(backend, "SPLIT_MIN_CONTEXT", 121)  # the longest decode context: split
     split = backend.TritonAttentionBackend(4, 2, 32, 0.2).forward(q, k, v, cache.clone(), meta)
-    monkeypatch.setattr(backend, "SPLIT_MIN_CONTEXT", 122)  # one more: together
+    monkeypatch.setattr(backend, "SPLIT_MIXED_STEPS", False)
     together = backend.TritonAttentionBackend(4, 2, 32, 0.2).forward(q, k, v, cache.clone(), meta)
     torch.testing.assert_close(split, together, atol=1e-5, rtol=1e-5)
 
