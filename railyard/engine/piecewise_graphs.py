@@ -99,7 +99,7 @@ class PiecewiseGraphs:
 
     def _attention_views(self, n: int) -> tuple[torch.Tensor, ...]:
         """q, k, v and the attention output of the step's n real tokens, as attention takes them: made once a step,
-        since every layer's attention reads the same static buffers (a mixed step is bound by its launches)."""
+        since every layer's attention reads the same static buffers (host work between launches is step time)."""
         h, hk, d = self.num_heads, self.num_kv_heads, self.head_dim
         return (self.q[:n].view(n, h, d), self.k[:n].view(n, hk, d), self.v[:n].view(n, hk, d),
                 self.attn_out[:n].view(n, h, d))

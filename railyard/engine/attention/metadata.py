@@ -50,7 +50,7 @@ class AttentionMetadata:
     @functools.cached_property
     def split(self) -> tuple[tuple[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
         """(block tables, seq lens) of the leading decodes and (block tables, seq lens, query starts) of the rest,
-        sliced once per step rather than once per layer (a mixed step's launches are its critical path)."""
+        sliced once per step rather than once per layer."""
         nd = self.num_decodes
         return ((self.block_tables[:nd], self.seq_lens[:nd]),
                 (self.block_tables[nd:], self.seq_lens[nd:], self.query_start_loc[nd:]))
