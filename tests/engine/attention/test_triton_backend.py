@@ -83,3 +83,49 @@ def test_padded_graph_rows_write_nothing_and_return_zeros():
     assert torch.equal(out[1], torch.zeros_like(out[1]))
     changed = (cache != before).flatten(2).any(-1).nonzero().tolist()
     assert all(plane_block[1] == meta.block_tables[0, 1].item() for plane_block in changed)
+
+
+def test_an_engine_with_prompts_arriving_among_decodes_generates_what_the_torch_backend_does(tmp_path, monkeypatch):
+    """Whole engine, float32 tiny model: prompts added while others decode make mixed steps, whose decodes take the
+    decode kernel and whose prompts the prefill kernel; greedy tokens equal the torch backend's."""
+    import railyard.engine.attention.triton_backend as backend_module
+    from railyard.engine.config import EngineConfig, SamplingParams
+    from railyard.engine.engine import Engine
+    from railyard.engine.tiny_model import write_tiny_checkpoint
+    from tests.engine.attention.paged_batch import DEVICE
+
+    path = str(write_tiny_checkpoint(tmp_path / "qwen3", "qwen3"))
+    prompts = [[(7 * i + 3 * n) % 256 for i in range(n)] for n in (5, 19, 33, 12)]
+    params = SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True)
+    tokens, mixed = {}, {}
+    prefill, prompts_apart = backend_module.paged_prefill, []
+
+    def recorded_prefill(q, kv_cache, block_tables, seq_lens, query_start_loc, *args, **kwargs):
+        prompts_apart.append(int(query_start_loc[0]) > 0)  # the leading decodes went to the decode kernel
+        return prefill(q, kv_cache, block_tables, seq_lens, query_start_loc, *args, **kwargs)
+
+    monkeypatch.setattr(backend_module, "paged_prefill", recorded_prefill)
+    for backend in ("torch", "triton"):
+        engine = Engine.from_config(EngineConfig(model=path, device=DEVICE, dtype="float32", block_size=8,
+                                                 attention_backend=backend, max_model_len=128, num_gpu_blocks=64,
+                                                 enforce_eager=True))
+        launch, mixed[backend] = engine.executor.launch, 0
+
+        def counted(out, launch=launch, backend=backend):
+            lens = [s.num_new_tokens for s in out.scheduled]
+            mixed[backend] += lens[0] == 1 and max(lens) > 1  # leading decodes and a prompt in one step
+            return launch(out)
+
+        engine.executor.launch = counted
+        done: dict[str, list[int]] = {}
+        for i, prompt in enumerate(prompts):  # one arrival every third step
+            engine.add_request(f"r{i}", None, params, prompt_token_ids=prompt)
+            for _ in range(3):
+                done.update({o.request_id: o.outputs[0].token_ids for o in engine.step() if o.finished})
+        while engine.has_unfinished_requests():
+            done.update({o.request_id: o.outputs[0].token_ids for o in engine.step() if o.finished})
+        tokens[backend] = [done[f"r{i}"] for i in range(len(prompts))]
+        engine.shutdown()
+    assert mixed["triton"] >= 3, "the arrivals must join running decodes"
+    assert sum(prompts_apart) >= 3 * 2, "each mixed step's prompts, in each of the two layers, apart from its decodes"
+    assert tokens["triton"] == tokens["torch"]
