@@ -3,6 +3,8 @@
 Every step: running sequences first (decodes and unfinished prefill chunks), preempting the
 lowest-priority not-yet-scheduled one when blocks run out; then swapped sequences come back;
 then waiting ones are admitted (with prefix-cache hits) while blocks, seats and budget last.
+A step lists its one-token sequences (decodes) before those with prompt chunks: a mixed step's
+attention runs the leading decodes in the decode kernel (attention/triton_backend.py).
 """
 
 from __future__ import annotations
@@ -112,6 +114,8 @@ class Scheduler:
         prefill_left = self.mixed_prefill_cap if self.mixed_prefill_cap and any(map(_is_decoding, self.running)) \
             else budget
         i = 0
+        # A prompt chunk scheduled ahead of a decode (priority order, a recompute, a chunked prompt) reorders the step.
+        prompt_seen = reorder = False
         while i < len(self.running) and budget > 0:
             seq = self.running[i]
             if seq.num_placeholders and seq.reaches_length_limit(self.max_model_len):
@@ -127,12 +131,19 @@ class Scheduler:
                 budget -= num_new
                 if prefill:
                     prefill_left -= num_new
+                if num_new > 1:
+                    prompt_seen = True
+                elif prompt_seen:
+                    reorder = True
                 i += 1
-        if out.preempted:
-            return out  # blocks are short: admit nothing new this step
-        budget = self._schedule_swapped(out, budget)
-        if not self.swapped and prefill_left > 0:
-            self._schedule_waiting(out, min(budget, prefill_left))
+        if not out.preempted:  # (a step that preempted, blocks being short, admits nothing new)
+            resumed = len(out.scheduled)
+            budget = self._schedule_swapped(out, budget)
+            reorder = reorder or prompt_seen and len(out.scheduled) > resumed  # resumed sequences may decode
+            if not self.swapped and prefill_left > 0:
+                self._schedule_waiting(out, min(budget, prefill_left))
+        if reorder:  # decodes first (stable): attention runs them in the decode kernel, the prompts after them
+            out.scheduled.sort(key=_carries_prompt)
         return out
 
     def _chunk(self, num_uncomputed: int, budget: int) -> int:
@@ -214,6 +225,10 @@ class Scheduler:
             seq.num_computed_tokens = after = before + item.num_new_tokens
             if caching and after // bs > before // bs:  # a block filled up
                 self.bm.cache_full_blocks(seq)
+
+
+def _carries_prompt(item: ScheduledSequence) -> bool:
+    return item.num_new_tokens > 1
 
 
 def _is_decoding(seq: Sequence) -> bool:

@@ -146,6 +146,21 @@ def test_priority_policy_admits_lower_priority_value_first():
     assert [s.seq.request_id for s in out.scheduled] == ["urgent"]
 
 
+def test_a_step_lists_its_decodes_before_its_prompt_chunks():
+    # Priority order puts an urgent prompt, still being chunked, ahead of a running decode; the step lists the
+    # decode first all the same (attention runs a mixed step's leading decodes in the decode kernel).
+    sched = _roomy(scheduling_policy="priority", long_prefill_token_threshold=10)
+    sched.add(Sequence(0, "lazy", 0, [1] * 6, SamplingParams(max_tokens=20), 0.0, priority=3))
+    _decode_one_token(sched, sched.schedule())
+    sched.add(Sequence(1, "urgent", 0, [2] * 30, SamplingParams(max_tokens=1), 1.0, priority=0))
+    first = sched.schedule()
+    _decode_one_token(sched, first)
+    assert [seq.request_id for seq in sched.running] == ["urgent", "lazy"]
+    second = sched.schedule()
+    assert [(s.seq.request_id, s.num_new_tokens) for s in first.scheduled] == [("lazy", 1), ("urgent", 10)]
+    assert [(s.seq.request_id, s.num_new_tokens) for s in second.scheduled] == [("lazy", 1), ("urgent", 10)]
+
+
 def test_chunked_prefill_splits_a_long_prompt_over_steps_within_budget():
     sched, bm = _make(dict(block_size=8, max_num_seqs=2, max_num_batched_tokens=16, num_gpu_blocks=16,
                            preemption_mode="recompute", scheduling_policy="fcfs",
@@ -164,11 +179,11 @@ def test_chunked_prefill_splits_a_long_prompt_over_steps_within_budget():
     assert chunks == [[(16, False)], [(16, False)], [(8, True)]]
 
 
-def _roomy(**option) -> Scheduler:
-    """A scheduler with room for everything (4 seats, 64-token budget, 32 blocks of 8) and one option set."""
-    sched, _ = _make(dict(block_size=8, max_num_seqs=4, max_num_batched_tokens=64, num_gpu_blocks=32,
-                          preemption_mode="recompute", scheduling_policy="fcfs", enable_prefix_caching=False,
-                          num_cpu_blocks=0, **option))
+def _roomy(**options) -> Scheduler:
+    """A scheduler with room for everything (4 seats, 64-token budget, 32 blocks of 8), FCFS unless options say."""
+    sched, _ = _make(dict(dict(block_size=8, max_num_seqs=4, max_num_batched_tokens=64, num_gpu_blocks=32,
+                               preemption_mode="recompute", scheduling_policy="fcfs", enable_prefix_caching=False,
+                               num_cpu_blocks=0), **options))
     return sched
 
 

@@ -34,8 +34,7 @@ class AttentionMetadata:
         """How many sequences at the front of the batch have one new token each.
 
         A mixed step runs them through the decode kernel, and only the rest through the prefill kernel. The
-        scheduler lists running sequences before new ones, so a step's decodes lead it (all but those behind a
-        prompt still being chunked). Computed once per step, on first use, from the host offsets."""
+        scheduler lists a step's decodes first. Computed once per step, on first use, from the host offsets."""
         starts = self.query_start_loc_cpu
         n = 0
         while n + 1 < len(starts) and starts[n + 1] - starts[n] == 1:
