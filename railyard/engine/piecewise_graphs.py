@@ -127,7 +127,8 @@ class PiecewiseGraphs:
             self.graphs[n] = graphs
 
         with without_cache_flushes():  # the model runner empties the cache once, before the first capture
-            self.warmed_up = warmed = capture_each(list(reversed(self.sizes)), warm_up, capture)  # largest first: smaller reuse its pool
+            # largest first: smaller buckets reuse its pool
+            self.warmed_up = warmed = capture_each(list(reversed(self.sizes)), warm_up, capture)
         torch.cuda.synchronize(self.device)
         self.capture_seconds = time.perf_counter() - start
         log.info("captured piecewise CUDA graphs (%d pieces x %d token counts, 16..%d; warmed up first: %s) in %.1f s",

@@ -72,6 +72,20 @@ prefill_params = SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True)
 decoders: list[str] = []
 
 
+def random_prompt(n: int) -> list[int]:
+    """n random token ids, new every time: nothing hits the prefix cache."""
+    return [rng.randrange(10, min(vocab, 30000)) for _ in range(n)]
+
+
+def step_until_prefilled() -> int:
+    """Steps until no prompt is waiting or part-way computed; how many."""
+    steps = 0
+    while eng.scheduler.waiting or any(s.num_uncomputed_tokens > 1 for s in eng.scheduler.running):
+        eng.step()
+        steps += 1
+    return steps
+
+
 def fresh_decoders() -> None:
     """ROWS new decodes of the same prompt lengths (the old ones aborted): every variant's windows see contexts
     of the benchmark's size (prompt + a few hundred tokens), not ones grown over the whole run."""
@@ -83,21 +97,19 @@ def fresh_decoders() -> None:
         counter += 1
         decoders.append(f"d{counter}")
         eng.add_request(decoders[-1], None, decode_params,
-                        prompt_token_ids=[rng.randrange(10, min(vocab, 30000))
-                                          for _ in range(DECODE_LEN or lengths[i % PROMPTS])])
-    while eng.scheduler.waiting or any(s.num_uncomputed_tokens > 1 for s in eng.scheduler.running):
-        eng.step()
+                        prompt_token_ids=random_prompt(DECODE_LEN or lengths[i % PROMPTS]))
+    step_until_prefilled()
     for _ in range(8):
         eng.step()
 
 
 counter = 0
-launched: list[tuple[bool, int]] = []  # per launched batch: carried a prompt, tokens
+launched: list[bool] = []  # per launched batch: whether it carried a prompt
 inner = eng.executor.launch
 
 
 def recorded_launch(out):
-    launched.append((any(s.num_new_tokens > 1 for s in out.scheduled), out.num_batched_tokens))
+    launched.append(any(s.num_new_tokens > 1 for s in out.scheduled))
     return inner(out)
 
 
@@ -119,7 +131,7 @@ def window(kind: str) -> dict:
     """STEPS steps with kind's arrivals, then steps until the added prompts are done; the wall time of all."""
     global counter
     plan = schedule_of(kind)
-    fresh = [[rng.randrange(10, min(vocab, 30000)) for _ in range(n)] for n in lengths]  # no prefix-cache hits
+    fresh = [random_prompt(n) for n in lengths]
     launched.clear()
     sync()
     t0 = time.perf_counter()
@@ -128,14 +140,10 @@ def window(kind: str) -> dict:
             counter += 1
             eng.add_request(f"p{counter}", None, prefill_params, prompt_token_ids=fresh[i])
         eng.step()
-    extra = 0
-    while eng.scheduler.waiting or any(s.num_uncomputed_tokens > 1 for s in eng.scheduler.running):
-        eng.step()
-        extra += 1
+    steps = STEPS + step_until_prefilled()
     sync()
     wall = time.perf_counter() - t0
-    steps = STEPS + extra
-    return {"wall_ms": round(wall * 1e3, 2), "steps": steps, "prompt_steps": sum(p for p, _ in launched)}
+    return {"wall_ms": round(wall * 1e3, 2), "steps": steps, "prompt_steps": sum(launched)}
 
 
 split_default = backend.SPLIT_MIXED_STEPS
@@ -160,7 +168,8 @@ for variant in VARIANTS:
         runs = results[variant][kind]
         # Per step, the decodes cost what they cost in the same repetition's base window (per-step walls would
         # not do: under asynchronous scheduling the step after one with a prompt waits for it).
-        extra = [round((r["wall_ms"] - b["wall_ms"] * r["steps"] / b["steps"]) / PROMPTS, 3) for r, b in zip(runs, bases)]
+        extra = [round((r["wall_ms"] - b["wall_ms"] * r["steps"] / b["steps"]) / PROMPTS, 3)
+                 for r, b in zip(runs, bases)]
         rows[kind] = {"wall_ms": [r["wall_ms"] for r in runs], "steps": [r["steps"] for r in runs],
                       "prompt_steps": [r["prompt_steps"] for r in runs], "extra_ms_per_prompt": extra}
         say(f"{variant:8s} {kind:7s}: windows {[r['wall_ms'] for r in runs]} ms ({[r['steps'] for r in runs]} steps, "
@@ -173,8 +182,7 @@ if torch.cuda.is_available():
         sync()
         t0 = time.perf_counter()
         counter += 1
-        eng.add_request(f"p{counter}", None, prefill_params,
-                        prompt_token_ids=[rng.randrange(10, min(vocab, 30000)) for _ in range(lengths[0])])
+        eng.add_request(f"p{counter}", None, prefill_params, prompt_token_ids=random_prompt(lengths[0]))
         for _ in range(4):
             eng.step()
         sync()

@@ -6,9 +6,9 @@ hits) use the varlen prefill kernel over the paged cache. A mixed step runs its 
 the decode kernel and only the rest through the prefill kernel: in the prefill kernel a decode row is a
 64-row query tile with one live row that walks its whole context in one program, without context splits.
 Beside one 964-token prompt, 32 decodes over ~3k-token contexts took 252 us a layer there; the prompt alone
-takes 34 us, and the decode kernel 108-142 us for the decodes. With prompts arriving one every 4 steps among 64 decodes (qwen3-0.6b, ~1k-token
-contexts), 128 steps took 8% less time split; among 32 the same time (scripts/gpu/mixed_step_cost.py,
-BENCHMARKS.md). vLLM splits its batches into decodes and prefills too.
+takes 34 us, and the decode kernel 108-142 us for the decodes. With prompts arriving one every 4 steps among
+64 decodes (qwen3-0.6b, ~1k-token contexts), 128 steps took 8% less time split; among 32 the same time
+(scripts/gpu/mixed_step_cost.py, BENCHMARKS.md). vLLM splits its batches into decodes and prefills too.
 """
 
 from __future__ import annotations
@@ -50,9 +50,8 @@ class TritonAttentionBackend:
             splits = decode_splits(q.shape[0], self.num_kv_heads, meta.max_seq_len,
                                    _num_sms(q.device.index or 0))
             return paged_decode(q, kv_cache, meta.block_tables, meta.seq_lens, self.scale, splits, out, **scales)
-        if SPLIT_MIXED_STEPS and meta.num_decodes:
+        if SPLIT_MIXED_STEPS and (nd := meta.num_decodes):
             # The leading decodes apart; the prefill kernel's grid covers the sequences after them only.
-            nd = meta.num_decodes
             (decode_tables, decode_lens), (tables, lens, starts) = meta.split
             out = torch.empty_like(q) if out is None else out
             splits = decode_splits(nd, self.num_kv_heads, meta.decode_max_seq_len, _num_sms(q.device.index or 0))

@@ -23,7 +23,7 @@ from railyard.errors import ModelLoadError
 from railyard.model.spec import ModelSpec
 
 
-# "0" loads the checkpoint before the CUDA graphs' capture instead of beside it (model_runner): the A/B of cold-start.sh.
+# "0" loads the checkpoint before the CUDA graphs' capture instead of beside it (model_runner): cold-start.sh's A/B.
 BESIDE_CAPTURE_ENV = "RAILYARD_LOAD_BESIDE_CAPTURE"
 
 
