@@ -43,6 +43,7 @@
 #        RENICE (phase pp: its benches again with the engine cores' threads at this nice value, as ppnice),
 #        PYSPY_S (seconds of py-spy samples of each engine core process in every throughput run; CPU% per process
 #        is recorded in every one: proc_cpu.py),
+#        PROXY (haproxy: Ray Serve's HAProxy in place of its Python proxy, every stack but opt's),
 #        MPS (1: the whole call under a CUDA MPS daemon of its own, below; phase solo: the direct server first,
 #        before the daemon starts), N_LOW / N_HIGH (requests of the 64- and 256-stream runs, default 384 / 768: runs
 #        of 6-9 s, where one server's tok/s spread ~13% between runs on the 2026-12-04 H200 calls)
@@ -111,6 +112,10 @@ mps_start() {
 ENGINE="{max_model_len: $MAXLEN, max_num_seqs: $SEQS, max_num_batched_tokens: $TOKENS, num_gpu_blocks: $BLOCKS}"
 URL=http://127.0.0.1:$PORT DIRECT_URL=http://127.0.0.1:$DIRECT_PORT
 SERVER=
+# PROXY=haproxy: every stack but opt's behind Ray Serve's HAProxy (RAY_SERVE_ENABLE_HA_PROXY=1: a C proxy per node in
+# place of the Python ProxyActor, forwarding HTTP to the ingress replicas, which serve it themselves).
+PROXY_ENV=; [ "$PROXY" = haproxy ] && PROXY_ENV="RAY_SERVE_ENABLE_HA_PROXY=1"
+UP_ENV=$PROXY_ENV
 
 git log --oneline -1 2>/dev/null | tee -a "$LOG"; echo "commit ${COMMIT:-unknown}" | tee -a "$LOG"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv 2>/dev/null | tee -a "$LOG"
@@ -480,7 +485,7 @@ stop
 # ingress. (one): one whole-GPU replica.
 for variant in "old old" "opt no" "ing1 ing1" "one one"; do
   set -- $variant
-  UP_ENV=; [ $1 = opt ] && UP_ENV="RAY_SERVE_THROUGHPUT_OPTIMIZED=1 RAY_SERVE_ENABLE_DIRECT_INGRESS=0"
+  UP_ENV=$PROXY_ENV; [ $1 = opt ] && UP_ENV="RAY_SERVE_THROUGHPUT_OPTIMIZED=1 RAY_SERVE_ENABLE_DIRECT_INGRESS=0"
   if phase $1 && step "ray up ($1)" $T_UP up $1 pending_prefix "$(stack $1 $2)"; then
     step "warm-up" 60 warm $URL
     step "ray $1 c$C_LOW" $T_BENCH bench ray_$1_clow $URL $TPUT --num-prompts $N_LOW --max-concurrency $C_LOW
@@ -488,7 +493,7 @@ for variant in "old old" "opt no" "ing1 ing1" "one one"; do
   fi
   stop
 done
-UP_ENV=
+UP_ENV=$PROXY_ENV
 
 # 5. Ray's power-of-two router and round robin on the same trace.
 for pair in "p2 power_of_two" "rr round_robin"; do

