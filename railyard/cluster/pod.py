@@ -36,6 +36,7 @@ MPS_PIPE_DIR, MPS_LOG_DIR = "/tmp/nvidia-mps", "/tmp/nvidia-mps-log"
 MPS_START = (f"( (mkdir -p {MPS_PIPE_DIR} {MPS_LOG_DIR} && nvidia-cuda-mps-control -d) || echo 'railyard: no CUDA MPS "
              "daemon (nvidia-cuda-mps-control missing or failed); replicas sharing this GPU time-slice' )")
 GPU_SHARING_ANNOTATION = "railyard.io/gpu-sharing"
+SERVE_PROXY_ANNOTATION = "railyard.io/serve-proxy"
 
 
 def labels(stack: Stack, component: str, model: str | None = None) -> dict[str, str]:
@@ -249,10 +250,11 @@ def ray_worker_pod(stack: Stack, model: ModelSpec, component: str) -> dict[str, 
         # KubeRay waits for ready pods before it deploys the app.
         container["readinessProbe"] = _http_probe("/api/local_raylet_healthz", 52365, 5, 10)
         container["livenessProbe"] = _http_probe("/api/local_raylet_healthz", 52365, 10, 12)
+    container["env"] = _ray_env(stack)
     if model.mps_shared:
         container["command"] = [MPS_START]
-        container["env"] = [{"name": "CUDA_MPS_PIPE_DIRECTORY", "value": MPS_PIPE_DIR},
-                            {"name": "CUDA_MPS_LOG_DIRECTORY", "value": MPS_LOG_DIR}]
+        container["env"] += [{"name": "CUDA_MPS_PIPE_DIRECTORY", "value": MPS_PIPE_DIR},
+                             {"name": "CUDA_MPS_LOG_DIRECTORY", "value": MPS_LOG_DIR}]
     template = _pod(
         stack,
         component,
@@ -272,11 +274,21 @@ def ray_worker_pod(stack: Stack, model: ModelSpec, component: str) -> dict[str, 
 
 def ray_head_pod(stack: Stack) -> dict[str, Any]:
     """The Ray head: GCS, dashboard, Serve controller and HTTP proxy; no GPUs, so no GPU policies."""
-    container: dict[str, Any] = {"name": "ray-head", "image": stack.image, "ports": _ray_ports(head=True)}
+    container: dict[str, Any] = {"name": "ray-head", "image": stack.image, "ports": _ray_ports(head=True),
+                                 "env": _ray_env(stack)}
     resources = _resources(HEAD_RESOURCES["cpu"], HEAD_RESOURCES["memory"], 0, stack.policies)
     if resources:
         container["resources"] = resources
     if stack.policies.probes:
         container["readinessProbe"] = _http_probe("/api/gcs_healthz", 8265, 5, 10)
         container["livenessProbe"] = _http_probe("/api/gcs_healthz", 8265, 10, 12)
-    return _pod(stack, "head", container, model=None, gpus=0, shm="2Gi", metrics_port=RAY_METRICS_PORT)
+    template = _pod(stack, "head", container, model=None, gpus=0, shm="2Gi", metrics_port=RAY_METRICS_PORT)
+    # The proxy's reason, on the pod whose Serve controller starts the proxies (every Ray pod has the env).
+    template["metadata"].setdefault("annotations", {})[SERVE_PROXY_ANNOTATION] = (
+        type(stack.ingress).model_fields["proxy"].description)
+    return template
+
+
+def _ray_env(stack: Stack) -> list[dict[str, str]]:
+    """What every Ray process of the cluster reads at start: the stack's choice of Serve proxy."""
+    return [{"name": name, "value": value} for name, value in stack.ingress.ray_env().items()]

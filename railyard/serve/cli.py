@@ -4,6 +4,7 @@ Ray Serve application on a local Ray, or on an existing Ray cluster with --addre
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import sys
 import threading
@@ -12,6 +13,7 @@ from railyard.errors import ConfigError
 from railyard.serve import mps
 from railyard.serve.autoscaling import POLICIES
 from railyard.serve.spec import ROUTER_NAMES
+from railyard.stack import Ingress
 
 
 def add_stack_args(p: argparse.ArgumentParser, *, config_required: bool) -> None:
@@ -53,6 +55,20 @@ def local_mps(stack, args: argparse.Namespace) -> bool:
     return not args.address and not args.cpu and any(m.mps_shared for m in stack.models)
 
 
+def use_proxy(ingress: Ingress) -> None:
+    """Put the stack's proxy choice in this process's environment, which the Ray it starts inherits; haproxy
+    without an HAProxy binary is a ConfigError (Ray would fail later, in its controller's log)."""
+    if ingress.proxy == "haproxy":
+        from ray.serve._private.haproxy import get_haproxy_binary
+
+        try:
+            get_haproxy_binary()
+        except FileNotFoundError:
+            raise ConfigError("ingress.proxy haproxy needs an HAProxy binary (ray[serve] bundles one on Linux, or "
+                              "set RAY_SERVE_HAPROXY_BINARY_PATH); or set ingress.proxy: ray") from None
+    os.environ.update(ingress.ray_env())
+
+
 def _interrupt(*_) -> None:
     raise KeyboardInterrupt
 
@@ -68,6 +84,8 @@ def run_stack(args: argparse.Namespace) -> int:
         raise ConfigError(f"--port must be in [0, 65535], got {args.port}")
     stack = load_stack(args.config)
     config = to_serve_config(stack)
+    if not args.address:  # a Ray of our own: its processes inherit the proxy choice (on a cluster, its nodes' env)
+        use_proxy(stack.ingress)
     daemon = mps.start() if local_mps(stack, args) else None  # before Ray: its processes inherit the pipe
     try:
         ray.init(address=args.address, log_to_driver=False)

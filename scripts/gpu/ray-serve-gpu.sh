@@ -3,7 +3,8 @@
 #   1. The Ray Serve stack (`railyard cluster up`): two engine replicas of the qwen3-0.6b shape (random weights)
 #      sharing the GPU (gpu_fraction 0.5, each BLOCKS KV blocks), railyard's pending_prefix router, the serve
 #      layer's streaming defaults (stream items paced to 500/s per engine replica) with two ingress replicas (the
-#      stack default is one: INGRESS_REPLICAS sets it here); served
+#      stack default is one: INGRESS_REPLICAS sets it here) behind Ray Serve's HAProxy (the stack default; PROXY=ray:
+#      Serve's Python proxy); served
 #      tok/s through Ray Serve's proxy at 64 and 256 concurrent streams, then a shared-prefix trace.
 #   2. One `railyard serve` on the same GPU with the same total KV (2 x BLOCKS blocks): the same 64 / 256 streams
 #      (target: the proxy path >= 90% of this) and the same shared-prefix trace.
@@ -43,7 +44,8 @@
 #        RENICE (phase pp: its benches again with the engine cores' threads at this nice value, as ppnice),
 #        PYSPY_S (seconds of py-spy samples of each engine core process in every throughput run; CPU% per process
 #        is recorded in every one: proc_cpu.py),
-#        PROXY (haproxy: Ray Serve's HAProxy in place of its Python proxy, every stack but opt's),
+#        PROXY (the stacks' ingress.proxy: haproxy, the stack default, or ray, Serve's Python proxy; old and opt keep
+#        the Python proxy, as they ran before),
 #        MPS (1: the whole call under a CUDA MPS daemon of its own, below; phase solo: the direct server first,
 #        before the daemon starts), N_LOW / N_HIGH (requests of the 64- and 256-stream runs, default 384 / 768: runs
 #        of 6-9 s, where one server's tok/s spread ~13% between runs on the 2026-12-04 H200 calls)
@@ -112,10 +114,7 @@ mps_start() {
 ENGINE="{max_model_len: $MAXLEN, max_num_seqs: $SEQS, max_num_batched_tokens: $TOKENS, num_gpu_blocks: $BLOCKS}"
 URL=http://127.0.0.1:$PORT DIRECT_URL=http://127.0.0.1:$DIRECT_PORT
 SERVER=
-# PROXY=haproxy: every stack but opt's behind Ray Serve's HAProxy (RAY_SERVE_ENABLE_HA_PROXY=1: a C proxy per node in
-# place of the Python ProxyActor, forwarding HTTP to the ingress replicas, which serve it themselves).
-PROXY_ENV=; [ "$PROXY" = haproxy ] && PROXY_ENV="RAY_SERVE_ENABLE_HA_PROXY=1"
-UP_ENV=$PROXY_ENV
+UP_ENV=
 
 git log --oneline -1 2>/dev/null | tee -a "$LOG"; echo "commit ${COMMIT:-unknown}" | tee -a "$LOG"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv 2>/dev/null | tee -a "$LOG"
@@ -297,15 +296,17 @@ stack() {  # name kind(yes: autoscaling | no | old | ing1 | one) -> a stack file
   # replicas' KV.
   local scaling="num_replicas: 2" fraction=0.5 engine=$ENGINE
   local interval=${STREAM_INTERVAL_S:-} budget=${STREAM_ITEMS_PER_S:-} ingress=${INGRESS_REPLICAS:-2}  # 2: the candidate (the stack default is 1)
+  local proxy=${PROXY:-haproxy}
+  [ "$1" = opt ] && proxy=ray  # Ray's throughput mode with its Python proxy kept, as measured before HAProxy
   [ "$2" = yes ] && scaling="autoscaling: {min_replicas: 1, max_replicas: 2, target_pending_per_replica: 8,
                   upscale_delay_s: 3, downscale_delay_s: 60, look_back_period_s: 5, metrics_interval_s: 1}"
-  [ "$2" = old ] && { interval=0.05 budget=0 ingress=1; }
+  [ "$2" = old ] && { interval=0.05 budget=0 ingress=1 proxy=ray; }
   [ "$2" = ing1 ] && ingress=1
   [ "$2" = one ] && { scaling="num_replicas: 1" fraction=1.0; engine=${ENGINE/num_gpu_blocks: $BLOCKS/num_gpu_blocks: $(( 2 * BLOCKS ))}; }
   cat > $R/stack_$1.yaml <<EOF
 name: gpu
 image: railyard:local
-${ingress:+ingress: {num_replicas: $ingress\}}
+ingress: {num_replicas: $ingress, proxy: $proxy}
 models:
   - name: qwen3
     model: $MODEL
@@ -485,7 +486,7 @@ stop
 # ingress. (one): one whole-GPU replica.
 for variant in "old old" "opt no" "ing1 ing1" "one one"; do
   set -- $variant
-  UP_ENV=$PROXY_ENV; [ $1 = opt ] && UP_ENV="RAY_SERVE_THROUGHPUT_OPTIMIZED=1 RAY_SERVE_ENABLE_DIRECT_INGRESS=0"
+  UP_ENV=; [ $1 = opt ] && UP_ENV="RAY_SERVE_THROUGHPUT_OPTIMIZED=1 RAY_SERVE_ENABLE_DIRECT_INGRESS=0"
   if phase $1 && step "ray up ($1)" $T_UP up $1 pending_prefix "$(stack $1 $2)"; then
     step "warm-up" 60 warm $URL
     step "ray $1 c$C_LOW" $T_BENCH bench ray_$1_clow $URL $TPUT --num-prompts $N_LOW --max-concurrency $C_LOW
@@ -493,7 +494,7 @@ for variant in "old old" "opt no" "ing1 ing1" "one one"; do
   fi
   stop
 done
-UP_ENV=$PROXY_ENV
+UP_ENV=
 
 # 5. Ray's power-of-two router and round robin on the same trace.
 for pair in "p2 power_of_two" "rr round_robin"; do

@@ -255,7 +255,7 @@ def test_replicas_sharing_a_gpu_start_an_mps_daemon_before_ray_with_the_reason_o
     (container,) = pod["spec"]["containers"]
     assert "nvidia-cuda-mps-control -d" in container["command"][0]
     env = {e["name"]: e["value"] for e in container["env"]}
-    assert set(env) == {"CUDA_MPS_PIPE_DIRECTORY", "CUDA_MPS_LOG_DIRECTORY"}
+    assert set(env) == {"CUDA_MPS_PIPE_DIRECTORY", "CUDA_MPS_LOG_DIRECTORY", "RAY_SERVE_ENABLE_HA_PROXY"}
     assert "at the same time" in pod["metadata"]["annotations"]["railyard.io/gpu-sharing"]
 
 
@@ -267,7 +267,26 @@ def test_replicas_sharing_a_gpu_start_an_mps_daemon_before_ray_with_the_reason_o
 def test_no_mps_daemon_where_replicas_do_not_share_a_gpu_by_mps(model):
     objects = render(make_stack(ONE_GPU, models=[model]), "rayservice")
     (container,) = _worker_containers(objects)
-    assert "command" not in container and "env" not in container
+    assert "command" not in container
+    assert [e["name"] for e in container["env"]] == ["RAY_SERVE_ENABLE_HA_PROXY"]
+
+
+@pytest.mark.parametrize(("proxy", "value"), [(None, "1"), ("haproxy", "1"), ("ray", "0")])
+def test_every_ray_pod_runs_the_stacks_serve_proxy_with_the_reason_on_the_head(proxy, value):
+    """Serve reads its proxy choice from each Ray process's environment: the head (controller, proxies) and
+    every worker (replicas serving the proxy's HTTP) must agree; haproxy is the default."""
+    ingress = {"proxy": proxy} if proxy else {}
+    objects = render(make_stack(ONE_GPU, ingress=ingress), "rayservice")
+    _assert_valid(objects)
+    (service,) = [o for o in objects if o["kind"] == "RayService"]
+    cluster = service["spec"]["rayClusterConfig"]
+    head = cluster["headGroupSpec"]["template"]
+    pods = [head] + [g["template"] for g in cluster["workerGroupSpecs"]]
+    for pod in pods:
+        (container,) = pod["spec"]["containers"]
+        assert {"name": "RAY_SERVE_ENABLE_HA_PROXY", "value": value} in container["env"]
+    assert "HAProxy" in head["metadata"]["annotations"]["railyard.io/serve-proxy"]
+    assert "proxy" not in yaml.safe_load(service["spec"]["serveConfigV2"])["applications"][0]["args"]["ingress"]
 
 
 def test_the_mps_start_lets_ray_start_where_the_daemon_is_missing(tmp_path):

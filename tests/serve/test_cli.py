@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from railyard.cli import main
@@ -26,3 +28,38 @@ def test_an_out_of_range_port_is_refused(tmp_path, capsys):
     stack.write_text("image: x\nmodels: [{name: m, model: /m}]\n")
     assert main(["cluster", "up", "-c", str(stack), "--port", "70000"]) == 2
     assert "--port" in capsys.readouterr().err
+
+
+def test_an_unknown_proxy_is_refused(tmp_path, capsys):
+    stack = tmp_path / "stack.yaml"
+    stack.write_text("image: x\nmodels: [{name: m, model: /m}]\ningress: {proxy: nginx}\n")
+    assert main(["cluster", "up", "-c", str(stack)]) == 2
+    assert "ingress.proxy" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("proxy", "value"), [("haproxy", "1"), ("ray", "0")])
+def test_the_local_ray_inherits_the_stacks_proxy(proxy, value, monkeypatch):
+    """`cluster up` on a Ray of its own puts the choice in its environment before ray.init (Serve reads it in
+    every Ray process); haproxy is what ray[serve] bundles on Linux."""
+    from railyard.serve.cli import use_proxy
+    from railyard.stack import Ingress
+
+    monkeypatch.setenv("RAY_SERVE_ENABLE_HA_PROXY", "neither")  # restored after the test, as use_proxy's write
+    use_proxy(Ingress(proxy=proxy))
+    assert os.environ["RAY_SERVE_ENABLE_HA_PROXY"] == value
+
+
+def test_haproxy_without_its_binary_is_one_line_and_exit_2(tmp_path, capsys, monkeypatch):
+    stack = tmp_path / "stack.yaml"
+    stack.write_text("image: x\nmodels: [{name: m, model: /m}]\n")
+    import ray.serve._private.haproxy as haproxy
+
+    def missing() -> str:
+        raise FileNotFoundError("Could not find an HAProxy binary.")
+
+    monkeypatch.setattr(haproxy, "get_haproxy_binary", missing)
+    monkeypatch.delenv("RAY_SERVE_ENABLE_HA_PROXY", raising=False)
+    assert main(["cluster", "up", "-c", str(stack)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "ingress.proxy: ray" in err[0]
+    assert "RAY_SERVE_ENABLE_HA_PROXY" not in os.environ
