@@ -55,8 +55,14 @@ def local_mps(stack, args: argparse.Namespace) -> bool:
     return not args.address and not args.cpu and any(m.mps_shared for m in stack.models)
 
 
+# How long an ingress replica behind HAProxy keeps serving once told to stop. Ray's 30 s default gives an external
+# load balancer (a cloud LB in front of a cluster's nodes) time to deregister it; on a Ray of our own the only one
+# is Serve's HAProxy, reconfigured within Ray's 0.1 s broadcast, and 30 s would be each Ctrl-C's wait.
+LOCAL_INGRESS_DRAIN_ENV, LOCAL_INGRESS_DRAIN_S = "RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S", "2"
+
+
 def use_proxy(ingress: Ingress) -> None:
-    """Put the stack's proxy choice in this process's environment, which the Ray it starts inherits; haproxy
+    """Put the stack's proxy choice in this process's environment, which the Ray it starts here inherits; haproxy
     without an HAProxy binary is a ConfigError (Ray would fail later, in its controller's log)."""
     if ingress.proxy == "haproxy":
         from ray.serve._private.haproxy import get_haproxy_binary
@@ -66,6 +72,7 @@ def use_proxy(ingress: Ingress) -> None:
         except FileNotFoundError:
             raise ConfigError("ingress.proxy haproxy needs an HAProxy binary (ray[serve] bundles one on Linux, or "
                               "set RAY_SERVE_HAPROXY_BINARY_PATH); or set ingress.proxy: ray") from None
+        os.environ.setdefault(LOCAL_INGRESS_DRAIN_ENV, LOCAL_INGRESS_DRAIN_S)
     os.environ.update(ingress.ray_env())
 
 

@@ -44,9 +44,13 @@ def test_the_local_ray_inherits_the_stacks_proxy(proxy, value, monkeypatch):
     from railyard.serve.cli import use_proxy
     from railyard.stack import Ingress
 
-    monkeypatch.setenv("RAY_SERVE_ENABLE_HA_PROXY", "neither")  # restored after the test, as use_proxy's write
+    monkeypatch.setenv("RAY_SERVE_ENABLE_HA_PROXY", "neither")  # restored after the test, as use_proxy's writes
+    monkeypatch.setenv("RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S", "30")
+    monkeypatch.delenv("RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S")
     use_proxy(Ingress(proxy=proxy))
     assert os.environ["RAY_SERVE_ENABLE_HA_PROXY"] == value
+    # Behind HAProxy an ingress drains for seconds, not Ray's 30 (no outside load balancer on a Ray of its own).
+    assert os.environ.get("RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S") == ("2" if proxy == "haproxy" else None)
 
 
 def test_haproxy_without_its_binary_is_one_line_and_exit_2(tmp_path, capsys, monkeypatch):
