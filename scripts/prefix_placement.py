@@ -48,7 +48,7 @@ def placement(serve_logs: Path, groups: int, requests: int) -> dict:
             if what.startswith("POST /v1/"):
                 engine = next((e for e, lines in engines.items() if rid in lines), None)
                 served.append((start, replica(p), engine))
-    served.sort()
+    served.sort(key=lambda s: s[0])  # by start; a tie must not compare an unknown engine (None) with a name
     trace = served[-requests:]
     by_group: dict[int, set] = {}
     for i, (_, _, engine) in enumerate(trace):
