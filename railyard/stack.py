@@ -482,7 +482,8 @@ def to_serve_config(stack: Stack) -> dict[str, Any]:
         "name": stack.name,
         "route_prefix": "/",
         "import_path": SERVE_IMPORT_PATH,
-        "args": {"models": [_model_args(m) for m in stack.models], "ingress": stack.ingress.model_dump(exclude={"proxy"})},
+        "args": {"models": [_model_args(m) for m in stack.models],
+                 "ingress": stack.ingress.model_dump(exclude={"proxy"})},
         "deployments": deployments,
     }
     return {"applications": [app]}
