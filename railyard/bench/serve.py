@@ -154,7 +154,7 @@ async def send_request(client: httpx.AsyncClient, cfg: ServeBenchConfig, prompt:
 SERVER_COUNTERS = ("railyard:engine_steps_total", "railyard:computed_tokens_total", "railyard:decode_rows_total",
                    "vllm:num_preemptions_total")
 # Read where the server has it (railyard servers from 2026-12-04 on): the share of steps that carried a prefill.
-OPTIONAL_SERVER_COUNTERS = ("railyard:prefill_steps_total",)
+PREFILL_STEPS = "railyard:prefill_steps_total"
 
 
 async def scrape_metrics(url: str, names: tuple[str, ...]) -> dict[str, float] | None:
@@ -178,7 +178,7 @@ async def scrape_metrics(url: str, names: tuple[str, ...]) -> dict[str, float] |
 
 async def scrape_server_counters(cfg: ServeBenchConfig) -> dict[str, float] | None:
     """SERVER_COUNTERS from the server's /metrics, or None where it has not all of them."""
-    values = await scrape_metrics(cfg.url.rstrip("/") + "/metrics", SERVER_COUNTERS + OPTIONAL_SERVER_COUNTERS)
+    values = await scrape_metrics(cfg.url.rstrip("/") + "/metrics", (*SERVER_COUNTERS, PREFILL_STEPS))
     return values if values is not None and all(name in values for name in SERVER_COUNTERS) else None
 
 
@@ -196,9 +196,8 @@ def server_steps(before: dict[str, float] | None, after: dict[str, float] | None
     out = {"steps": int(steps), "ms_per_step": round(1000 * duration_s / steps, 3),
            "decode_rows_per_step": round(decode / steps, 2), "prefill_tokens_per_step": round(prefill / steps, 2),
            "preemptions": int(d["vllm:num_preemptions_total"])}
-    name = "railyard:prefill_steps_total"
-    if name in before and name in after:
-        out["prefill_step_fraction"] = round((after[name] - before[name]) / steps, 4)
+    if PREFILL_STEPS in before and PREFILL_STEPS in after:
+        out["prefill_step_fraction"] = round((after[PREFILL_STEPS] - before[PREFILL_STEPS]) / steps, 4)
     return out
 
 

@@ -7,7 +7,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -19,15 +18,10 @@ import pytest
 
 pytest.importorskip("ray")
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+from tests.serve.conftest import REPO_ROOT, _free_port  # noqa: E402 -- after the skip: conftest imports Ray
+
 UP_TIMEOUT_S = 240
 STOP_TIMEOUT_S = 120  # a hang guard: behind HAProxy the ingress drains 2 s on a Ray of its own, not Ray's 30
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def listener_command(port: int) -> str | None:
