@@ -23,7 +23,7 @@ import triton  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
-from railyard.engine.kernels import paged_attention  # noqa: E402
+from railyard.engine.runner.kernels import paged_attention  # noqa: E402
 
 SM_REGISTERS, SM_SHARED, SM_WARPS = 65536, 227 * 1024, 64  # H100 / H200 (sm_90)
 QWEN2_7B = dict(NUM_HEADS=28, NUM_KV_HEADS=4, GROUP=7, G_PAD=16, HEAD_DIM=128, D_PAD=128, PAGE=16)

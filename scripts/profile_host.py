@@ -17,9 +17,9 @@ from railyard.bench.throughput import workload_requests  # noqa: E402
 from railyard.bench.workload import LengthRange  # noqa: E402
 from railyard.engine.config import EngineConfig, SamplingParams  # noqa: E402
 from railyard.engine.engine import Engine  # noqa: E402
-from railyard.engine.model_runner import ModelRunner, StepPlan  # noqa: E402
+from railyard.engine.runner.model_runner import ModelRunner, StepPlan  # noqa: E402
 from railyard.model.spec import ModelSpec  # noqa: E402
-from railyard.engine.sampler import DoneSample, SamplerOutput  # noqa: E402
+from railyard.engine.runner.sampler import DoneSample, SamplerOutput  # noqa: E402
 from railyard.shapes import shape_config  # noqa: E402
 
 

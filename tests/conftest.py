@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from railyard.engine.tiny_model import write_tiny_checkpoint
+from railyard.engine.startup.tiny_model import write_tiny_checkpoint
 
 
 @pytest.fixture(scope="session")

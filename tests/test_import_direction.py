@@ -70,6 +70,40 @@ def test_the_shared_modules_are_torch_free(path):
     assert [m for _, m in imports(path) if m.split(".")[0] in ("torch", "triton", "ray")] == []
 
 
+# Inside the engine, from the bottom up: a module may import its own level and those below it.
+# The longest matching prefix (below railyard.engine) names a module's level.
+ENGINE_LEVELS: list[tuple[str, ...]] = [
+    ("startup",),  # timings, the tiny model, on-disk caches
+    ("config", "outputs", "tokenizer", "exits", "structured.params", "structured.grammar"),  # plain data, tools
+    ("sched",),  # what to run: sequences, KV blocks, the scheduler (no torch)
+    ("runner", "structured"),  # how to run it: tensors, graphs, kernels, models; grammars compiled for a step
+    ("core",),  # the step loop and its process
+    ("client",),  # the front's side of the process boundary
+    ("engine", "llm", "args", "cli"),  # entry points
+]
+ENGINE_LEVEL = {prefix: level for level, prefixes in enumerate(ENGINE_LEVELS) for prefix in prefixes}
+
+
+def engine_level(module: str) -> int:
+    """The level of railyard.engine.<rest>: its longest prefix in ENGINE_LEVELS."""
+    parts = module.split(".")[2:]
+    for n in range(len(parts), 0, -1):
+        if ".".join(parts[:n]) in ENGINE_LEVEL:
+            return ENGINE_LEVEL[".".join(parts[:n])]
+    raise AssertionError(f"{module} has no level in ENGINE_LEVELS")
+
+
+ENGINE_SOURCES = [p for p in SOURCES if module_name(p).startswith("railyard.engine.")]
+
+
+@pytest.mark.parametrize("path", ENGINE_SOURCES, ids=lambda p: str(p.relative_to(PACKAGE)))
+def test_inside_the_engine_imports_run_from_the_entry_points_down_to_start_up(path):
+    mine = engine_level(module_name(path))
+    wrong = [f"line {line}: {module}" for line, module in imports(path)
+             if module.startswith("railyard.engine.") and engine_level(module) > mine]
+    assert wrong == [], f"level {mine} ({ENGINE_LEVELS[mine]}) imports a higher level"
+
+
 def test_the_api_does_not_import_the_serve_layer():
     api = [m for p in (PACKAGE / "api").rglob("*.py") for _, m in imports(p)]
     assert not [m for m in api if m.startswith("railyard.serve")]

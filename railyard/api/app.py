@@ -16,7 +16,7 @@ from railyard.api.generation import Generation
 from railyard.api.metrics import ServerMetrics
 from railyard.api.middleware import BearerAuth, BodySizeLimit
 from railyard.api.protocol import ChatCompletionRequest, CompletionRequest
-from railyard.engine.client import EngineClient
+from railyard.engine.client.base import EngineClient
 
 DEFAULT_MAX_REQUEST_BYTES = 8 * 1024 * 1024
 

@@ -11,8 +11,8 @@ import sys
 import time
 
 from railyard.engine.args import add_engine_args, engine_config_from_args
-from railyard.engine.background import Background
-from railyard.engine.startup import process_start_time
+from railyard.engine.startup.background import Background
+from railyard.engine.startup.timings import process_start_time
 from railyard.engine.tokenizer import with_shape_tokenizer
 from railyard.errors import ConfigError
 
@@ -62,16 +62,16 @@ def start_engine_client(config, *, engine_process: bool = True, **client_args):
     With engine_process (the default) the engine core starts in its own process; this returns once it is
     ready, or raises its start-up error (ConfigError, ModelLoadError) with the core's message.
     """
-    from railyard.engine.models.checkpoint_dir import resolve_model_dir
+    from railyard.engine.runner.models.checkpoint_dir import resolve_model_dir
     from railyard.shapes import is_shape
 
     if not with_shape_tokenizer(config) and not is_shape(config.model):
         resolve_model_dir(config.model)  # a missing directory fails here, before any process starts
     if engine_process:
-        from railyard.engine.process_client import EngineProcessClient
+        from railyard.engine.client.process import EngineProcessClient
 
         return EngineProcessClient(config, **client_args)
-    from railyard.engine.inproc_client import InProcessEngineClient
+    from railyard.engine.client.inproc import InProcessEngineClient
 
     return InProcessEngineClient.from_config(config, **client_args)
 

@@ -1,7 +1,7 @@
 """What both endpoints share: checks at the door, tokenisation off the event loop, SamplingParams,
 submitting prompts to the engine client, and waiting for results (aborting if the client leaves).
 
-The API speaks to its engine only through the EngineClient interface (railyard.engine.client): the
+The API speaks to its engine only through the EngineClient interface (railyard.engine.client.base): the
 same code serves a local engine process, an in-process engine and a fleet of Ray Serve replicas.
 """
 
@@ -18,7 +18,7 @@ from functools import lru_cache
 from fastapi import Request
 
 from railyard.api.protocol import SamplingRequest
-from railyard.engine.client import EngineClient
+from railyard.engine.client.base import EngineClient
 from railyard.engine.config import SamplingParams
 from railyard.engine.outputs import OutputKind, RequestOutput
 from railyard.engine.structured import StructuredOutputsParams

@@ -15,7 +15,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from railyard.engine.outputs import EngineStats, RequestOutput
-from railyard.engine.startup import StartupTimes
+from railyard.engine.startup.timings import StartupTimes
 
 _LABELS = ("model_name", "engine")
 _TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,

@@ -21,9 +21,9 @@ import torch
 import torch.nn.functional as F
 
 from railyard.engine.config import EngineConfig
-from railyard.engine.layers.fp8 import ScaledAccumulator
-from railyard.engine.model_runner import ModelRunner, StepPlan
-from railyard.engine.models.loader import resolve_model_dir
+from railyard.engine.runner.layers.fp8 import ScaledAccumulator
+from railyard.engine.runner.model_runner import ModelRunner, StepPlan
+from railyard.engine.runner.models.loader import resolve_model_dir
 from railyard.model.spec import ModelSpec, read_model_spec
 
 

@@ -40,7 +40,7 @@ def write_random_checkpoint(config: dict, path: Path, seed: int = 0, std: float 
     import torch
     from safetensors.torch import save_file
 
-    from railyard.engine.tiny_model import weight_shapes, write_tokenizer
+    from railyard.engine.startup.tiny_model import weight_shapes, write_tokenizer
 
     start = time.perf_counter()
     path.mkdir(parents=True, exist_ok=True)

@@ -86,7 +86,7 @@ def engine_config_from_args(args: argparse.Namespace, **overrides) -> EngineConf
               if getattr(args, f.name, None) is not None}
     values.update(overrides)
     if not values.get("model"):
-        from railyard.engine.tiny_model import ensure_tiny_model
+        from railyard.engine.startup.tiny_model import ensure_tiny_model
 
         values["model"] = str(ensure_tiny_model())
     return EngineConfig(**values)

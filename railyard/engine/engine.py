@@ -2,7 +2,7 @@
 
 An EngineCore (token ids in, per-step deltas out) plus the front's OutputProcessor (text, stop
 strings), stepped by the caller: what the offline `LLM`, benchmarks and engine tests use. Servers use
-an EngineClient instead (railyard.engine.client), which runs the core in its own process.
+an EngineClient instead (railyard.engine.client.base), which runs the core in its own process.
 """
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from __future__ import annotations
 import time
 
 from railyard.engine.config import EngineConfig, SamplingParams
-from railyard.engine.core import EngineCore
-from railyard.engine.output_processor import OutputProcessor
+from railyard.engine.core.engine_core import EngineCore
+from railyard.engine.client.output_processor import OutputProcessor
 from railyard.engine.outputs import EngineStats, RequestOutput
 from railyard.errors import InvalidRequestError
 

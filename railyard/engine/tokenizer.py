@@ -7,7 +7,7 @@ import logging
 import threading
 from pathlib import Path
 
-from railyard.engine import tokenizer_cache
+from railyard.engine.startup import tokenizer_cache
 from railyard.errors import ModelLoadError
 
 log = logging.getLogger("railyard.engine")
@@ -191,7 +191,7 @@ def with_shape_tokenizer(config) -> bool:
 
     if not is_shape(config.model) or config.tokenizer is not None:
         return False
-    from railyard.engine.tiny_model import ensure_tiny_model
+    from railyard.engine.startup.tiny_model import ensure_tiny_model
 
     config.tokenizer = str(ensure_tiny_model())
     return True

@@ -17,9 +17,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from railyard.engine.config import SamplingParams
-from railyard.engine.model_info import ModelInfo
+from railyard.engine.core.model_info import ModelInfo
 from railyard.engine.outputs import EngineStats, RequestOutput
-from railyard.engine.validation import check_prompt_token_ids, check_sampling_params
+from railyard.engine.core.validation import check_prompt_token_ids, check_sampling_params
 from railyard.errors import EngineDeadError, RailyardError
 from railyard.serve import metrics
 from railyard.serve.replica import EngineRequest, ReplicaReport, ReplicaStarted
@@ -153,7 +153,7 @@ class RayRequestStream:
 
 
 class RayEngineClient:
-    """An EngineClient (railyard.engine.client) over one model's Ray Serve deployments: the replicas'
+    """An EngineClient (railyard.engine.client.base) over one model's Ray Serve deployments: the replicas'
     lifecycle is Ray Serve's, so start and shutdown have nothing to do, and the client is never dead
     as a whole (a replica that dies is retried around and replaced)."""
 

@@ -13,7 +13,7 @@ from typing import Any
 
 from ray import serve
 
-from railyard.engine.models.loader import resolve_model_dir
+from railyard.engine.runner.models.loader import resolve_model_dir
 from railyard.engine.tokenizer import load_tokenizer
 from railyard.model.spec import ModelSpec, read_model_spec
 from railyard.serve.client import Pool, RayEngineClient
@@ -32,7 +32,7 @@ def make_clients(routes: list[dict[str, Any]], handles: dict[str, Any]) -> dict[
             # A named shape with random weights (GPU benchmarks): its replicas speak the embedded model's
             # byte-level tokenizer unless the pool names one (railyard.engine.tokenizer.with_shape_tokenizer).
             # torch, imported only for this case
-            from railyard.engine.tiny_model import ensure_tiny_model
+            from railyard.engine.startup.tiny_model import ensure_tiny_model
 
             spec = ModelSpec.from_hf_config(shape_config(route["model"]))
             tokenizer_dir = tokenizer_dir or ensure_tiny_model()

@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from railyard.engine.tokenizer import with_shape_tokenizer
-from railyard.engine.client import EngineClient
+from railyard.engine.client.base import EngineClient
 from railyard.engine.config import EngineConfig, SamplingParams
 from railyard.engine.outputs import EngineStats, RequestOutput
 from railyard.errors import EngineDeadError
@@ -80,13 +80,13 @@ class EngineReplica:
             # The ranks are processes spawned here: they need every GPU the placement group reserved.
             await asyncio.to_thread(expose_reserved_gpus, config.tensor_parallel_size)
         if engine_process:
-            from railyard.engine.process_client import EngineProcessClient
+            from railyard.engine.client.process import EngineProcessClient
 
             self.client: EngineClient = await asyncio.to_thread(
                 EngineProcessClient, config, max_waiting_requests=max_waiting_requests,
                 stream_interval_s=stream_interval_s, stream_items_per_s=stream_items_per_s)
         else:
-            from railyard.engine.inproc_client import InProcessEngineClient
+            from railyard.engine.client.inproc import InProcessEngineClient
 
             threads = os.environ.get("RAILYARD_TORCH_THREADS")  # the engine process reads it itself
             if threads:

@@ -26,7 +26,7 @@ from ray.serve.request_router import (
     RunningReplica,
 )
 
-from railyard.engine.block_manager import prefix_block_hashes
+from railyard.engine.sched.block_manager import prefix_block_hashes
 from railyard.serve import metrics
 from railyard.serve.routing import (
     ReplicaLoad,

@@ -22,7 +22,7 @@ RATE=${RATE:-1} BURST_FACTOR=${BURST_FACTOR:-8} STEADY_S=${STEADY_S:-20} BURST_S
 INPUT_LEN=${INPUT_LEN:-32-128} OUTPUT_LEN=${OUTPUT_LEN:-64}
 MAX_REPLICAS=${MAX_REPLICAS:-2}  # each CPU replica takes one of Ray's logical CPUs (one per core here)
 export RAILYARD_TORCH_THREADS=1  # one torch thread per engine: replicas share few cores
-MODEL_DIR=$(python3 -c "from railyard.engine.tiny_model import ensure_tiny_model; print(ensure_tiny_model())")
+MODEL_DIR=$(python3 -c "from railyard.engine.startup.tiny_model import ensure_tiny_model; print(ensure_tiny_model())")
 
 stack() {  # min_replicas -> a stack file
   cat > "$OUT/stack_min$1.yaml" <<EOF

@@ -1,4 +1,4 @@
-"""Replay, on the CPU, the FP8 GEMM test that failed on the H200 (tests/engine/layers/test_fp8.py,
+"""Replay, on the CPU, the FP8 GEMM test that failed on the H200 (tests/engine/runner/layers/test_fp8.py,
 test_tensor_core_fp8_linear_matches_the_reference_path_on_the_gpu: 656 of 1.38M elements off, worst 0.0757).
 
   scale recipes   the test's x quantized with the two scale recipes of that run (the Triton kernel's rounded
@@ -25,7 +25,7 @@ import torch
 
 sys.path.insert(0, __file__.rsplit("/scripts/", 1)[0])
 
-from railyard.engine.layers.fp8 import quantize_per_token_ref, quantize_rows, to_fp8  # noqa: E402
+from railyard.engine.runner.layers.fp8 import quantize_per_token_ref, quantize_rows, to_fp8  # noqa: E402
 
 
 def _randn(*shape, seed=0, scale=1.0):  # as the test draws them

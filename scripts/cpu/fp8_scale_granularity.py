@@ -36,8 +36,8 @@ import torch
 sys.path.insert(0, __file__.rsplit("/scripts/", 1)[0])
 
 from railyard.bench.accuracy import compare_prefill  # noqa: E402
-from railyard.engine.layers import fp8, linear  # noqa: E402
-from railyard.engine.tiny_model import write_tiny_checkpoint  # noqa: E402
+from railyard.engine.runner.layers import fp8, linear  # noqa: E402
+from railyard.engine.startup.tiny_model import write_tiny_checkpoint  # noqa: E402
 
 _rng = random.Random(0)
 PROMPTS = [[_rng.randrange(256) for _ in range(n)] for n in (40, 97, 128, 200)]  # tests/bench/test_fp8_accuracy.py's

@@ -32,7 +32,7 @@ sys.path.insert(0, __file__.rsplit("/scripts/", 1)[0])
 
 from railyard.bench.accuracy import build_runner, compare, prefill  # noqa: E402
 from railyard.bench.workload import LengthRange, synthetic_requests  # noqa: E402
-from railyard.engine.layers.fp8 import quantize_per_token_ref, quantize_rows  # noqa: E402
+from railyard.engine.runner.layers.fp8 import quantize_per_token_ref, quantize_rows  # noqa: E402
 from railyard.shapes import shape_config  # noqa: E402
 
 GEMMS = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")

@@ -24,7 +24,7 @@ URL=http://127.0.0.1:$PORT
 CONCURRENCY=${CONCURRENCY:-64} NUM_PROMPTS=${NUM_PROMPTS:-128} INPUT_LEN=${INPUT_LEN:-32} OUTPUT_LEN=${OUTPUT_LEN:-256}
 export RAILYARD_TORCH_THREADS=1 RAY_TMPDIR=${RAY_TMPDIR:-/tmp/ray-rso-$$}
 mkdir -p "$RAY_TMPDIR"
-MODEL_DIR=$(python3 -c "from railyard.engine.tiny_model import ensure_tiny_model; print(ensure_tiny_model())")
+MODEL_DIR=$(python3 -c "from railyard.engine.startup.tiny_model import ensure_tiny_model; print(ensure_tiny_model())")
 ENGINE="max_model_len: 1024, dtype: float32, max_num_seqs: $CONCURRENCY, max_num_batched_tokens: 2048"
 cat > "$OUT/stack.yaml" <<YAML
 name: rso

@@ -14,7 +14,7 @@ PAIRS=${PAIRS:-3}
 PORT=${PORT:-8000}
 URL=http://127.0.0.1:$PORT
 STACK=railyard/serve/stacks/tiny-cpu.yaml
-python3 -c "from railyard.engine.tiny_model import ensure_tiny_model; ensure_tiny_model()"  # the stack's model
+python3 -c "from railyard.engine.startup.tiny_model import ensure_tiny_model; ensure_tiny_model()"  # the stack's model
 
 ARGS=()
 run() {  # name router

@@ -18,7 +18,7 @@ from pathlib import Path
 
 sys.path.insert(0, __file__.rsplit("/scripts/", 1)[0])
 
-from railyard.engine.tiny_model import SPECIAL_TOKENS, _tokenizer_config  # noqa: E402
+from railyard.engine.startup.tiny_model import SPECIAL_TOKENS, _tokenizer_config  # noqa: E402
 
 
 def sources(max_bytes: int) -> list[str]:

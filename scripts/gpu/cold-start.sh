@@ -92,7 +92,7 @@ python3 -c "import torch, triton, zmq, msgspec, fastapi, uvicorn, safetensors; p
 df -h /tmp | tail -1 | tee -a $LOG; free -g | head -2 | tee -a $LOG
 
 say "reader on the GPU (pinned chunks) against safetensors"
-timeout 120 python3 -m pytest -q tests/engine/models/test_safetensors_reader.py 2>&1 | tail -3 | tee -a $LOG
+timeout 120 python3 -m pytest -q tests/engine/runner/models/test_safetensors_reader.py 2>&1 | tail -3 | tee -a $LOG
 
 say "bench startup: write the checkpoint, then $RUNS starts"
 timeout $(( $(left) - 100 )) python3 -m railyard.cli bench startup --model $SHAPE --checkpoint-dir $CKPT \

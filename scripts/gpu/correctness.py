@@ -43,9 +43,9 @@ def save():
 
 def kernels():
     sys.path.insert(0, os.path.join(ROOT, "tests", "engine", "attention"))
-    from tests.engine.attention.test_triton_backend import _batch
-    from railyard.engine.attention.torch_backend import TorchAttentionBackend
-    from railyard.engine.attention.triton_backend import TritonAttentionBackend
+    from tests.engine.runner.attention.test_triton_backend import _batch
+    from railyard.engine.runner.attention.torch_backend import TorchAttentionBackend
+    from railyard.engine.runner.attention.triton_backend import TritonAttentionBackend
 
     rows = []
     cases = {
@@ -68,7 +68,7 @@ def kernels():
 def tiny_greedy():
     sys.path.insert(0, ROOT)
     from tests.engine.hf_oracle import hf_greedy
-    from railyard.engine.tiny_model import write_tiny_checkpoint
+    from railyard.engine.startup.tiny_model import write_tiny_checkpoint
     import random
 
     rng = random.Random(1234)

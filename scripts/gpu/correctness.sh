@@ -11,7 +11,7 @@
 source "$(dirname "$0")/../common.sh"
 
 log "kernel tests"
-timeout 150 python3 -m pytest -q tests/engine/attention -p no:cacheprovider > "$OUT/kernel_tests.txt" 2>&1
+timeout 150 python3 -m pytest -q tests/engine/runner/attention -p no:cacheprovider > "$OUT/kernel_tests.txt" 2>&1
 tail -n 1 "$OUT/kernel_tests.txt" | tee "$OUT/kernel_tests_summary.txt" >&2
 log "correctness against HF transformers"
 OUT="$OUT" timeout 240 python3 scripts/gpu/correctness.py > "$OUT/correctness.log" 2>&1

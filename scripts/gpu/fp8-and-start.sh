@@ -10,7 +10,7 @@
 set -o pipefail
 cd "$(dirname "$0")/../.."
 ROOT_OUT=${OUT:-/tmp/fp8-and-start-out}
-TESTS=${TESTS:-"tests/engine/attention/test_fp8_kernels.py tests/engine/test_piecewise_graphs.py"} CAPS=${CAPS-} \
+TESTS=${TESTS:-"tests/engine/runner/attention/test_fp8_kernels.py tests/engine/runner/test_piecewise_graphs.py"} CAPS=${CAPS-} \
   OUT=$ROOT_OUT/fp8 BENCH_ONLY=1 BUDGET_S=${FP8_BUDGET_S:-240} bash scripts/gpu/fp8-speed.sh > /dev/null 2>&1
 echo "fp8-speed.sh rc=$?"; tail -n 14 "$ROOT_OUT/fp8/log.txt"
 OUT=$ROOT_OUT/start RUNS=${RUNS:-3} STAGED_RUN=0 LOAD_PATHS=0 CALL_S=${CALL_S:-230} \

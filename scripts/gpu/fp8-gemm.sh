@@ -23,7 +23,7 @@ BUDGET_S=${BUDGET_S:-450}
 header
 
 tests() {
-  python3 -m pytest -q -p no:cacheprovider tests/engine/layers/test_fp8.py tests/engine/attention/test_fp8_kernels.py \
+  python3 -m pytest -q -p no:cacheprovider tests/engine/runner/layers/test_fp8.py tests/engine/runner/attention/test_fp8_kernels.py \
     > "$OUT/tests.txt" 2>&1
   local rc=$?
   tail -n 8 "$OUT/tests.txt" | tee -a "$OUT/log.txt"

@@ -30,9 +30,9 @@ BUDGET_S=${BUDGET_S:-420}
 . scripts/gpu/steps.sh  # log, step (under the budget), header, bench, the carried wheels
 header
 
-# TESTS: the GPU tests to run first (default: the FP8 kernels' and GEMMs' three files; TESTS=tests/engine/layers/test_fp8.py
+# TESTS: the GPU tests to run first (default: the FP8 kernels' and GEMMs' three files; TESTS=tests/engine/runner/layers/test_fp8.py
 # for the GEMM choices alone).
-TESTS=${TESTS:-"tests/engine/attention/test_fused_fp8_kernels.py tests/engine/layers/test_fp8.py tests/engine/attention/test_fp8_kernels.py tests/engine/attention/test_kv_layout.py"}
+TESTS=${TESTS:-"tests/engine/runner/attention/test_fused_fp8_kernels.py tests/engine/runner/layers/test_fp8.py tests/engine/runner/attention/test_fp8_kernels.py tests/engine/runner/attention/test_kv_layout.py"}
 export TESTS
 tests() {
   python3 -m pytest -q -p no:cacheprovider $TESTS > "$OUT/tests.txt" 2>&1

@@ -18,8 +18,8 @@ BUDGET_S=${BUDGET_S:-470}
 header
 
 tests() {
-  python3 -m pytest -q -p no:cacheprovider tests/engine/layers/test_fp8.py tests/engine/attention/test_fp8_kernels.py \
-    tests/engine/attention/test_fp8_kv_cache.py tests/engine/attention/test_triton_backend.py > "$OUT/tests.txt" 2>&1
+  python3 -m pytest -q -p no:cacheprovider tests/engine/runner/layers/test_fp8.py tests/engine/runner/attention/test_fp8_kernels.py \
+    tests/engine/runner/attention/test_fp8_kv_cache.py tests/engine/runner/attention/test_triton_backend.py > "$OUT/tests.txt" 2>&1
   local rc=$?
   tail -n 15 "$OUT/tests.txt" | tee -a "$OUT/log.txt"
   return $rc

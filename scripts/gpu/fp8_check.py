@@ -51,7 +51,7 @@ def timed(fn, reps: int = 10) -> float:
 
 
 def gemm() -> None:
-    from railyard.engine.layers.fp8 import quantize_per_token, quantize_rows, scaled_mm
+    from railyard.engine.runner.layers.fp8 import quantize_per_token, quantize_rows, scaled_mm
 
     dev = torch.device("cuda")
     shapes = {"8192^3": (8192, 8192, 8192), "7B gate_up, 16k tokens": (16384, 3584, 37888),
@@ -83,7 +83,7 @@ def gemm() -> None:
 def accuracy() -> None:
     from railyard.bench.accuracy import compare_prefill
     from railyard.bench.workload import LengthRange, synthetic_requests
-    from railyard.engine.layers import fp8
+    from railyard.engine.runner.layers import fp8
 
     reqs = synthetic_requests(4, LengthRange(128, 512), LengthRange(1, 1), 152064, 11, 100, 100)
     prompts = [r.prompt_token_ids for r in reqs]
@@ -120,7 +120,7 @@ def decode_accuracy(prompts: list[list[int]], common: dict) -> dict:
     """Decode steps (teacher-forced, the prompts' last 32 positions): the decode kernel reads the FP8 cache, with
     FP8 dots (q and P in e4m3 on FP8 tensor cores: the default on Hopper) and with float16 dots."""
     from railyard.bench.accuracy import compare_prefill
-    from railyard.engine.kernels import paged_attention
+    from railyard.engine.runner.kernels import paged_attention
 
     decode = {"decode: fp8 kv cache": dict(kv_cache_dtype="fp8"),
               "decode: fp8 weights + kv cache": dict(quantization="fp8", kv_cache_dtype="fp8")}
@@ -145,7 +145,7 @@ def gemm_accuracy() -> None:
 
     dry = os.environ.get("DRY_RUN") == "1"
     if dry:
-        from railyard.engine.tiny_model import ensure_tiny_model
+        from railyard.engine.startup.tiny_model import ensure_tiny_model
 
         model, common, gemms = str(ensure_tiny_model()), dict(device="cpu", max_model_len=512), {"auto": "auto"}
         prompts = [r.prompt_token_ids for r in synthetic_requests(2, LengthRange(16, 48), LengthRange(1, 1), 256,
@@ -167,7 +167,7 @@ def tiny() -> None:
     from railyard.bench.accuracy import greedy_agreement
     from railyard.engine.config import SamplingParams
     from railyard.engine.llm import LLM
-    from railyard.engine.tiny_model import write_tiny_checkpoint
+    from railyard.engine.startup.tiny_model import write_tiny_checkpoint
 
     rng = random.Random(0)
     prompts = [[rng.randrange(256) for _ in range(n)] for n in (5, 17, 33, 64, 100, 9, 50, 128)]

@@ -127,8 +127,8 @@ def cublaslt_version() -> int | None:
 
 
 def sweep() -> None:
-    from railyard.engine.kernels.fp8_gemm import CONFIGS, fp8_gemm
-    from railyard.engine.layers.fp8 import (apply_scales, fp8_linear, quantize_per_token, quantize_rows, scaled_mm,
+    from railyard.engine.runner.kernels.fp8_gemm import CONFIGS, fp8_gemm
+    from railyard.engine.runner.layers.fp8 import (apply_scales, fp8_linear, quantize_per_token, quantize_rows, scaled_mm,
                                             sm_count, tensor_core_gemm, unscaled_mm)
 
     one = torch.ones((), dtype=torch.float32, device=DEV)
@@ -258,7 +258,7 @@ def profile(variant: str, kind: str = "decode") -> None:
 
     from railyard.engine.config import EngineConfig, SamplingParams
     from railyard.engine.engine import Engine
-    from railyard.engine.tiny_model import ensure_tiny_model
+    from railyard.engine.startup.tiny_model import ensure_tiny_model
 
     quant = {"bf16": {}, "fp8-rowwise": dict(quantization="fp8", fp8_gemm="rowwise"),
              "fp8-rowwise-fast": dict(quantization="fp8", fp8_gemm="rowwise-fast"),

@@ -29,9 +29,9 @@ sys.path.insert(0, __file__.rsplit("/scripts/", 1)[0])
 import torch
 
 from railyard.bench.checkpoint import checkpoint_files, drop_from_page_cache, read_through, resident_fraction
-from railyard.engine.attention import get_backend
-from railyard.engine.models.loader import build_empty, fill_from_checkpoint, iter_weights, weight_files
-from railyard.engine.models.safetensors_reader import READER_ENV, CheckpointReader
+from railyard.engine.runner.attention import get_backend
+from railyard.engine.runner.models.loader import build_empty, fill_from_checkpoint, iter_weights, weight_files
+from railyard.engine.runner.models.safetensors_reader import READER_ENV, CheckpointReader
 from railyard.model.spec import read_model_spec
 
 ONE_TIMEOUT_S = 120
@@ -83,7 +83,7 @@ def one(ckpt: Path, reader: str, beside: str) -> dict:
     tokenizer_s: list[float] = []
     job = None
     if beside != "alone":
-        from railyard.engine.background import Background
+        from railyard.engine.startup.background import Background
         from railyard.engine.tokenizer import load_tokenizer
 
         def load() -> None:

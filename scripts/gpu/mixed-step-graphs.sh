@@ -1,7 +1,7 @@
 #!/bin/bash
 # Piecewise CUDA graphs for steps that are not pure decode (issue 12's last criterion), one device call on one H200:
 #  1. GPU tests: graph replay against the eager forward, greedy output against HF transformers through the
-#     captured pieces (tests/engine/test_piecewise_graphs.py, tests/engine/test_hf_equivalence.py);
+#     captured pieces (tests/engine/runner/test_piecewise_graphs.py, tests/engine/test_hf_equivalence.py);
 #  2. `railyard serve` (qwen2-7b shape, random bf16 weights) at Poisson 8 req/s, prompts 100-1024, 256 output
 #     tokens, EOS ignored: piecewise graphs ON, OFF (--no-piecewise-cuda-graphs), and ON with
 #     --long-prefill-token-threshold for each of THRESHOLDS, and ON with --max-prefill-tokens-with-decodes for each
@@ -90,8 +90,8 @@ fi
 # 1. Correctness through the captured pieces (the HF-equality tests run on CUDA with piecewise graphs on).
 if [ -z "$SKIP_TESTS" ]; then
   say "GPU tests"
-  timeout 160 python3 -m pytest -q -p no:cacheprovider -rs tests/engine/test_piecewise_graphs.py \
-    tests/engine/test_hf_equivalence.py tests/engine/models/test_safetensors_reader.py > $R/pytest.txt 2>&1
+  timeout 160 python3 -m pytest -q -p no:cacheprovider -rs tests/engine/runner/test_piecewise_graphs.py \
+    tests/engine/test_hf_equivalence.py tests/engine/runner/models/test_safetensors_reader.py > $R/pytest.txt 2>&1
   echo "pytest rc=$? $(tail -1 $R/pytest.txt)" | tee -a $LOG
 fi
 

@@ -29,7 +29,7 @@ sys.path.insert(0, __file__.rsplit("/scripts/", 1)[0])
 
 import torch  # noqa: E402
 
-import railyard.engine.attention.triton_backend as backend  # noqa: E402
+import railyard.engine.runner.attention.triton_backend as backend  # noqa: E402
 from railyard.engine.config import EngineConfig, SamplingParams  # noqa: E402
 from railyard.engine.engine import Engine  # noqa: E402
 

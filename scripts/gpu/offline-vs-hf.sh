@@ -17,7 +17,7 @@ PEER=$(ls .peers/hf_baseline.py shared/peers/hf_baseline.py 2>/dev/null | head -
 HF=${HF:-1}
 EXTRA=()
 if [ -n "${SMOKE:-}" ]; then
-  SHAPES=$(python3 -c "from railyard.engine.tiny_model import ensure_tiny_model; print(ensure_tiny_model())")
+  SHAPES=$(python3 -c "from railyard.engine.startup.tiny_model import ensure_tiny_model; print(ensure_tiny_model())")
   EXTRA=(--device cpu --num-prompts 8 --input-len 16-64 --output-len 8 --max-num-batched-tokens 2048 --warmup-prompts 1)
   HF=0
 fi
@@ -27,7 +27,7 @@ python3 -c "import json, torch, transformers; print(json.dumps({'torch': torch._
 'transformers': transformers.__version__, 'cuda': torch.version.cuda}))" > "$OUT/versions.json" 2>> "$OUT/log.txt"
 if [ -z "${SMOKE:-}" ]; then
   log "kernel tests"
-  timeout 150 python3 -m pytest -q tests/engine/attention -p no:cacheprovider > "$OUT/kernel_tests.txt" 2>&1
+  timeout 150 python3 -m pytest -q tests/engine/runner/attention -p no:cacheprovider > "$OUT/kernel_tests.txt" 2>&1
   tail -n 1 "$OUT/kernel_tests.txt" > "$OUT/kernel_tests_summary.txt"
 fi
 

@@ -7,7 +7,7 @@ or on (1), so one call tells whether the pieces cause the device-side assert.
 import os, sys, tempfile, traceback
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 from railyard import LLM, SamplingParams
-from railyard.engine.tiny_model import write_tiny_checkpoint
+from railyard.engine.startup.tiny_model import write_tiny_checkpoint
 from tests.engine.hf_oracle import hf_greedy
 from tests.engine.test_hf_equivalence import PROMPTS, MAX_NEW, VARIANTS
 path = str(write_tiny_checkpoint(tempfile.mkdtemp() + "/qwen3", "qwen3"))

@@ -64,7 +64,7 @@ log() { echo "== $* (t=${SECONDS}s)" | tee -a "$LOG"; }
 left() { echo $(( CALL_S - SECONDS )); }
 
 if [ -n "$SMALL" ]; then  # CPU dry run: every step, tiny sizes
-  MODEL=${MODEL:-$(python3 -c "from railyard.engine.tiny_model import ensure_tiny_model; print(ensure_tiny_model())")}
+  MODEL=${MODEL:-$(python3 -c "from railyard.engine.startup.tiny_model import ensure_tiny_model; print(ensure_tiny_model())")}
   BLOCKS=${BLOCKS:-256} CPU_FLAG=--cpu DIRECT_FLAGS="--device cpu --dtype float32"
   export RAY_TMPDIR=${RAY_TMPDIR:-/tmp/ray-serve-dry-ray} RAILYARD_TORCH_THREADS=1
   mkdir -p "$RAY_TMPDIR"
@@ -122,7 +122,7 @@ lscpu 2>/dev/null | grep -E "^(Model name|CPU\(s\)|Thread|Core|Socket|NUMA node\
 python3 -c "import ray, torch; print('ray', ray.__version__, ray.__file__, 'torch', torch.__version__)" 2>&1 | tee -a "$LOG"
 # The image's versions of what Ray leans on and .whl-ray does not carry (for the record, if Ray fails to start).
 python3 -m pip show aiohttp yarl multidict grpcio 2>/dev/null | grep ^Version | tr '\n' ' ' | tee -a "$LOG"; echo | tee -a "$LOG"
-python3 -c "from railyard.engine.tiny_model import ensure_tiny_model; ensure_tiny_model()"  # the shapes' tokenizer
+python3 -c "from railyard.engine.startup.tiny_model import ensure_tiny_model; ensure_tiny_model()"  # the shapes' tokenizer
 
 stop() {  # SIGTERM first (cluster up removes its apps and its local Ray; serve stops its engine), then hard; not
   # SIGINT, which a background job of a script ignores. On the device, where no other Ray runs, at most 10 s,

@@ -20,9 +20,9 @@ import torch  # noqa: E402
 import triton  # noqa: E402
 from triton.testing import do_bench_cudagraph  # noqa: E402
 
-from railyard.engine.kernels import fp8 as fp8_kernels  # noqa: E402
-from railyard.engine.kernels import fused  # noqa: E402
-from railyard.engine.layers.fp8 import FP8_MAX, INV_FP8_MAX, MIN_SCALE  # noqa: E402
+from railyard.engine.runner.kernels import fp8 as fp8_kernels  # noqa: E402
+from railyard.engine.runner.kernels import fused  # noqa: E402
+from railyard.engine.runner.layers.fp8 import FP8_MAX, INV_FP8_MAX, MIN_SCALE  # noqa: E402
 
 WIDTHS = {"qwen2-7b": 18944, "qwen3-0.6b": 3072}
 ROWS = [1, 64, 256, 2048, 16384]

@@ -26,7 +26,7 @@ alone() {  # fresh processes, one thing each, nothing else running
   done
   python3 -c "
 import time; t = time.perf_counter()
-from railyard.engine.core_process import _import_engine; _import_engine()
+from railyard.engine.core.process import _import_engine; _import_engine()
 print('engine imports (_import_engine)', round(time.perf_counter() - t, 2), 's')"
   python3 -c "
 import time

@@ -25,7 +25,7 @@ import torch
 
 from railyard.engine.config import SamplingParams
 from railyard.engine.llm import LLM
-from railyard.engine.tiny_model import write_tiny_checkpoint
+from railyard.engine.startup.tiny_model import write_tiny_checkpoint
 
 
 def parse_args() -> argparse.Namespace:

@@ -22,7 +22,7 @@ sys.path.insert(0, __file__.rsplit("/scripts/", 1)[0])
 from railyard.engine.config import SamplingParams  # noqa: E402
 from railyard.engine.engine import Engine  # noqa: E402
 from railyard.engine.llm import LLM  # noqa: E402
-from railyard.engine.tiny_model import write_tiny_checkpoint  # noqa: E402
+from railyard.engine.startup.tiny_model import write_tiny_checkpoint  # noqa: E402
 from tests.engine.test_tp_rendezvous import LOOPBACK, listening_addresses  # noqa: E402
 
 

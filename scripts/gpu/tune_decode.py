@@ -18,7 +18,7 @@ sys.path.insert(0, __file__.rsplit("/scripts/", 1)[0])
 
 import torch  # noqa: E402
 
-from railyard.engine.kernels.paged_attention import decode_stages, paged_decode  # noqa: E402
+from railyard.engine.runner.kernels.paged_attention import decode_stages, paged_decode  # noqa: E402
 
 OUT = os.environ.get("OUT", "/tmp")
 PAGE, BATCH = 16, 256

@@ -17,11 +17,11 @@ import pytest
 import uvicorn
 
 from railyard.api.app import build_app
-from railyard.engine.client import CoreClient
+from railyard.engine.client.base import CoreClient
 from railyard.engine.config import EngineConfig
-from railyard.engine.inproc_client import InProcessEngineClient
-from railyard.engine.process_client import EngineProcessClient
-from railyard.engine.tiny_model import write_tiny_checkpoint
+from railyard.engine.client.inproc import InProcessEngineClient
+from railyard.engine.client.process import EngineProcessClient
+from railyard.engine.startup.tiny_model import write_tiny_checkpoint
 from railyard.engine.tokenizer import load_tokenizer
 
 MODEL_NAME = "tiny"

@@ -6,7 +6,7 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from railyard.engine.tiny_model import write_tiny_checkpoint
+from railyard.engine.startup.tiny_model import write_tiny_checkpoint
 from tests.api.conftest import serve_in_thread, tiny_engine
 from tests.engine.test_tokenizer_free import without_tokenizer
 

@@ -16,7 +16,7 @@ import pytest
 from tokenizers import Tokenizer, processors
 
 from railyard.api.protocol import ChatCompletionRequest, CompletionRequest
-from railyard.engine.tiny_model import CHAT_TEMPLATE, write_tiny_checkpoint
+from railyard.engine.startup.tiny_model import CHAT_TEMPLATE, write_tiny_checkpoint
 from railyard.engine.tokenizer import load_tokenizer
 from tests.api.conftest import serve_in_thread, tiny_engine
 

@@ -14,7 +14,7 @@ from safetensors.torch import load_file
 
 from railyard.bench.checkpoint import write_random_checkpoint
 from railyard.cli import main
-from railyard.engine.tiny_model import tiny_config
+from railyard.engine.startup.tiny_model import tiny_config
 
 CLOCK_TICK_S = 1 / os.sysconf("SC_CLK_TCK")
 

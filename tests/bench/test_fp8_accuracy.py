@@ -132,7 +132,7 @@ def test_a_layer_output_still_holding_fp8_scales_is_measured_as_the_tensor_it_st
     """On Hopper an FP8 layer hands its last projection on as a ScaledAccumulator (the next RMSNorm applies the
     scales): the accuracy hooks must see the hidden state it stands for (the first H200 run failed on it)."""
     from railyard.bench.accuracy import hidden_state
-    from railyard.engine.layers.fp8 import ScaledAccumulator, apply_scales_ref
+    from railyard.engine.runner.layers.fp8 import ScaledAccumulator, apply_scales_ref
 
     g = torch.Generator().manual_seed(0)
     acc, xs, ws = torch.randn(3, 8, generator=g) * 100, torch.rand(3, 1, generator=g), torch.rand(8, generator=g)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from railyard.engine.config import EngineConfig
 from railyard.engine.engine import Engine
-from railyard.engine.tiny_model import write_tiny_checkpoint
+from railyard.engine.startup.tiny_model import write_tiny_checkpoint
 
 
 def test_a_local_directory_named_like_a_shape_is_loaded_not_replaced_by_random_weights(tmp_path, monkeypatch):

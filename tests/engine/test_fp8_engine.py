@@ -1,5 +1,5 @@
 """`--quantization fp8` and `--kv-cache-dtype fp8` through the engine: block counts, swap, prefix caching,
-flags and errors. (Accuracy: tests/bench/test_fp8_accuracy.py; kernels: tests/engine/attention.)
+flags and errors. (Accuracy: tests/bench/test_fp8_accuracy.py; kernels: tests/engine/runner/attention.)
 
 Oracles: the same engine on the same FP8 cache without memory pressure or without prefix caching
 (swapping and reusing blocks must change no token), and the cache's element size.
@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 
 from railyard.cli import main
-from railyard.engine import model_runner
+from railyard.engine.runner import model_runner
 from railyard.engine.config import EngineConfig, SamplingParams
 from railyard.engine.llm import LLM
 from railyard.errors import ConfigError

@@ -52,7 +52,7 @@ def test_greedy_matches_hf_generate(tiny_models, expected, arch, variant):
 
 
 def test_sharded_checkpoint_loads_like_single_file(tmp_path, tiny_models):
-    from railyard.engine.tiny_model import write_tiny_checkpoint
+    from railyard.engine.startup.tiny_model import write_tiny_checkpoint
 
     sharded = write_tiny_checkpoint(tmp_path / "sharded", "qwen2", num_shards=3)
     assert (sharded / "model.safetensors.index.json").is_file()

@@ -1,7 +1,7 @@
 """Constrained decoding in the engine: constrained outputs follow their grammar, and unconstrained requests that
 share their batches keep exactly the greedy tokens of a run without any constrained request, through
 asynchronous scheduling, preemption (recompute and swap), prefix caching, chunked prefill and n > 1.
-(Tensor parallelism: tests/engine/test_tensor_parallel.py.)"""
+(Tensor parallelism: tests/engine/runner/test_tensor_parallel.py.)"""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from railyard.engine.config import EngineConfig, SamplingParams
 from railyard.engine.engine import Engine
 from railyard.engine.structured import StructuredOutputsParams
 from railyard.engine.structured.compiler import GrammarCompiler
-from railyard.engine.structured.apply import apply_bitmask
+from railyard.engine.runner.logits_mask import apply_bitmask
 from railyard.engine.structured.manager import Accepted, StructuredOutputManager
 from railyard.engine.tokenizer import load_tokenizer
 from tests.engine.recording_executor import RecordingExecutor

@@ -9,7 +9,7 @@ import pytest
 
 from railyard.engine.config import SamplingParams
 from railyard.engine.llm import LLM
-from railyard.engine.tiny_model import write_tiny_checkpoint
+from railyard.engine.startup.tiny_model import write_tiny_checkpoint
 from railyard.engine.tokenizer import has_tokenizer_files, load_tokenizer
 from railyard.errors import InvalidRequestError
 from tests.engine.hf_oracle import hf_greedy

@@ -1,5 +1,5 @@
 """Which pre-quantized checkpoints the model description accepts, from config.json's quantization_config alone
-(torch-free: the planner refuses them as the engine does). Loading them: tests/engine/models/test_fp8_checkpoints.py."""
+(torch-free: the planner refuses them as the engine does). Loading them: tests/engine/runner/models/test_fp8_checkpoints.py."""
 
 from __future__ import annotations
 

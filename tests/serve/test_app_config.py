@@ -139,7 +139,7 @@ def test_a_named_shape_is_served_with_its_vocabulary_and_the_embedded_tokenizer(
     # byte-level tokenizer, as `railyard serve --model qwen3-0.6b` does.
     from railyard.engine.tokenizer import with_shape_tokenizer
     from railyard.engine.config import EngineConfig
-    from railyard.engine.tiny_model import ensure_tiny_model
+    from railyard.engine.startup.tiny_model import ensure_tiny_model
     from railyard.serve.ingress import make_clients
     from railyard.shapes import shape_config
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import random
 
-from railyard.engine.block_manager import prefix_block_hashes
+from railyard.engine.sched.block_manager import prefix_block_hashes
 from railyard.serve.routing import (
     ReplicaLoad,
     RoutingOptions,

@@ -24,8 +24,8 @@ from typing import Any
 
 import torch
 
-from railyard.engine.scheduler import SchedulerOutput
-from railyard.engine.sequence import Sequence
+from railyard.engine.sched.scheduler import SchedulerOutput
+from railyard.engine.sched.sequence import Sequence
 from railyard.engine.structured.compiler import GrammarCompiler
 from railyard.engine.structured.grammar import check, clean_message
 from railyard.engine.structured.params import StructuredOutputsParams

@@ -1,0 +1,260 @@
+"""`EngineProcessClient`: the engine core in its own process, the default for serving.
+
+The front (this process: HTTP, tokenisation, detokenisation, SSE) never shares a GIL with the step
+loop. Requests go to the core and per-step token deltas come back over two zmq sockets on a private
+ipc:// directory, one msgpack frame per message (railyard.engine.core.wire). The process's sentinel is
+watched on the event loop: a core that dies (killed, crashed) fails every open stream within moments
+and /health turns 503. Start-up blocks until the core reports Ready, or raises its error (a model that
+does not load, a KV cache that does not fit) as the same railyard error type, with its message.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import multiprocessing
+import shutil
+import tempfile
+import time
+import weakref
+from pathlib import Path
+from typing import Any
+
+import zmq
+import zmq.asyncio
+
+from railyard.engine.startup.background import Background
+from railyard.engine.client.base import CoreClient
+from railyard.engine.config import EngineConfig, SamplingParams
+from railyard.engine.core.process import run_engine_core
+from railyard.engine.exits import describe_exit
+from railyard.engine.tokenizer import load_tokenizer
+from railyard.engine.core.wire import (
+    Abort, AddRequest, CoreFailed, Ready, Shutdown, StartupFailed, StepOutputs, StopSequence, UtilityCall,
+    UtilityResult, encoder, from_core_decoder)
+from railyard.errors import ConfigError, EngineDeadError, ModelLoadError
+
+log = logging.getLogger("railyard.engine")
+
+DEFAULT_START_TIMEOUT_S = 1800.0  # loading a large checkpoint and capturing graphs can take minutes
+_STOP_S = 10.0  # how long shutdown waits for the core to stop by itself before forcing it
+_ERRORS_BY_KIND = {"ConfigError": ConfigError, "ModelLoadError": ModelLoadError}
+
+
+class EngineProcessClient(CoreClient):
+    """An EngineClient whose core runs in a spawned process; constructing it starts that process."""
+
+    def __init__(self, config: EngineConfig, *, start_timeout_s: float = DEFAULT_START_TIMEOUT_S, **kwargs) -> None:
+        self._closed = False
+        self._dir = tempfile.mkdtemp(prefix="railyard-engine-")
+        self._ctx = zmq.Context()
+        self._input = self._ctx.socket(zmq.PUSH)
+        self._input.setsockopt(zmq.SNDHWM, 0)
+        self._input.setsockopt(zmq.LINGER, 0)
+        self._input.bind(f"ipc://{self._dir}/input")
+        self._output = self._ctx.socket(zmq.PULL)
+        self._output.setsockopt(zmq.RCVHWM, 0)
+        self._output.bind(f"ipc://{self._dir}/output")
+        spawn = multiprocessing.get_context("spawn")  # CUDA cannot be forked
+        # Not a daemon: the core spawns its own tensor-parallel workers, which a daemon process may not.
+        self.process = spawn.Process(
+            target=run_engine_core, name="railyard-engine-core",
+            args=(config, f"ipc://{self._dir}/input", f"ipc://{self._dir}/output", logging.getLogger().level,
+                  time.time()))
+        self.process.start()
+        # Never leave the core behind: also when this object is forgotten or the interpreter exits.
+        self._finalizer = weakref.finalize(self, _stop_process, self.process, self._ctx, self._dir)
+        prefetch = _TokenizerPrefetch(config)  # loads while the core starts: off the start-up's critical path
+        try:
+            ready = self._wait_until_ready(start_timeout_s)
+            info = ready.model_info
+            started = time.perf_counter()
+            tokenizer = prefetch.result(info.tokenizer)
+            if info.startup is not None:
+                info.startup.add("front_tokenizer", time.perf_counter() - started)
+                if prefetch.seconds is not None:  # the front's load, in its own process beside the engine's start
+                    info.startup.background["tokenizer"] = prefetch.seconds
+        except BaseException:
+            self._finalizer()
+            raise
+        super().__init__(info, tokenizer, **kwargs)
+        self.stats = ready.stats
+        self._calls: dict[int, asyncio.Future] = {}
+        self._call_ids = itertools.count()
+        self._reader: asyncio.Task | None = None
+        self._aoutput: zmq.asyncio.Socket | None = None
+        log.info("engine core process %d ready", self.process.pid)
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def _wait_until_ready(self, timeout_s: float) -> Ready:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            if self._output.poll(100):
+                msg = from_core_decoder.decode(self._output.recv())
+                if isinstance(msg, Ready):
+                    return msg
+                if isinstance(msg, StartupFailed):
+                    raise _ERRORS_BY_KIND.get(msg.kind, EngineDeadError)(msg.message)
+                continue
+            if not self.process.is_alive():
+                raise EngineDeadError(f"the engine process exited while starting ({describe_exit(self.process.exitcode)}); "
+                                      "its log above says why")
+            if time.monotonic() > deadline:
+                raise EngineDeadError(f"the engine process did not start within {timeout_s:.0f} s")
+
+    # -- lifecycle -------------------------------------------------------------------------------
+    async def start(self) -> None:
+        if self.loop is not None:
+            return
+        self.loop = asyncio.get_running_loop()
+        self._aoutput = zmq.asyncio.Socket.from_socket(self._output)
+        self._reader = self.loop.create_task(self._read_outputs(), name="railyard-engine-outputs")
+        self.loop.add_reader(self.process.sentinel, self._on_process_exit)
+
+    async def shutdown(self) -> None:
+        """Ask the core to stop, wait for it (then force it), and end every open stream."""
+        if self._closed:
+            return
+        self._closed = True
+        if self.loop is not None:
+            self.loop.remove_reader(self.process.sentinel)
+        if self.process.is_alive():
+            try:
+                self._input.send(encoder.encode(Shutdown()), zmq.NOBLOCK)
+            except zmq.ZMQError:
+                pass
+            await asyncio.to_thread(self.process.join, _STOP_S)
+        if self._reader is not None:
+            self._reader.cancel()
+            try:
+                await self._reader
+            except asyncio.CancelledError:
+                pass
+        self._die(self.dead or EngineDeadError("the engine was shut down"), quiet=True)
+        self._fail_calls()
+        self._finalizer()
+
+    @property
+    def is_running(self) -> bool:
+        return (self.loop is not None and self.dead is None and not self._closed
+                and self.process.exitcode is None)
+
+    # -- to the core -----------------------------------------------------------------------------
+    def _send(self, msg) -> None:
+        self._input.send(encoder.encode(msg), zmq.NOBLOCK)
+
+    def _send_add(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams, arrival_time: float,
+                  priority: int) -> None:
+        self._send(AddRequest(request_id, prompt_token_ids, params, arrival_time, priority))
+
+    def _send_abort(self, request_id: str) -> None:
+        self._send(Abort([request_id]))
+
+    def _send_stop(self, request_id: str, index: int, stop: str) -> None:
+        self._send(StopSequence(request_id, index, stop))
+
+    async def _call(self, method: str) -> Any:
+        call_id = next(self._call_ids)
+        future = self.loop.create_future()
+        self._calls[call_id] = future
+        self._send(UtilityCall(call_id, method))
+        return await future
+
+    # -- from the core ---------------------------------------------------------------------------
+    async def _read_outputs(self) -> None:
+        try:
+            while True:
+                frame = await self._aoutput.recv(copy=False)
+                self._handle(from_core_decoder.decode(frame.buffer))
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # a bug here would otherwise leave every stream waiting forever
+            log.exception("processing the engine's outputs failed")
+            self._die(EngineDeadError(f"processing the engine's outputs failed: {type(exc).__name__}: {exc}"))
+            self._fail_calls()
+
+    def _handle(self, msg) -> None:
+        if isinstance(msg, StepOutputs):
+            self._on_step(msg.deltas, msg.stats, msg.refused)
+        elif isinstance(msg, UtilityResult):
+            self._resolve(msg)
+        elif isinstance(msg, CoreFailed):
+            self._die(EngineDeadError(msg.message))
+            self._fail_calls()
+
+    def _resolve(self, result: UtilityResult) -> None:
+        future = self._calls.pop(result.call_id, None)
+        if future is None or future.done():
+            return
+        if result.ok:
+            future.set_result(result.value)
+        elif result.error and result.error.startswith("AssertionError"):
+            future.set_exception(AssertionError(result.error))
+        else:
+            future.set_exception(EngineDeadError(f"engine call failed: {result.error}"))
+
+    def _on_process_exit(self) -> None:
+        self.loop.remove_reader(self.process.sentinel)
+        if self._closed:
+            return
+        # What the core sent before it went (its last tokens, or why it failed) is delivered first.
+        try:
+            while self._output.poll(0):
+                self._handle(from_core_decoder.decode(self._output.recv(zmq.NOBLOCK)))
+        except zmq.ZMQError:
+            pass
+        self.process.join(1.0)
+        self._die(EngineDeadError(f"the engine core process (pid {self.process.pid}) died "
+                                  f"({describe_exit(self.process.exitcode)}); restart the server"))
+        self._fail_calls()
+
+    def _fail_calls(self) -> None:
+        for future in self._calls.values():
+            if not future.done():
+                future.set_exception(self.dead or EngineDeadError("the engine was shut down"))
+        self._calls.clear()
+
+
+class _TokenizerPrefetch:
+    """The front's tokenizer, loaded on a thread from where the core will say it is (the --tokenizer directory,
+    else the checkpoint directory), while the core starts."""
+
+    def __init__(self, config: EngineConfig) -> None:
+        self.path = config.tokenizer or (config.model if Path(config.model).is_dir() else None)
+        self._load = Background(load_tokenizer, self.path, name="railyard-tokenizer") if self.path else None
+
+    @property
+    def seconds(self) -> float | None:
+        """How long the prefetch took (None: none ran, or it has not finished)."""
+        return self._load.seconds if self._load is not None else None
+
+    def result(self, path: str | None):
+        """The tokenizer at `path` (the core's): the prefetched one if it is that, else loaded now (and an error
+        raised here, not on the thread)."""
+        if path is None:
+            return None
+        if self._load is not None and Path(path).resolve() == Path(self.path).resolve():
+            try:
+                return self._load.result()
+            except Exception:
+                pass
+        return load_tokenizer(path)
+
+
+def _stop_process(process: multiprocessing.Process, ctx: zmq.Context, directory: str) -> None:
+    """Stop the core (a moment to exit by itself, then SIGTERM, then SIGKILL), close the sockets, remove
+    their directory; runs once."""
+    process.join(2.0)  # a core that failed to start, or was told to shut down, is on its way out
+    if process.is_alive():
+        process.terminate()
+        process.join(_STOP_S)
+    if process.is_alive():
+        process.kill()
+        process.join(5.0)
+    ctx.destroy(linger=0)
+    shutil.rmtree(directory, ignore_errors=True)
+

@@ -1,0 +1,448 @@
+"""The only place where requests become tensors: owns the model, the paged KV tensors and the swap pool.
+
+Each step: copy swapped blocks, flatten the scheduled tokens (positions, slot mapping, block
+tables, cu_seqlens), run the model once, compute logits only where a token is sampled, sample.
+On one GPU the model runs from CUDA graphs: whole decode steps (cuda_graphs.py), and every other step up
+to 2,048 tokens as graphed pieces around eager attention (piecewise_graphs.py).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from railyard.engine.runner.attention import AttentionMetadata, get_backend
+from railyard.engine.startup.background import Background
+from railyard.engine.runner.decode_graphs import DecodeGraphs, padded_block_tables
+from railyard.engine.config import EngineConfig
+from railyard.engine.runner.kernels import fp8_ops
+from railyard.engine.runner.layers.fp8 import FP8, cache_bits, gemm_path, scaled_mm_supported
+from railyard.engine.runner.models.loader import build_empty, fill_from_checkpoint, load_beside_capture, random_weights
+from railyard.engine.runner.layers.parallel import SINGLE, ParallelState
+from railyard.engine.runner.piecewise_graphs import PiecewiseGraphs
+from railyard.engine.runner.sampler import (DoneSample, PendingSample, SamplerOutput, SamplingRow, host_tensor, sample_async,
+                                    to_device)
+from railyard.engine.sched.scheduler import SchedulerOutput
+from railyard.engine.sched.sequence import PLACEHOLDER
+from railyard.engine.startup.timings import StartupTimes, TritonJitTimer, WeightLoad
+from railyard.errors import ConfigError
+from railyard.model.memory import GIB, MemoryBudget, piecewise_tokens, profile_tokens, reserve_bytes
+from railyard.model.spec import ModelSpec
+
+log = logging.getLogger("railyard.engine")
+
+# model/precision.py's dtype names (weights, activations, KV-cache elements) -> torch dtypes
+TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "fp8": FP8}
+CPU_KV_CACHE_GIB = 1.0  # KV pool budget when running on the CPU (no device memory to profile)
+
+
+def _synchronize(device: torch.device) -> None:
+    """Wait for the device, so a phase's time includes its queued work."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("device 'cuda' requested but torch sees no CUDA GPU; use --device cpu")
+    return torch.device(name)
+
+
+def _fp8_attention_backend(name: str, device: torch.device) -> str:
+    """The attention backend for an FP8 KV cache: Triton converts e4m3 in registers only on sm_89+."""
+    if device.type != "cuda" or torch.cuda.get_device_capability(device) >= (8, 9):
+        return name
+    cap = "%d.%d" % torch.cuda.get_device_capability(device)
+    if name == "triton":
+        raise ConfigError(f"kv_cache_dtype fp8 with the triton attention backend needs a GPU of compute capability "
+                          f"8.9 or newer (Ada, Hopper); this one is {cap}: use --attention-backend torch")
+    log.warning("kv_cache_dtype fp8 on a GPU of compute capability %s: the torch attention backend runs it", cap)
+    return "torch"
+
+
+def _set_fp8_gemm(model: torch.nn.Module, fp8_gemm: str, device: torch.device, dtype: torch.dtype) -> None:
+    """Give every FP8 linear layer the tensor-core GEMM fp8_gemm names; ConfigError where none will run (a named
+    one needs FP8 tensor cores and a bfloat16 model: elsewhere the reference path runs, which "auto" accepts)."""
+    if fp8_gemm != "auto" and not scaled_mm_supported(device, dtype):
+        raise ConfigError(f"fp8_gemm {fp8_gemm!r} needs FP8 tensor cores (compute capability 8.9+) and a bfloat16 "
+                          f"model; this run's FP8 GEMMs are the {gemm_path(device, dtype)}: leave fp8_gemm at auto to run "
+                          "them")
+    if fp8_gemm == "triton" and fp8_ops() is None:
+        raise ConfigError("fp8_gemm 'triton' needs triton, which does not import here")
+    for module in model.modules():
+        if getattr(module, "quant", None) == "fp8":
+            module.fp8_gemm = fp8_gemm
+
+
+@dataclass
+class StepPlan:
+    """A step's inputs as plain host lists: cheap to build, to pickle and to broadcast to TP workers."""
+
+    input_ids: list[int]
+    positions: list[int]
+    slot_mapping: list[int]
+    query_start_loc: list[int]
+    seq_lens: list[int]
+    block_tables: list[list[int]]
+    sample_indices: list[int]  # rows of the flattened batch whose logits are sampled
+    swap_out: list[tuple[int, int]]
+    swap_in: list[tuple[int, int]]
+    # Input ids still on the device (asynchronous scheduling): input_ids[feed_dst[i]] is the token the
+    # previous step sampled in its row feed_src[i]; the host list holds a placeholder there.
+    feed_dst: list[int] = field(default_factory=list)
+    feed_src: list[int] = field(default_factory=list)
+
+
+@dataclass
+class ForwardPass:
+    """A step whose forward pass is queued: the logits of its sampled rows (None if none) and their rows."""
+
+    logits: torch.Tensor | None
+    rows: list[SamplingRow]
+
+
+class ModelRunner:
+    """Runs one replica's model (or one tensor-parallel shard of it) on one device."""
+
+    def __init__(self, config: EngineConfig, spec: ModelSpec, model_dir: Path | None,
+                 ps: ParallelState = SINGLE, device: torch.device | None = None) -> None:
+        self.config = config
+        self.ps = ps
+        self.device = device or resolve_device(config.device)
+        if spec.quantization and not config.quantization:  # an FP8 checkpoint needs no flag
+            log.info("the checkpoint is %s-quantized (config.json quantization_config): loading it as such",
+                     spec.quantization)
+        # The model as this run stores it: dtype, KV-cache dtype and weight quantization (the flag's, else the
+        # checkpoint's own); weight bytes and the KV block's bytes, and with them the block count, follow from it
+        # as the planner computes them.
+        self.spec = spec = spec.with_precision(config.dtype, config.kv_cache_dtype, config.quantization,
+                                               device_type=self.device.type)
+        self.dtype = TORCH_DTYPES[spec.dtype]
+        self.kv_dtype = self.dtype if spec.kv_cache_dtype == "auto" else TORCH_DTYPES[spec.kv_cache_dtype]
+        self.quantization = spec.quantization
+        backend = config.attention_backend
+        if self.kv_dtype == FP8:
+            backend = _fp8_attention_backend(backend, self.device)
+        self.backend_cls = get_backend(backend, self.device.type)
+        self.startup = StartupTimes()  # where this runner's start-up time went (the engine reports it)
+        timed = self.startup.phase
+        with timed("model_construction"):
+            model = build_empty(spec, self.dtype, self.device, self.backend_cls, ps)
+            _synchronize(self.device)
+        self.model = model
+        if self.quantization == "fp8":
+            _set_fp8_gemm(self.model, config.fp8_gemm, self.device, self.dtype)
+            log.info("FP8 weights (per-channel scales, per-token activations); GEMMs: %s",
+                     gemm_path(self.device, self.dtype, config.fp8_gemm))
+        elif config.fp8_gemm != "auto":
+            raise ConfigError(f"fp8_gemm {config.fp8_gemm!r} picks the GEMM of FP8 weights: this model has none "
+                              "(add --quantization fp8, or leave fp8_gemm at auto)")
+        # Where piecewise graphs will be captured, the checkpoint loads on a thread beside their capture (it needs
+        # the weights' addresses, not their values): the phases then hold only the part of loading the capture did
+        # not hide, and its whole time is a `background` entry (load_beside_capture). What loading sets on the host
+        # (a checkpoint's KV-cache scales) is read by attention only, which the pieces leave out; the KV profile and
+        # the decode graphs, which do read it, come after the load has finished.
+        beside = model_dir is not None and self._piecewise_allowed() and load_beside_capture()
+        load: WeightLoad | None = None
+        loader: Background | None = None
+        if model_dir is None:  # a named shape with random weights (benchmarks): nothing to read from disk
+            with timed("weight_loading"):
+                random_weights(model, config.seed)
+                _synchronize(self.device)
+        elif beside:
+            loader = Background(fill_from_checkpoint, model, model_dir, name="railyard-weights")
+        else:
+            with timed("weight_loading"):
+                load = fill_from_checkpoint(model, model_dir)
+                _synchronize(self.device)
+            self.startup.record_weights(load, self.startup.phases["weight_loading"])
+        attn = self.model.model.layers[0].self_attn
+        self.num_kv_heads, self.head_dim = attn.num_kv_heads, attn.head_dim
+        self.block_size = config.block_size
+        self.memory: MemoryBudget | None = None  # the start-up report (None when num_gpu_blocks was given)
+        with TritonJitTimer(enabled=self.device.type == "cuda") as jit:  # kernels compile at their first launch: the profile step and graph capture
+            # Captured before the memory profile, which counts their buffers and pool (they need no KV cache).
+            try:
+                with timed("cuda_graphs"):
+                    self.piecewise = self._capture_piecewise(beside_load=loader is not None)
+            finally:
+                if loader is not None:  # the rest of the load (raising its error, if any), before anything reads
+                    with timed("weight_loading"):
+                        load = loader.result()
+                        _synchronize(self.device)
+            if loader is not None:
+                self.startup.record_weights(load, loader.seconds, beside=True)
+            self._measure_piecewise()
+            with timed("kv_profile"):
+                self.num_gpu_blocks = config.num_gpu_blocks or self._profile_num_blocks()
+            with timed("kv_allocation"):
+                self.num_cpu_blocks = self._num_cpu_blocks()
+                shape = (2, self.num_gpu_blocks, self.block_size, self.num_kv_heads, self.head_dim)
+                self.kv_caches = [torch.zeros(shape, dtype=self.kv_dtype, device=self.device)
+                                  for _ in range(spec.num_layers)]
+                cpu_shape = (2, self.num_cpu_blocks, self.block_size, self.num_kv_heads, self.head_dim)
+                pin = self.device.type == "cuda"
+                self.cpu_caches = [torch.zeros(cpu_shape, dtype=self.kv_dtype, pin_memory=pin)
+                                   for _ in range(spec.num_layers)] if self.num_cpu_blocks else []
+                _synchronize(self.device)
+            self._rows: dict[int, SamplingRow] = {}  # per live sequence
+            self._fed: torch.Tensor | None = None  # the last launched step's sampled ids, on the device
+            with timed("cuda_graphs"):
+                self.graphs = self._capture_graphs()
+        jit.record(self.startup)
+
+    def _graphs_allowed(self) -> bool:
+        """CUDA graphs run on single-GPU Triton runs only (TP collectives and the torch backend run eager)."""
+        return (not self.config.enforce_eager and self.device.type == "cuda" and self.ps.world_size == 1
+                and self.backend_cls.name == "triton")
+
+    def _capture_graphs(self) -> DecodeGraphs | None:
+        """Whole-step CUDA graphs (attention included) for pure decode steps."""
+        if not self._graphs_allowed():
+            return None
+        c = self.config
+        max_batch = min(c.cuda_graph_max_batch_size, c.max_num_seqs)
+        return DecodeGraphs(self.model, self.kv_caches, max_batch, c.max_model_len, self.block_size, self.device)
+
+    def _piecewise_allowed(self) -> bool:
+        return self.config.piecewise_cuda_graphs and self._graphs_allowed()
+
+    def _capture_piecewise(self, beside_load: bool = False) -> PiecewiseGraphs | None:
+        """CUDA graphs of everything but attention, for every other step (prefill chunks, mixed steps); with
+        beside_load, while another thread loads the weights. `_measure_piecewise` then sets their memory."""
+        self.piecewise_bytes = 0
+        c = self.config
+        if not self._piecewise_allowed():
+            return None
+        torch.cuda.empty_cache()
+        self._reserved_before_piecewise = torch.cuda.memory_reserved(self.device)
+        return PiecewiseGraphs(self.model, piecewise_tokens(c.max_num_batched_tokens, c.max_model_len,
+                                                            c.max_num_seqs), self.device, beside_load=beside_load)
+
+    def _measure_piecewise(self) -> None:
+        """The piecewise graphs' memory (static buffers and pool) in `piecewise_bytes`: what the device holds more
+        than before their capture, measured once a weight load beside it has freed its temporaries."""
+        graphs = self.piecewise
+        if graphs is None:
+            return
+        torch.cuda.empty_cache()
+        self.piecewise_bytes = torch.cuda.memory_reserved(self.device) - self._reserved_before_piecewise
+        log.info("piecewise CUDA graphs hold %.2f GiB (static buffers %.2f GiB, pool and graphs the rest)",
+                 self.piecewise_bytes / GIB, graphs.static_bytes / GIB)
+
+    # -- sizing ----------------------------------------------------------------------------------
+    @property
+    def block_bytes(self) -> int:
+        """One KV block on this rank at the cache's element size (1 byte for FP8), from the model description
+        (the planner sizes with the same number)."""
+        return self.spec.kv_bytes_per_block(self.block_size, self.ps.world_size)
+
+    def _profile_num_blocks(self) -> int:
+        """KV blocks from the memory left beside the weights and the largest step (model/memory.py's formula)."""
+        c = self.config
+        weights = sum(p.numel() * p.element_size() for p in self.model.parameters())  # tied ones once
+        if self.device.type != "cuda":
+            # No device memory to profile: a fixed KV budget, no more than every seat at full length needs.
+            self.memory = MemoryBudget(weights + int(CPU_KV_CACHE_GIB * GIB), 1.0, weights, 0, 0, 0, self.block_bytes)
+            seats = -(-c.max_num_seqs * c.max_model_len // self.block_size)
+            return max(1, min(seats, self.memory.num_blocks))
+        # Measure the peak of the largest step (weights, rotary tables and activations), give the rest to KV blocks.
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(self.device)
+        n = profile_tokens(c.max_num_batched_tokens, c.max_model_len, c.max_num_seqs)
+        scratch_bytes = self._dummy_forward(n)
+        torch.cuda.synchronize(self.device)
+        static = self.piecewise.static_bytes if self.piecewise is not None else 0  # counted in piecewise_bytes
+        peak = torch.cuda.max_memory_allocated(self.device) - scratch_bytes - static
+        free, total = torch.cuda.mem_get_info(self.device)
+        # Memory used by others on this GPU (other processes, the CUDA context) counts against our share.
+        used_elsewhere = total - free - torch.cuda.memory_reserved(self.device)
+        self.memory = MemoryBudget(total, c.gpu_memory_utilization, weights, peak - weights, max(0, used_elsewhere),
+                                   reserve_bytes(c.max_num_seqs, self.spec.vocab_size, c.enforce_eager)
+                                   + self.piecewise_bytes,
+                                   self.block_bytes)
+        if self.memory.num_blocks < 1:
+            raise ConfigError(
+                f"no GPU memory left for the KV cache (weights + activations peak at {peak / GIB:.1f} GiB of "
+                f"{total / GIB:.1f} GiB); raise gpu_memory_utilization or lower max_num_batched_tokens"
+            )
+        torch.cuda.empty_cache()
+        log.info("memory profile (a %d-token step, KV cache in %s): %s", n, str(self.kv_dtype).removeprefix("torch."),
+                 self.memory.describe())
+        return self.memory.num_blocks
+
+    def _dummy_forward(self, num_tokens: int) -> int:
+        """One prefill of num_tokens through a scratch cache (for memory profiling); returns the scratch bytes."""
+        dev, bs = self.device, self.block_size
+        n_blocks = -(-num_tokens // bs)
+        scratch = [torch.zeros((2, n_blocks, bs, self.num_kv_heads, self.head_dim), dtype=self.kv_dtype, device=dev)
+                   for _ in range(self.spec.num_layers)]
+        ids = torch.zeros(num_tokens, dtype=torch.long, device=dev)
+        pos = torch.arange(num_tokens, device=dev) % self.spec.max_position_embeddings
+        meta = AttentionMetadata(
+            slot_mapping=torch.arange(num_tokens, dtype=torch.long, device=dev),
+            query_start_loc=torch.tensor([0, num_tokens], dtype=torch.int32, device=dev),
+            seq_lens=torch.tensor([num_tokens], dtype=torch.int32, device=dev),
+            block_tables=torch.arange(n_blocks, dtype=torch.int32, device=dev)[None],
+            max_query_len=num_tokens, max_seq_len=num_tokens, query_start_loc_cpu=[0, num_tokens],
+            seq_lens_cpu=[num_tokens])
+        with torch.inference_mode():
+            hidden = self.model(ids, pos, scratch, meta)
+            self.model.compute_logits(hidden[-min(num_tokens, self.config.max_num_seqs):]).float()
+        scratch_bytes = sum(t.numel() * t.element_size() for t in scratch)
+        del scratch
+        return scratch_bytes
+
+    def _num_cpu_blocks(self) -> int:
+        if self.config.preemption_mode != "swap":
+            return 0
+        if self.config.num_cpu_blocks is not None:
+            return self.config.num_cpu_blocks
+        return int(self.config.swap_space * 2**30 // self.block_bytes)
+
+    # -- one step --------------------------------------------------------------------------------
+    def plan(self, out: SchedulerOutput) -> StepPlan:
+        """Flatten the scheduled sequences into host lists (no device work)."""
+        bs = self.block_size
+        ids, positions, slots, starts, seq_lens, tables, sample_idx = [], [], [], [0], [], [], []
+        feed_dst, feed_src = [], []
+        for item in out.scheduled:
+            seq, n = item.seq, item.num_new_tokens
+            start = seq.num_computed_tokens
+            table = seq.block_table
+            if n == 1:  # decode: the common case at large batch, kept free of generator overhead
+                ids.append(seq.token_at(start))
+                positions.append(start)
+                slots.append(table[start // bs] * bs + start % bs)
+            else:
+                ids.extend(seq.token_at(i) for i in range(start, start + n))
+                positions.extend(range(start, start + n))
+                slots.extend(table[p // bs] * bs + p % bs for p in range(start, start + n))
+            if ids[-1] == PLACEHOLDER:  # sampled by the step still in flight: only its last token can be
+                feed_dst.append(len(ids) - 1)
+                feed_src.append(seq.pending_row)
+            starts.append(starts[-1] + n)
+            seq_lens.append(start + n)
+            tables.append(table)
+            if item.sample:
+                sample_idx.append(starts[-1] - 1)
+        return StepPlan(ids, positions, slots, starts, seq_lens, tables, sample_idx, out.swap_out, out.swap_in,
+                        feed_dst, feed_src)
+
+    def sampling_rows(self, out: SchedulerOutput) -> list[SamplingRow]:
+        return [self._row(item.seq) for item in out.scheduled if item.sample]
+
+    def to_metadata(self, plan: StepPlan) -> AttentionMetadata:
+        dev = self.device
+        starts = plan.query_start_loc
+        return AttentionMetadata(
+            slot_mapping=host_tensor(plan.slot_mapping, torch.long, dev),
+            query_start_loc=host_tensor(starts, torch.int32, dev),
+            seq_lens=host_tensor(plan.seq_lens, torch.int32, dev),
+            block_tables=to_device(torch.from_numpy(padded_block_tables(plan.block_tables)), dev),
+            max_query_len=max(b - a for a, b in zip(starts, starts[1:])),
+            max_seq_len=max(plan.seq_lens),
+            query_start_loc_cpu=starts,
+            seq_lens_cpu=plan.seq_lens,
+        )
+
+    def _row(self, seq) -> SamplingRow:
+        """The sequence's sampling row, built once (its token lists are the sequence's own, live)."""
+        row = self._rows.get(seq.seq_id)
+        p = seq.params
+        if row is None:
+            gen = None
+            if p.seed is not None and not p.greedy:
+                gen = torch.Generator(device=self.device).manual_seed(p.seed + seq.index)
+            row = self._rows[seq.seq_id] = SamplingRow(p, seq.prompt_token_ids, seq.output_token_ids, [], gen)
+        if p.min_tokens:  # EOS and stop ids are forbidden until min_tokens are out
+            row.suppress_ids = list(p.stop_token_ids) + ([] if p.ignore_eos else list(seq.eos_token_ids)) \
+                if len(seq.output_token_ids) < p.min_tokens else []
+        return row
+
+    def forget(self, seq_id: int) -> None:
+        """Drop per-sequence state (its sampling row and generator) once it finished."""
+        self._rows.pop(seq_id, None)
+
+    def swap(self, plan: StepPlan) -> None:
+        """Copy preempted blocks out to the CPU pool and resumed ones back (FP8 caches as raw bytes)."""
+        if plan.swap_out:
+            src = torch.tensor([g for g, _ in plan.swap_out], device=self.device)
+            dst = torch.tensor([c for _, c in plan.swap_out])
+            for gpu, cpu in zip(self.kv_caches, self.cpu_caches):
+                cache_bits(cpu)[:, dst] = cache_bits(gpu)[:, src].to("cpu")
+        if plan.swap_in:
+            src = torch.tensor([c for c, _ in plan.swap_in])
+            dst = torch.tensor([g for _, g in plan.swap_in], device=self.device)
+            for gpu, cpu in zip(self.kv_caches, self.cpu_caches):
+                cache_bits(gpu)[:, dst] = cache_bits(cpu)[:, src].to(self.device, non_blocking=True)
+
+    @torch.inference_mode()
+    def compute_logits(self, plan: StepPlan, fed: torch.Tensor | None = None) -> torch.Tensor | None:
+        """Swap, run the forward pass and return float logits of the sampled rows (None if none).
+
+        fed: the previous step's sampled ids on the device, for plan.feed_dst / feed_src.
+        Every tensor-parallel rank runs this with the same plan (its collectives must match).
+        """
+        self.swap(plan)
+        if not plan.input_ids:
+            return None
+        feed = None
+        if plan.feed_dst:
+            if fed is None:
+                raise RuntimeError("a step reads sampled ids that no step in flight produced")
+            feed = (host_tensor(plan.feed_dst, torch.long, self.device),
+                    fed[host_tensor(plan.feed_src, torch.long, self.device)])
+        n = len(plan.input_ids)
+        if (self.graphs is not None and n == len(plan.seq_lens) == len(plan.sample_indices)
+                and n <= self.graphs.max_batch):  # decode only: one new token per sequence, each sampled
+            return self.graphs.run(plan.input_ids, plan.positions, plan.slot_mapping, plan.seq_lens,
+                                   plan.block_tables, feed)
+        meta = self.to_metadata(plan)
+        if self.piecewise is not None and n <= self.piecewise.max_tokens:  # graphs around eager attention
+            hidden = self.piecewise.run(plan.input_ids, plan.positions, self.kv_caches, meta, feed)
+        else:
+            ids = host_tensor(plan.input_ids, torch.long, self.device)
+            if feed is not None:
+                ids[feed[0]] = feed[1]
+            pos = host_tensor(plan.positions, torch.long, self.device)
+            hidden = self.model(ids, pos, self.kv_caches, meta)
+        if not plan.sample_indices:
+            return None
+        idx = host_tensor(plan.sample_indices, torch.long, self.device)
+        return self.model.compute_logits(hidden[idx])
+
+    def launch(self, out: SchedulerOutput) -> PendingSample | DoneSample:
+        """Queue one whole step (plan, forward, sample) without waiting for the device.
+
+        The sampled ids stay on the device as the feed of the next launch, whose plan may hold
+        placeholders for them (asynchronous scheduling)."""
+        return self.launch_sample(self.launch_forward(out))
+
+    def launch_forward(self, out: SchedulerOutput) -> ForwardPass:
+        """Queue a step's forward pass only; `launch_sample` samples it (structured outputs: once the
+        step's token bitmask is known, which may need the tokens of the step before)."""
+        return ForwardPass(self.compute_logits(self.plan(out), self._fed), self.sampling_rows(out))
+
+    @torch.inference_mode()  # the logits are inference tensors: masking writes them in place
+    def launch_sample(self, forward: ForwardPass, bitmask=None) -> PendingSample | DoneSample:
+        """Queue the sampling of a launched forward pass, its constrained rows masked by `bitmask`."""
+        if forward.logits is None:
+            return DoneSample(SamplerOutput([], []))
+        if bitmask is not None:  # [structured outputs]
+            from railyard.engine.runner.logits_mask import apply_bitmask
+
+            apply_bitmask(forward.logits, bitmask)
+        pending = sample_async(forward.logits, forward.rows)
+        self._fed = pending.token_ids
+        return pending
+
+    def execute(self, out: SchedulerOutput) -> SamplerOutput:
+        """One whole step in this process: plan, forward, sample, and wait for the sampled ids."""
+        return self.launch(out).result()
+

@@ -1,0 +1,279 @@
+"""KV-cache block bookkeeping: free lists, ref counts, the hash-chained prefix cache and the swap pool.
+
+Pure Python: the scheduler asks it for blocks; the model runner only ever sees block ids.
+Only full blocks are shared (through the prefix cache), and a full block is never written
+again, so no copy-on-write is ever needed: the partial tail block always belongs to one sequence.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict, deque
+from collections.abc import Iterable
+
+from railyard.engine.sched.sequence import Sequence, SequenceStatus
+
+_ROOT_HASH = 0x5EED
+
+
+def hash_block(parent_hash: int, tokens: Iterable[int]) -> int:
+    """Hash of a full block chained to its prefix; ints and tuples hash the same in every process."""
+    return hash((parent_hash, tuple(tokens)))
+
+
+def prefix_block_hashes(token_ids: list[int], block_size: int) -> list[int]:
+    """Hash chain over the full blocks of a token list (what the router compares with replicas' caches)."""
+    hashes, parent = [], _ROOT_HASH
+    for start in range(0, len(token_ids) - block_size + 1, block_size):
+        parent = hash_block(parent, token_ids[start:start + block_size])
+        hashes.append(parent)
+    return hashes
+
+
+class BlockPool:
+    """Mechanism: free list, ref counts, cached-block map and LRU of unreferenced cached blocks."""
+
+    def __init__(self, num_blocks: int) -> None:
+        self.num_blocks = num_blocks
+        self.ref_counts = [0] * num_blocks
+        self.block_hash: list[int | None] = [None] * num_blocks
+        self.free: deque[int] = deque(range(num_blocks))  # ref 0, holds nothing reusable
+        self.cached: dict[int, int] = {}  # hash -> block
+        self.evictable: OrderedDict[int, None] = OrderedDict()  # ref 0 but cached, oldest first
+
+    @property
+    def num_free(self) -> int:
+        return len(self.free) + len(self.evictable)
+
+    def allocate(self) -> int:
+        if self.free:
+            block = self.free.popleft()
+        elif self.evictable:
+            block, _ = self.evictable.popitem(last=False)
+            del self.cached[self.block_hash[block]]
+            self.block_hash[block] = None
+        else:
+            raise RuntimeError("KV block pool exhausted (the scheduler should have checked)")
+        self.ref_counts[block] = 1
+        return block
+
+    def acquire(self, block: int) -> None:
+        """Take one more reference on a block (a prefix-cache hit)."""
+        if self.ref_counts[block] == 0:
+            del self.evictable[block]
+        self.ref_counts[block] += 1
+
+    def release(self, block: int) -> None:
+        if self.ref_counts[block] <= 0:
+            raise RuntimeError(f"block {block} released more often than acquired")
+        self.ref_counts[block] -= 1
+        if self.ref_counts[block] == 0:
+            if self.block_hash[block] is not None:
+                self.evictable[block] = None
+            else:
+                self.free.append(block)
+
+    def register(self, block: int, block_hash: int) -> None:
+        """Make a full, computed block findable by its hash (first writer wins)."""
+        if block_hash in self.cached or self.block_hash[block] is not None:
+            return
+        self.cached[block_hash] = block
+        self.block_hash[block] = block_hash
+
+    def lookup(self, block_hash: int) -> int | None:
+        return self.cached.get(block_hash)
+
+    def reset_cache(self) -> None:
+        """Forget every unreferenced cached block (used blocks keep their contents)."""
+        for block in list(self.evictable):
+            del self.cached[self.block_hash[block]]
+            self.block_hash[block] = None
+            self.free.append(block)
+        self.evictable.clear()
+
+    def problems(self, expected_refs: list[int], name: str) -> list[str]:
+        issues = []
+        free, evict = set(self.free), set(self.evictable)
+        if len(free) != len(self.free):
+            issues.append(f"{name}: a block is in the free list twice")
+        if free & evict:
+            issues.append(f"{name}: blocks both free and evictable: {sorted(free & evict)[:5]}")
+        for block in range(self.num_blocks):
+            ref, h = self.ref_counts[block], self.block_hash[block]
+            if ref != expected_refs[block]:
+                issues.append(f"{name}: block {block} has ref {ref} but {expected_refs[block]} holders")
+            if ref == 0 and block not in free and block not in evict:
+                issues.append(f"{name}: block {block} leaked (ref 0, not free)")
+            if ref > 0 and (block in free or block in evict):
+                issues.append(f"{name}: block {block} in use but also free")
+            if block in free and h is not None:
+                issues.append(f"{name}: free block {block} still has a hash")
+            if block in evict and h is None:
+                issues.append(f"{name}: evictable block {block} has no hash")
+            if h is not None and self.cached.get(h) != block:
+                issues.append(f"{name}: block {block} hash not mapped back")
+        if len(self.cached) != sum(h is not None for h in self.block_hash):
+            issues.append(f"{name}: cache map and block hashes disagree")
+        return issues
+
+
+class BlockManager:
+    """Policy: which blocks a sequence gets, prefix reuse, swap in/out."""
+
+    def __init__(self, num_gpu_blocks: int, num_cpu_blocks: int, block_size: int,
+                 enable_prefix_caching: bool = True) -> None:
+        self.block_size = block_size
+        self.enable_prefix_caching = enable_prefix_caching
+        self.gpu = BlockPool(num_gpu_blocks)
+        self.cpu = BlockPool(num_cpu_blocks)
+        self.prefix_queries = 0  # tokens looked up
+        self.prefix_hits = 0  # tokens found
+
+    # -- sizes -----------------------------------------------------------------------------------
+    def blocks_for(self, num_tokens: int) -> int:
+        return -(-num_tokens // self.block_size)
+
+    @property
+    def num_free_blocks(self) -> int:
+        return self.gpu.num_free
+
+    @property
+    def num_used_blocks(self) -> int:
+        return self.gpu.num_blocks - self.gpu.num_free
+
+    # -- prefix cache ----------------------------------------------------------------------------
+    def _extend_hashes(self, seq: Sequence, num_tokens: int) -> None:
+        bs = self.block_size
+        while (len(seq.block_hashes) + 1) * bs <= num_tokens:
+            i = len(seq.block_hashes)
+            parent = seq.block_hashes[-1] if seq.block_hashes else _ROOT_HASH
+            seq.block_hashes.append(hash_block(parent, (seq.token_at(j) for j in range(i * bs, (i + 1) * bs))))
+
+    def find_cached_prefix(self, seq: Sequence) -> list[int]:
+        """Cached blocks covering the longest prefix of seq, leaving at least one token to compute."""
+        if not self.enable_prefix_caching:
+            return []
+        self._extend_hashes(seq, seq.num_known_tokens)
+        max_blocks = (seq.num_tokens - 1) // self.block_size
+        hits = []
+        for h in seq.block_hashes[:max_blocks]:
+            block = self.gpu.lookup(h)
+            if block is None:
+                break
+            hits.append(block)
+        return hits
+
+    def record_prefix_lookup(self, num_queried: int, num_hit: int) -> None:
+        self.prefix_queries += num_queried
+        self.prefix_hits += num_hit
+
+    def cache_full_blocks(self, seq: Sequence) -> None:
+        """Register the full blocks whose KV is now computed so later prompts can reuse them."""
+        if not self.enable_prefix_caching:
+            return
+        # A block is hashed once its KV is computed and the host knows all its tokens (the last one may
+        # still be on the device under asynchronous scheduling).
+        num_tokens = min(seq.num_computed_tokens, seq.num_known_tokens)
+        self._extend_hashes(seq, num_tokens)
+        n_full = min(num_tokens // self.block_size, len(seq.block_table))
+        # Blocks are registered in order, so only the tail since the last registered one needs work
+        # (scanning every full block of every sequence each step cost milliseconds at batch 256).
+        first = n_full
+        while first > 0 and not self._is_registered(seq.block_table[first - 1], seq.block_hashes[first - 1]):
+            first -= 1
+        for i in range(first, n_full):
+            self.gpu.register(seq.block_table[i], seq.block_hashes[i])
+
+    def _is_registered(self, block: int, block_hash: int) -> bool:
+        """Registered (or another block already holds this hash: register would do nothing)."""
+        return self.gpu.block_hash[block] is not None or block_hash in self.gpu.cached
+
+    # -- allocation ------------------------------------------------------------------------------
+    def can_admit(self, seq: Sequence, cached: list[int], num_tokens: int) -> bool:
+        need = self.blocks_for(num_tokens) - len(cached)
+        reclaimed = sum(1 for b in cached if self.gpu.ref_counts[b] == 0)
+        return need <= self.gpu.num_free - reclaimed
+
+    def admit(self, seq: Sequence, cached: list[int], num_tokens: int) -> bool:
+        """Give a waiting sequence its cached prefix blocks plus new ones for num_tokens in total."""
+        if seq.block_table:
+            raise RuntimeError(f"sequence {seq.seq_id} admitted while holding blocks")
+        if not self.can_admit(seq, cached, num_tokens):
+            return False
+        for block in cached:
+            self.gpu.acquire(block)
+        seq.block_table = list(cached)
+        seq.num_computed_tokens = len(cached) * self.block_size
+        self._grow(seq, num_tokens)
+        return True
+
+    def allocate_slots(self, seq: Sequence, num_new_tokens: int) -> bool:
+        """Make room for num_new_tokens more tokens of a running sequence; all or nothing."""
+        need = self.blocks_for(seq.num_computed_tokens + num_new_tokens) - len(seq.block_table)
+        if need > self.gpu.num_free:
+            return False
+        self._grow(seq, seq.num_computed_tokens + num_new_tokens)
+        return True
+
+    def _grow(self, seq: Sequence, num_tokens: int) -> None:
+        while len(seq.block_table) < self.blocks_for(num_tokens):
+            seq.block_table.append(self.gpu.allocate())
+
+    def free(self, seq: Sequence) -> None:
+        # Tail first: the blocks least likely to be shared become the first evicted.
+        for block in reversed(seq.block_table):
+            self.gpu.release(block)
+        for block in reversed(seq.cpu_block_table):
+            self.cpu.release(block)
+        seq.block_table = []
+        seq.cpu_block_table = []
+
+    # -- swap ------------------------------------------------------------------------------------
+    def can_swap_out(self, seq: Sequence) -> bool:
+        return len(seq.block_table) <= self.cpu.num_free
+
+    def swap_out(self, seq: Sequence) -> list[tuple[int, int]]:
+        """Move a sequence's KV to the CPU pool; returns (gpu_block, cpu_block) copies to make first."""
+        mapping = [(gpu_block, self.cpu.allocate()) for gpu_block in seq.block_table]
+        for gpu_block in reversed(seq.block_table):
+            self.gpu.release(gpu_block)
+        seq.block_table = []
+        seq.cpu_block_table = [cpu for _, cpu in mapping]
+        return mapping
+
+    def can_swap_in(self, seq: Sequence, num_new_tokens: int) -> bool:
+        total = max(len(seq.cpu_block_table), self.blocks_for(seq.num_computed_tokens + num_new_tokens))
+        return total <= self.gpu.num_free
+
+    def swap_in(self, seq: Sequence) -> list[tuple[int, int]]:
+        """Bring a swapped sequence back; returns (cpu_block, gpu_block) copies to make first."""
+        mapping = [(cpu_block, self.gpu.allocate()) for cpu_block in seq.cpu_block_table]
+        for cpu_block in reversed(seq.cpu_block_table):
+            self.cpu.release(cpu_block)
+        seq.cpu_block_table = []
+        seq.block_table = [gpu for _, gpu in mapping]
+        self.cache_full_blocks(seq)
+        return mapping
+
+    # -- checks ----------------------------------------------------------------------------------
+    def check_invariants(self, live: Iterable[Sequence]) -> None:
+        """Raise AssertionError if any block leaked, was freed twice, or ref counts disagree with holders."""
+        gpu_refs = [0] * self.gpu.num_blocks
+        cpu_refs = [0] * self.cpu.num_blocks
+        issues = []
+        for seq in live:
+            if seq.status is SequenceStatus.FINISHED and (seq.block_table or seq.cpu_block_table):
+                issues.append(f"finished sequence {seq.seq_id} still holds blocks")
+            for b in seq.block_table:
+                gpu_refs[b] += 1
+            for b in seq.cpu_block_table:
+                cpu_refs[b] += 1
+            if len(set(seq.block_table)) != len(seq.block_table):
+                issues.append(f"sequence {seq.seq_id} holds a block twice")
+        issues += self.gpu.problems(gpu_refs, "gpu")
+        issues += self.cpu.problems(cpu_refs, "cpu")
+        if issues:
+            raise AssertionError("; ".join(issues[:10]))
+
+    def cached_block_hashes(self) -> set[int]:
+        """Hashes of every block the prefix cache can serve now (for prefix-aware routing)."""
+        return set(self.gpu.cached)
