@@ -22,6 +22,7 @@ from railyard.engine.client.base import EngineClient
 from railyard.engine.config import SamplingParams
 from railyard.engine.outputs import OutputKind, RequestOutput
 from railyard.engine.structured import StructuredOutputsParams
+from railyard.engine.tokenizer import encode_prompt
 from railyard.errors import InvalidRequestError
 
 # Tokenising a text this long on the event loop would hold every other stream up: it goes to a thread.
@@ -64,14 +65,10 @@ class Generation:
                 f"This model's maximum context length is {self.max_model_len} tokens. However, your prompt has "
                 f"{len(text)} characters, more than {self.max_model_len} tokens of this tokenizer can hold. "
                 "Please reduce the length of the prompt.")
-        if truncate is None:
-            encode = functools.partial(self.tokenizer.encode, text, add_special_tokens=add_special_tokens)
-        else:  # as vLLM: the tokenizer truncates (on the left, see load_tokenizer), keeping its special tokens
-            encode = functools.partial(self._truncated, text, add_special_tokens, truncate)
-        return encode() if len(text) <= _TOKENIZE_INLINE_CHARS else await asyncio.to_thread(encode)
-
-    def _truncated(self, text: str, add_special_tokens: bool, keep: int) -> list[int]:
-        return self.tokenizer(text, add_special_tokens=add_special_tokens, truncation=True, max_length=keep)["input_ids"]
+        encode = functools.partial(encode_prompt, self.tokenizer, text, add_special_tokens=add_special_tokens,
+                                   truncate=truncate)
+        _, ids = encode() if len(text) <= _TOKENIZE_INLINE_CHARS else await asyncio.to_thread(encode)
+        return ids
 
     def token_label(self, token_id: int, as_id: bool | None = False) -> str:
         """A token as logprobs show it: its text, or vLLM's 'token_id:N' (asked for, or without a tokenizer)."""

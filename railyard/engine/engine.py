@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import time
 
+from railyard.engine.client.output_processor import OutputProcessor
 from railyard.engine.config import EngineConfig, SamplingParams
 from railyard.engine.core.engine_core import EngineCore
-from railyard.engine.client.output_processor import OutputProcessor
 from railyard.engine.outputs import EngineStats, RequestOutput
-from railyard.errors import InvalidRequestError
+from railyard.engine.tokenizer import encode_prompt
 
 
 class Engine:
@@ -61,21 +61,10 @@ class Engine:
                     priority: int = 0) -> None:
         """Queue a request (text or token ids); raises InvalidRequestError (and queues nothing) if it cannot be served."""
         params = params or SamplingParams()
-        text, ids = self._tokenize(prompt, prompt_token_ids)
+        text, ids = encode_prompt(self.tokenizer, prompt, prompt_token_ids)
         now = arrival_time if arrival_time is not None else time.monotonic()
         self.core.add_request(request_id, ids, params, arrival_time=now, priority=priority)
         self.processor.add_request(request_id, text, list(ids), params, now)
-
-    def _tokenize(self, prompt, prompt_token_ids) -> tuple[str | None, list[int]]:
-        if prompt_token_ids is None and isinstance(prompt, list):
-            prompt, prompt_token_ids = None, prompt
-        if prompt_token_ids is not None:
-            return prompt, list(prompt_token_ids)
-        if not isinstance(prompt, str):
-            raise InvalidRequestError("prompt must be a string or a list of token ids")
-        if self.tokenizer is None:
-            raise InvalidRequestError("this engine has no tokenizer: send prompt token ids")
-        return prompt, self.tokenizer.encode(prompt, add_special_tokens=True)
 
     def abort(self, request_id: str) -> bool:
         """Stop a request in any state and free its blocks at once; False if it is unknown or done."""
@@ -92,9 +81,7 @@ class Engine:
     # -- the step --------------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
         """Run one batch (EngineCore.step); returns the requests that advanced, as their output kind asks."""
-        processed = self.processor.process(self.core.step(), time.monotonic())
-        for request_id, index, stop in processed.stop:
-            self.core.stop_sequence(request_id, index, stop)
+        processed = self.processor.process_step(self.core.step(), time.monotonic(), self.core.stop_sequence)
         refused = self.core.take_refused()  # [structured outputs] a constraint failed to compile: say why
         if refused:
             why = dict(refused)

@@ -195,3 +195,26 @@ def with_shape_tokenizer(config) -> bool:
 
     config.tokenizer = str(ensure_tiny_model())
     return True
+
+
+def encode_prompt(tokenizer, prompt: str | list[int] | None, prompt_token_ids: list[int] | None = None, *,
+                  add_special_tokens: bool = True, truncate: int | None = None) -> tuple[str | None, list[int]]:
+    """(text, token ids) of a prompt given as text, token ids, or both: the one place a prompt is tokenized.
+
+    truncate: keep only the last that many tokens (vLLM's truncate_prompt_tokens; the tokenizer truncates on the
+    left, see load_tokenizer, keeping its special tokens). Raises InvalidRequestError for a prompt that is neither
+    text nor ids, or text for an engine without a tokenizer."""
+    from railyard.errors import InvalidRequestError
+
+    if prompt_token_ids is None and isinstance(prompt, list):
+        prompt, prompt_token_ids = None, prompt
+    if prompt_token_ids is not None:
+        return prompt, list(prompt_token_ids)
+    if not isinstance(prompt, str):
+        raise InvalidRequestError("prompt must be a string or a list of token ids")
+    if tokenizer is None:
+        raise InvalidRequestError("this engine has no tokenizer: send prompt token ids")
+    if truncate is None:
+        return prompt, tokenizer.encode(prompt, add_special_tokens=add_special_tokens)
+    return prompt, tokenizer(prompt, add_special_tokens=add_special_tokens, truncation=True,
+                             max_length=truncate)["input_ids"]

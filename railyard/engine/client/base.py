@@ -20,15 +20,29 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any, Protocol, runtime_checkable
 
+from railyard.engine.client.output_processor import OutputProcessor
 from railyard.engine.config import SamplingParams
 from railyard.engine.core.model_info import ModelInfo
-from railyard.engine.client.output_processor import OutputProcessor
-from railyard.engine.outputs import EngineStats, RequestOutput, SeqDelta
-from railyard.engine.core.validation import check_priority, check_prompt_token_ids, check_sampling_params
+from railyard.engine.core.validation import (
+    check_priority,
+    check_prompt_token_ids,
+    check_sampling_params,
+)
 from railyard.engine.core.wire import RequestRefused
-from railyard.errors import ConfigError, EngineDeadError, EngineOverloadedError, InvalidRequestError
+from railyard.engine.outputs import EngineStats, RequestOutput, SeqDelta
+from railyard.engine.tokenizer import encode_prompt
+from railyard.errors import (
+    ConfigError,
+    EngineDeadError,
+    EngineOverloadedError,
+    InvalidRequestError,
+)
 
 log = logging.getLogger("railyard.engine")
+
+
+def _ignore_stop(request_id: str, index: int, stop: str) -> None:
+    """A dead engine has nothing left to stop."""
 
 
 class StepListener(Protocol):
@@ -235,13 +249,10 @@ class CoreClient(abc.ABC):
                 self.retry_after_s)
         if request_id in self._streams or self.processor.has(request_id):
             raise InvalidRequestError(f"request id {request_id!r} is already in use")
-        if prompt_token_ids is None:
-            if not isinstance(prompt, str):
-                raise InvalidRequestError("prompt must be a string or a list of token ids")
-            if self.tokenizer is None:
-                raise InvalidRequestError("this engine has no tokenizer: send prompt token ids")
-            prompt_token_ids = await asyncio.to_thread(self.tokenizer.encode, prompt, add_special_tokens=True)
-        ids = list(prompt_token_ids)
+        if prompt_token_ids is None:  # tokenized off the event loop
+            prompt, ids = await asyncio.to_thread(encode_prompt, self.tokenizer, prompt)
+        else:
+            ids = list(prompt_token_ids)
         info = self.model_info
         check_prompt_token_ids(ids, vocab_size=info.vocab_size, max_model_len=info.max_model_len)
         check_sampling_params(params, vocab_size=info.vocab_size)
@@ -298,10 +309,7 @@ class CoreClient(abc.ABC):
                 stream._fail(InvalidRequestError(r.message))
         if not deltas:
             return
-        processed = self.processor.process(deltas, now)
-        if self.dead is None:
-            for request_id, index, stop in processed.stop:
-                self._send_stop(request_id, index, stop)
+        processed = self.processor.process_step(deltas, now, self._send_stop if self.dead is None else _ignore_stop)
         for out in processed.outputs:
             stream = self._streams.get(out.request_id)
             if stream is not None:

@@ -8,11 +8,16 @@ request's consumer is (the API's event loop, the Ray replica, the offline LLM), 
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from railyard.engine.config import SamplingParams
-from railyard.engine.outputs import CompletionOutput, RequestMetrics, RequestOutput, SeqDelta
+from railyard.engine.outputs import (
+    CompletionOutput,
+    RequestMetrics,
+    RequestOutput,
+    SeqDelta,
+)
 from railyard.engine.tokenizer import make_detokenizer
 
 
@@ -88,6 +93,16 @@ class OutputProcessor:
 
     def __len__(self) -> int:
         return len(self.requests)
+
+    def process_step(self, deltas: Iterable[SeqDelta], now: float,
+                     stop_sequence: Callable[[str, int, str], None]) -> ProcessedOutputs:
+        """A core's step on the front, as every driver of a core (Engine, the clients) handles it: process the
+        deltas, then stop in the core each sequence a stop string finished here (stop_sequence(request id,
+        sequence index, stop string)), so that it frees its blocks before its next step."""
+        processed = self.process(deltas, now)
+        for request_id, index, stop in processed.stop:
+            stop_sequence(request_id, index, stop)
+        return processed
 
     def process(self, deltas: Iterable[SeqDelta], now: float) -> ProcessedOutputs:
         """Apply a step's deltas; finished requests are forgotten after this."""
