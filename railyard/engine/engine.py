@@ -82,9 +82,9 @@ class Engine:
     def step(self) -> list[RequestOutput]:
         """Run one batch (EngineCore.step); returns the requests that advanced, as their output kind asks."""
         processed = self.processor.process_step(self.core.step(), time.monotonic(), self.core.stop_sequence)
-        refused = self.core.take_refused()  # [structured outputs] a constraint failed to compile: say why
+        refused = self.core.take_refused()  # a constraint failed to compile: say why
         if refused:
-            why = dict(refused)
+            why = {r.request_id: r.message for r in refused}
             for out in processed.outputs:
                 out.error = why.get(out.request_id, out.error)
         return processed.outputs

@@ -16,8 +16,8 @@ from typing import Any
 from railyard.engine.client.base import CoreClient
 from railyard.engine.config import EngineConfig, SamplingParams
 from railyard.engine.core.engine_core import EngineCore
-from railyard.engine.core.wire import UTILITY_METHODS, RequestRefused
-from railyard.errors import EngineDeadError, InvalidRequestError
+from railyard.engine.core.wire import UTILITY_METHODS
+from railyard.errors import EngineDeadError
 
 log = logging.getLogger("railyard.engine")
 
@@ -33,7 +33,6 @@ class InProcessEngineClient(CoreClient):
         self.stats = core.stats()
         self._ops: list[_Op] = []
         self._in_flight: list[_Op] = []  # the running turn's ops
-        self._refused: list[RequestRefused] = []
         self._has_work = False
         self._wakeup: asyncio.Event | None = None
         self._task: asyncio.Task | None = None
@@ -77,14 +76,8 @@ class InProcessEngineClient(CoreClient):
 
     def _send_add(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams, arrival_time: float,
                   priority: int) -> None:
-        def add() -> None:
-            try:
-                self.core.add_request(request_id, prompt_token_ids, params, arrival_time=arrival_time,
-                                      priority=priority)
-            except InvalidRequestError as exc:
-                self._refused.append(RequestRefused(request_id, str(exc)))
-
-        self._post(add)
+        self._post(lambda: self.core.submit(request_id, prompt_token_ids, params, arrival_time=arrival_time,
+                                            priority=priority))
 
     def _send_abort(self, request_id: str) -> None:
         self._post(lambda: self.core.abort(request_id))
@@ -109,9 +102,7 @@ class InProcessEngineClient(CoreClient):
             except Exception as exc:  # an op's failure belongs to its caller alone
                 results.append((future, False, exc))
         deltas = self.core.step() if self.core.has_unfinished_requests() else []
-        refused, self._refused = self._refused, []
-        refused += [RequestRefused(r, why) for r, why in self.core.take_refused()]  # [structured outputs]
-        return results, deltas, refused, self.core.stats(), self.core.has_unfinished_requests()
+        return results, deltas, self.core.take_refused(), self.core.stats(), self.core.has_unfinished_requests()
 
     def _submit_turn(self, loop: asyncio.AbstractEventLoop) -> asyncio.Future:
         self._in_flight, self._ops = self._ops, []

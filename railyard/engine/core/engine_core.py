@@ -17,20 +17,21 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
 
-from railyard.engine.sched.block_manager import BlockManager
-from railyard.engine.startup.caches import configure_triton_cache
 from railyard.engine.config import EngineConfig, SamplingParams
 from railyard.engine.core.model_info import ModelInfo
+from railyard.engine.core.validation import check_priority, check_prompt_token_ids, check_sampling_params
+from railyard.engine.core.wire import RequestRefused
+from railyard.engine.outputs import EngineStats, SeqDelta
 from railyard.engine.runner.model_runner import ModelRunner
 from railyard.engine.runner.models.loader import resolve_model_dir
-from railyard.engine.outputs import EngineStats, SeqDelta
 from railyard.engine.runner.sampler import DoneSample, PendingSample
+from railyard.engine.sched.block_manager import BlockManager
 from railyard.engine.sched.scheduler import Scheduler
 from railyard.engine.sched.sequence import PLACEHOLDER, Sequence
+from railyard.engine.startup.caches import configure_triton_cache
 from railyard.engine.startup.timings import StartupTimes
 from railyard.engine.structured.manager import Accepted, StructuredOutputManager
 from railyard.engine.tokenizer import LazyTokenizer, expects_tokenizer
-from railyard.engine.core.validation import check_priority, check_prompt_token_ids, check_sampling_params
 from railyard.errors import ConfigError, InvalidRequestError
 from railyard.model.spec import ModelSpec, read_model_spec
 
@@ -123,7 +124,7 @@ class EngineCore:
         self.structured = StructuredOutputManager(self._tokenizer.get if self._tokenizer.path is not None else None,
                                                   spec.vocab_size, self.eos_token_ids,
                                                   config.structured_outputs_disable_any_whitespace)
-        self._refused: list[tuple[str, str]] = []  # (request id, why): constraints that failed to compile
+        self._refused: list[RequestRefused] = []  # refused after the door: a bad add, a constraint that failed
         self._seq_ids = itertools.count()
         self.prompt_tokens_total = 0
         self.computed_tokens_total = 0
@@ -209,9 +210,18 @@ class EngineCore:
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished() or self._in_flight is not None or self.structured.num_compiling > 0
 
-    def take_refused(self) -> list[tuple[str, str]]:
-        """(request id, why) of requests refused since the last call: their constraint failed to compile. They
-        ended with "abort" deltas; the drivers tell their fronts why (RequestRefused)."""
+    def submit(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams, *,
+               arrival_time: float | None = None, priority: int = 0) -> None:
+        """add_request for a driver that answers its front after the step: a request the core refuses is
+        kept for take_refused instead of raised."""
+        try:
+            self.add_request(request_id, prompt_token_ids, params, arrival_time=arrival_time, priority=priority)
+        except InvalidRequestError as exc:
+            self._refused.append(RequestRefused(request_id, str(exc)))
+
+    def take_refused(self) -> list[RequestRefused]:
+        """Requests refused since the last call: by submit, or because their constraint failed to compile (those
+        ended with "abort" deltas). The drivers tell their fronts why."""
         refused, self._refused = self._refused, []
         return refused
 
@@ -311,7 +321,7 @@ class EngineCore:
                 for seq in req.seqs:
                     self._finish(req, seq, "abort", None)
                     deltas.append(SeqDelta(request_id, seq.index, [], finish_reason="abort"))
-                self._refused.append((request_id, message))
+                self._refused.append(RequestRefused(request_id, message))
                 self.requests_added_total -= 1  # refused after all: the front counts it out as such
         return deltas
 

@@ -17,12 +17,24 @@ import traceback
 import zmq
 
 from railyard.engine.config import EngineConfig
+from railyard.engine.core.wire import (
+    UTILITY_METHODS,
+    Abort,
+    AddRequest,
+    CoreFailed,
+    Ready,
+    Shutdown,
+    StartupFailed,
+    StepOutputs,
+    StopSequence,
+    UtilityCall,
+    UtilityResult,
+    encoder,
+    to_core_decoder,
+)
 from railyard.engine.exits import exit_when_parent_dies
 from railyard.engine.startup.timings import StartupTimes
-from railyard.engine.core.wire import (
-    Abort, AddRequest, CoreFailed, Ready, RequestRefused, Shutdown, StartupFailed, StepOutputs, StopSequence,
-    UTILITY_METHODS, UtilityCall, UtilityResult, encoder, to_core_decoder)
-from railyard.errors import InvalidRequestError, RailyardError
+from railyard.errors import RailyardError
 
 log = logging.getLogger("railyard.engine")
 
@@ -95,17 +107,15 @@ def _serve(core, inp: zmq.Socket, out: zmq.Socket) -> None:
         if not busy and not poller.poll(_IDLE_POLL_MS):
             core.check_health()
             continue
-        refused: list[RequestRefused] = []
-        handled = _drain(core, inp, out, refused)
+        handled = _drain(core, inp, out)
         if core.has_unfinished_requests():
             deltas = core.step()
-            refused += [RequestRefused(r, why) for r, why in core.take_refused()]  # [structured outputs]
-            out.send(encoder.encode(StepOutputs(deltas, core.stats(), refused)), copy=False)
+            out.send(encoder.encode(StepOutputs(deltas, core.stats(), core.take_refused())), copy=False)
         elif handled:  # aborts, refusals or calls changed what the front should see
-            out.send(encoder.encode(StepOutputs([], core.stats(), refused)))
+            out.send(encoder.encode(StepOutputs([], core.stats(), core.take_refused())))
 
 
-def _drain(core, inp: zmq.Socket, out: zmq.Socket, refused: list[RequestRefused]) -> int:
+def _drain(core, inp: zmq.Socket, out: zmq.Socket) -> int:
     """Apply every message that has arrived, without blocking; returns how many there were."""
     n = 0
     while True:
@@ -116,11 +126,8 @@ def _drain(core, inp: zmq.Socket, out: zmq.Socket, refused: list[RequestRefused]
         n += 1
         msg = to_core_decoder.decode(frame.buffer)
         if isinstance(msg, AddRequest):
-            try:
-                core.add_request(msg.request_id, msg.prompt_token_ids, msg.params, arrival_time=msg.arrival_time,
-                                 priority=msg.priority)
-            except InvalidRequestError as exc:
-                refused.append(RequestRefused(msg.request_id, str(exc)))
+            core.submit(msg.request_id, msg.prompt_token_ids, msg.params, arrival_time=msg.arrival_time,
+                        priority=msg.priority)
         elif isinstance(msg, Abort):
             for request_id in msg.request_ids:
                 core.abort(request_id)
