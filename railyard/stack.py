@@ -209,8 +209,7 @@ class ModelSpec(_Strict):
     gpu_sharing: Literal["mps", "time-slicing"] = Field(
         "mps", description="how replicas that share a GPU (gpu_fraction below 1) share it: mps starts a CUDA MPS "
         "control daemon before Ray (in each worker pod; `railyard cluster up` on a Ray of its own starts one too), "
-        "so their kernels run at the same time (H200, two half-GPU replicas of qwen3-0.6b behind Ray: 91-96% of "
-        "one whole-GPU server's tok/s at 256 streams against 66% time-sliced, BENCHMARKS.md); time-slicing leaves "
+        "so their kernels run at the same time (BENCHMARKS.md has what it buys); time-slicing leaves "
         "the GPU to take turns between them. Without the daemon's binary (nvidia-container-toolkit mounts it into "
         "containers with the compute capability) a line is logged and the replicas time-slice")
     stream_interval_s: float | None = Field(
@@ -280,10 +279,8 @@ class Ingress(_Strict):
         "haproxy", description="Ray Serve's HTTP proxy, a setting of every Ray process's environment "
         f"({HAPROXY_ENV}): haproxy runs a C HAProxy per node that forwards HTTP to the ingress replicas, which "
         "serve it themselves; ray is Serve's Python ProxyActor, one event loop per node that every request and "
-        "stream item crosses (ray #52746). On one H200, two half-GPU qwen3-0.6b replicas at 256 streams: HAProxy "
-        "took 7% CPU against the Python proxy's 129%, each ingress 77% against 122%, TTFT p50 0.20 s against 0.52 "
-        "s; the fleet served 103-127% of one direct `railyard serve`'s tok/s in six rounds behind HAProxy, 82-117% "
-        "in seven behind the Python proxy")
+        "stream item crosses (ray #52746). haproxy is the default: a fraction of the Python proxy's CPU, lower "
+        "TTFT, and the fleet as fast as one direct `railyard serve` (BENCHMARKS.md, serve layer)")
 
     def ray_env(self) -> dict[str, str]:
         """The environment every Ray process of the stack's cluster needs for its proxy (Serve reads it at import)."""

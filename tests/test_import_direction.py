@@ -1,4 +1,4 @@
-"""Imports run one way (DESIGN.md): api -> engine, serve -> api/engine, cluster -> the stack config only, and
+"""Imports run one way (docs/architecture.md): api -> engine, serve -> api/engine, cluster -> the stack config only, and
 every layer -> the shared torch-free modules; never from a lower layer to a higher one.
 
 Read from the source with ast, so imports inside functions (the lazy ones) count as much as the top ones.

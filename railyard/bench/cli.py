@@ -81,8 +81,8 @@ def device_name(engine) -> str:
 
 
 def roofline_report(engine, args: argparse.Namespace, input_len, output_len, elapsed_s: float) -> dict:
-    """DESIGN.md's floor for this workload and model, and how close the measured run came (a line on stderr);
-    on a device whose ceilings are not known, and none given, no floor at all."""
+    """The roofline's floor (docs/architecture.md, performance model) for this workload and model, and how close
+    the measured run came (a line on stderr); on a device whose ceilings are not known, and none given, no floor."""
     from railyard.bench.roofline import device_peaks, offline_roofline
     from railyard.bench.throughput import workload_requests
 

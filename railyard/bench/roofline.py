@@ -1,4 +1,4 @@
-"""The performance model of DESIGN.md: the fastest an offline workload can run on one GPU.
+"""The performance model of docs/architecture.md: the fastest an offline workload can run on one GPU.
 
 floor = prefill FLOPs / peak + sum over decode steps of max(bytes read / HBM bandwidth, FLOPs / peak),
 bytes = every weight the step reads (the embedding table is gathered, not read; the LM head is)
@@ -57,7 +57,7 @@ class Roofline:
 def offline_roofline(spec: ModelSpec, prompt_lens: list[int], output_lens: list[int],
                      peak_tflops: float = H200_PEAK_TFLOPS, hbm_tbs: float = H200_HBM_TBS,
                      fp8_peak_tflops: float = H200_FP8_PEAK_TFLOPS) -> Roofline:
-    """DESIGN.md's floor for these prompts and outputs on a GPU of the given matmul peaks and HBM bandwidth.
+    """The roofline floor for these prompts and outputs on a GPU of the given matmul peaks and HBM bandwidth.
 
     peak_tflops: the model dtype's rate (LM head, attention, unquantized projections); fp8_peak_tflops: the
     decoder's linear layers' rate when they multiply in FP8 (spec.matmul_precision "fp8")."""

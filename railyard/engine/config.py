@@ -114,8 +114,8 @@ class EngineConfig:
             self.max_model_len = model_max_len
         check_max_model_len(self.max_model_len, model_max_len)
         if self.max_num_batched_tokens is None:
-            # 8,192: on the H200 the 7B shape's served throughput is highest and its TTFT and TPOT p99 lowest
-            # there among 2,048 / 8,192 (16,384 is 3% faster offline only); BENCHMARKS.md, online serving.
+            # 8,192: of 2,048 / 8,192 / 16,384 it served the most tokens/s with the lowest TTFT and TPOT p99
+            # (16,384 is faster offline only); docs/lab-notes, online serving.
             self.max_num_batched_tokens = max(DEFAULT_MAX_NUM_BATCHED_TOKENS, self.max_num_seqs) \
                 if self.enable_chunked_prefill \
                 else max(self.max_model_len, self.max_num_seqs)

@@ -22,7 +22,7 @@ class SeqDelta(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
     index: int  # which of the request's n sequences
     token_ids: list[int]
     logprobs: list[dict[int, float]] | None = None  # per new token: {token id: logprob}, sampled + top-k
-    finish_reason: str | None = None  # "stop" (EOS or a stop token id) or "length"
+    finish_reason: str | None = None  # "stop" (EOS or a stop token id), "length" or "abort" (ended by the core)
     stop_reason: int | str | None = None
     # On a sequence's first delta only (0 / None after): facts the front's metrics need.
     first_scheduled_time: float | None = None
@@ -118,7 +118,7 @@ class EngineStats:
     num_steps_total: int = 0  # forward passes; with decode_rows_total, what an average step carries
     decode_rows_total: int = 0  # of computed_tokens_total, single-token decodes (the rest is prefill)
     # of num_steps_total, steps that carried prefill tokens: they run piecewise graphs and eager attention instead
-    # of one whole-step decode graph, so how arrivals spread over steps shows in step time (BENCHMARKS.md, issue 16)
+    # of one whole-step decode graph, so how arrivals spread over steps shows in step time
     prefill_steps_total: int = 0
     generation_tokens_total: int = 0
     num_preemptions_total: int = 0

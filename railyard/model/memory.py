@@ -12,8 +12,8 @@ from dataclasses import asdict, dataclass
 from railyard.model.spec import ModelSpec
 
 GIB = 2**30
-# Device memory outside torch's allocator: the CUDA context and cuBLAS handles (0.67 GiB measured by the
-# engine's profile on an H200, torch 2.11 + CUDA 13, BENCHMARKS.md).
+# Device memory outside torch's allocator: the CUDA context and cuBLAS handles (what the engine's start-up
+# profile reports on a Hopper GPU with torch 2.11 + CUDA 13).
 CUDA_CONTEXT_BYTES = int(0.67 * GIB)
 # Float32 logits of a full batch at sampling (4 bytes) plus the decode CUDA graphs' pools, per sequence and
 # vocabulary entry, and a fixed part for the graphs' own memory.
@@ -25,8 +25,8 @@ def profile_tokens(max_num_batched_tokens: int, max_model_len: int, max_num_seqs
     return min(max_num_batched_tokens, max_model_len * max_num_seqs)
 
 
-# Piecewise CUDA graphs cover steps up to this many tokens. Beyond it a step's GPU work (~35 ms on a 7B model at
-# 2,048 tokens) outlasts its eager launches (~15 ms), which the host issues while the device still runs, and
+# Piecewise CUDA graphs cover steps up to this many tokens. Beyond it a step's GPU work outlasts its eager
+# launches, which the host issues while the device still runs, and
 # padding to a bucket would only add GEMM work: such steps run eagerly.
 MAX_PIECEWISE_TOKENS = 2048
 

@@ -1,2 +1,2 @@
 """Layer 2: engine replicas on Ray Serve, with load- and prefix-aware routing, autoscaling on pending
-requests, failover, several models and length pools (see DESIGN.md, "Layer 2 — serve")."""
+requests, failover, several models and length pools (docs/architecture.md, "serve")."""

@@ -1,10 +1,10 @@
 """A CUDA MPS control daemon for a local Ray stack whose replicas share a GPU (`gpu_sharing: mps`).
 
 Why: two engine replicas on one GPU take turns in time slices unless their processes are clients of one MPS
-daemon, under which their kernels run at the same time (H200: two half-GPU replicas behind Ray at 91-96% of one
-whole-GPU server's tok/s at 256 streams, against 66% time-sliced; BENCHMARKS.md). Rendered for Kubernetes, each
-worker pod starts one before `ray start` (railyard.cluster.pod); `railyard cluster up` on a local Ray starts one
-here, before Ray, so every Ray worker inherits the pipe directory, and asks it to quit when the stack stops.
+daemon, under which their kernels run at the same time (BENCHMARKS.md, serve layer, has what it buys).
+Rendered for Kubernetes, each worker pod starts one before `ray start` (railyard.cluster.pod); `railyard cluster
+up` on a local Ray starts one here, before Ray, so every Ray worker inherits the pipe directory, and asks it to
+quit when the stack stops.
 Where the binary is missing or fails, the replicas time-slice as before, with one warning.
 """
 

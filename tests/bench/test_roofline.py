@@ -1,4 +1,4 @@
-"""The roofline of DESIGN.md's performance model, checked against arithmetic done by hand."""
+"""The roofline of docs/architecture.md's performance model, checked against arithmetic done by hand."""
 
 from __future__ import annotations
 

@@ -42,7 +42,7 @@ UTILITY_METHODS = ("check_invariants", "cached_block_hashes", "check_health")
 
 class UtilityCall(msgspec.Struct, tag="call", array_like=True):
     call_id: int
-    method: str  # one of core_process.UTILITY_METHODS
+    method: str  # one of UTILITY_METHODS
 
 
 class Shutdown(msgspec.Struct, tag="shutdown", array_like=True):

@@ -9,8 +9,8 @@ after its first graph (vllm/compilation/cuda_graph.py). The model runner empties
 and measures the pool after it, so nothing it accounts for changes.
 
 Warm-ups. A run outside capture compiles or loads the Triton kernels a size needs (and tunes autotuned ones),
-which must not happen under capture. Every size used to get one (~40% of a warm start's capture time: 19 x 29
-pieces and 20 decode sizes, each run eagerly once and then captured). But most sizes need exactly the kernels
+which must not happen under capture. Giving every size one (19 x 29 pieces and 20 decode sizes, each run eagerly
+once and then captured) made it a large share of a warm start's capture time. But most sizes need exactly the kernels
 the size before them loaded, so `capture_each` warms up only the first size, and any size whose capture meets a
 kernel that is not loaded yet: `jit_forbidden` makes Triton raise `NeedsWarmUp` before it would compile or load one
 (before any CUDA call, so the capture ends cleanly and is thrown away), and the size is warmed up and captured

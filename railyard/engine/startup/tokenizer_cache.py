@@ -2,9 +2,9 @@
 made, pickled.
 
 Why: `from transformers import AutoTokenizer` imports transformers' model registry with it (modeling_auto,
-generation, and through them torch, sympy and, where installed, scikit-learn): 8.7 s alone on the H200 machine
-(scripts/gpu/startup-profile.sh), 16-18 s in a starting server's front beside its own imports, where the warm
-engine is ready in ~12 s. Unpickling imports only the tokenizer's own class module (~1 s on a CPU box, no torch).
+generation, and through them torch, sympy and, where installed, scikit-learn): seconds, enough to keep a warm
+server's front busy after its engine is ready (scripts/dev/startup-profile.sh). Unpickling imports only the
+tokenizer's own class module.
 AutoTokenizer's choice of class depends on the files and on the transformers version in ways that are not ours
 to copy, so the cache keeps its result instead of second-guessing it.
 

@@ -4,7 +4,7 @@ Keys (plane 0) sit as the shape says. Values (plane 1) do too, except in an FP8 
 values as [kv_heads, head_dim, block_size]: tokens innermost. Why: the P.V product of the attention kernels takes
 V with consecutive tokens in each thread's registers; from a token-major tile of bytes that is one shared-memory
 load per byte (Hopper's ldmatrix transposes 16-bit elements, not 8-bit), which left decode over an FP8 cache at
-half the bandwidth of a bf16 one (BENCHMARKS.md, issue 15). With tokens innermost each block's values for one head
+half the bandwidth of a bf16 one (docs/lab-notes). With tokens innermost each block's values for one head
 are one contiguous [head_dim, block_size] run, read in 16-byte copies (vLLM's first paged attention kept its V
 cache [head_size, block_size] per block for the same reason). The cache tensor keeps its shape, so block copies
 (swap, prefix caching) and sizes are the same for every dtype; only code that indexes inside a block reads it

@@ -4,11 +4,9 @@ Decode-only steps use the split-context decode kernel (graph-capturable: it read
 block tables from device tensors only); sequences with longer queries (prefill chunks, prefix-cache
 hits) use the varlen prefill kernel over the paged cache. A mixed step runs its leading decodes through
 the decode kernel and only the rest through the prefill kernel: in the prefill kernel a decode row is a
-64-row query tile with one live row that walks its whole context in one program, without context splits.
-Beside one 964-token prompt, 32 decodes over ~3k-token contexts took 252 us a layer there; the prompt alone
-takes 34 us, and the decode kernel 108-142 us for the decodes. With prompts arriving one every 4 steps among
-64 decodes (qwen3-0.6b, ~1k-token contexts), 128 steps took 8% less time split; among 32 the same time
-(scripts/gpu/mixed_step_cost.py, BENCHMARKS.md). vLLM splits its batches into decodes and prefills too.
+64-row query tile with one live row that walks its whole context in one program, without context splits, so
+long-context decodes beside a prompt cost several times what the decode kernel takes for them (measured with
+scripts/dev/mixed_step_cost.py; docs/lab-notes). vLLM splits its batches into decodes and prefills too.
 """
 
 from __future__ import annotations

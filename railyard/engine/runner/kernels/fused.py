@@ -9,8 +9,7 @@ Before an FP8 linear layer (RMSNorm before qkv and gate_up, SiLU-and-mul before 
 activation can also quantize their output per token (rms_norm_quant, silu_and_mul_quant): e4m3 and one float32
 scale per row, the same bytes kernels/fp8.quantize_per_token makes of the unfused output (the same float32
 operations on the same values: the output is rounded to the model dtype first, as the unfused kernel stores
-it), without writing and re-reading that output (an H200 decode step of the 7B shape spent 0.28 ms of 5.3 in
-the 112 separate quantization launches).
+it), without writing and re-reading that output and without a separate launch per linear layer.
 
 After an FP8 o or down projection through cuBLASLt (layers/fp8.py's ScaledAccumulator) the residual-add RMSNorm
 also takes the GEMM's unscaled float32 sums and applies the per-token and per-channel scales itself (`scales`):
@@ -205,8 +204,7 @@ def _silu_and_mul_quant_kernel(x_ptr, q_ptr, s_ptr, x_stride, N: tl.constexpr, B
 
 
 # The widest SiLU-and-mul row quantized in one pass (the 7B's 18,944 and a 70B's 28,672 fit): the row's outputs in
-# registers, 64 float32 per thread at 16 warps. The two-pass kernel read each 7B row twice, 1.5x the time of the
-# unquantized kernel in an H200 prefill step (BENCHMARKS.md, issue 15's step profile).
+# registers, 64 float32 per thread at 16 warps. Wider rows take two passes, reading each row twice.
 SILU_QUANT_ONE_PASS_MAX = 32768
 
 

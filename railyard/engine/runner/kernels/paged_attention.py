@@ -19,27 +19,20 @@ layer: stored values are k / k_scale (k times the scale's float32 reciprocal), t
 into the softmax scale and multiply the output by v_scale, so the inner loop does no extra work.
 
 An FP8 cache under 16-bit queries (F16_DOTS) runs both dot products in float16, whatever q's dtype: Triton
-(3.6, sm_90) widens e4m3 to float16 with one cvt.rn.f16x2.e4m3x2 per two elements, but to bfloat16 through that
-and two more conversions (cvt.bf16.f16 each). At 16 conversions per clock per SM (the CUDA guide's rate for
-most conversions) three per two elements would take longer than reading the bytes at the H200's bandwidth, one
-per two would not: the likely reason the H200 run with an FP8 cache was slower than with bf16 (4.65 against
-4.49 s; not yet measured kernel by kernel). Every e4m3 value is exact in float16. q is scaled by a power of
-two that brings its largest element into [2^14, 2^15) before its float16 cast (one scale per program; exact
-for each element within 2^29 of that maximum, and no overflow for a bf16 q beyond float16's range), and the
-score scale takes the inverse power, so the scores are what the bf16 dot product gives, up to the tensor
-cores' accumulation order. The softmax weights p in [0, 1] round to float16 (11 significant bits, against
-bf16's 8) for the P.V product.
+widens e4m3 to float16 with one packed conversion per two elements (cvt.rn.f16x2.e4m3x2), to bfloat16 only through
+two more, and every e4m3 value is exact in float16. q is scaled by a power of two that brings its largest element
+into [2^14, 2^15) before its float16 cast (exact, and no overflow for a bf16 q beyond float16's range), and the
+score scale takes the inverse power, so the scores are what the bf16 dot product gives, up to accumulation order.
+The softmax weights p in [0, 1] round to float16 (11 significant bits, against bf16's 8) for the P.V product.
 
 FP8_DOTS (decode over an FP8 cache under 16-bit queries on Hopper, `fp8_dots`): the F16_DOTS loop is bound by
-instructions per token, not bytes (846 a 64-token tile against bf16's 398 in the sm_90 SASS: the widening
-conversions, and q reloaded from shared memory each tile, since Triton gives 16-row dots mma.sync), so it took as
-long as a bf16 cache for half the bytes (BENCHMARKS.md, issue 15). _decode_fp8_dots_kernel puts the tokens in
-wgmma's 64-row dimension (S^T = K q^T, O^T = V^T P^T) and feeds the cache's bytes to FP8 tensor cores as they are:
-q is cast to e4m3 (scaled so its largest element is 256), and so is P (times 256); 366 instructions a tile. That
-is what vLLM does on Hopper with an FP8 cache and FlashAttention 3 (the query quantized to FP8 for the FP8 kernel,
-P in FP8 inside it). It changes the arithmetic: the output moves ~1-3% in relative L2 from the float16-dots
-kernel's on random data (tests/engine/runner/attention/test_fp8_kernels.py bounds it; BENCHMARKS.md has the 7B shape's
-per-layer and logit effect). RAILYARD_FP8_KV_DOTS=f16 keeps the float16 dots.
+instructions per token, not bytes (the widening conversions, and q reloaded from shared memory each tile, since
+Triton gives 16-row dots mma.sync), so it took as long as a bf16 cache for half the bytes. _decode_fp8_dots_kernel
+puts the tokens in wgmma's 64-row dimension (S^T = K q^T, O^T = V^T P^T) and feeds the cache's bytes to FP8 tensor
+cores as they are: q is cast to e4m3 (scaled so its largest element is 256), and so is P (times 256). That is what
+vLLM does on Hopper with an FP8 cache and FlashAttention 3. It changes the arithmetic: the output moves ~1-3% in
+relative L2 from the float16-dots kernel's on random data (tests/engine/runner/attention/test_fp8_kernels.py
+bounds it; BENCHMARKS.md, FP8, has the per-layer and logit effect on a 7B shape).
 """
 
 from __future__ import annotations
@@ -397,9 +390,7 @@ def decode_maxnreg(kv_cache: torch.Tensor) -> int | None:
 
 def decode_stages(kv_cache: torch.Tensor) -> int:
     """Software-pipelining depth of the decode loop: 3 over an FP8 cache, whose 64-token tiles are half a bf16
-    tile's bytes (the H200 sweep, tune_decode.py fp8: 107.5 against 112.9 us at the qwen2-7b shape, 187.8 against
-    194.9 at qwen3-0.6b's, the same output bit for bit); 2 elsewhere (the bf16 sweep of issue 7 found nothing
-    worth a change)."""
+    tile's bytes (faster in scripts/dev/tune_decode.py's sweep, the same output bit for bit); 2 elsewhere."""
     return 3 if kv_cache.dtype == torch.float8_e4m3fn else 2
 
 

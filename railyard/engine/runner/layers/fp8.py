@@ -6,23 +6,17 @@ through torch._scaled_mm where the GPU has FP8 tensor cores (compute capability 
 elsewhere the same quantized numbers are dequantized and multiplied (the reference path), so results
 differ only by accumulation order.
 
-Which _scaled_mm (the `fp8_gemm` engine option). torch sends row-wise scales (per token x per channel) to its
-own CUTLASS kernel (RowwiseScaledMM.cu: two sm_90 tiles, no split-K) only where its cuBLAS is older than 12.9;
-from 12.9 on sm_90 it asks cuBLASLt for outer-vector scaling (aten ScaledBlas.cpp, _scaled_rowwise_rowwise).
-The H200 runs (torch 2.11+cu130, cuBLASLt 130100; scripts/gpu/fp8-gemm.sh, BENCHMARKS.md, FP8) show the
-latter: every row-wise call, at every M from 16 to 16,384 rows, ran one cuBLASLt nvjet kernel with the scales
-in its epilogue (nvjet_sm90_qqtst_128x128_128x6_1x1_h_bz_coopA_algo2_ovscale_TNT; with use_fast_accum the
-..._4x2_h_bz_ovscale_TNT or _2x1_v_bz_ovscale_TNT variants), not the CUTLASS kernel; an older torch or cuBLAS
-may still run CUTLASS. "rowwise" is that call; "rowwise-fast" the same with use_fast_accum=True: Hopper's FP8
-MMA accumulates at reduced precision (about 14 significant bits; DeepSeek-V3 report, 3.3.2) and without fast
-accumulation the kernel promotes its partial sums to float32 every few K blocks; with it, it does not (vLLM's
-CUTLASS sm90 FP8 kernels use the FP8 fast-accumulation schedules). The sweep measured it 1.72-1.94x bf16 at
-16,384 rows (1.61-1.78x without) and 1.01-1.69x at 256 (0.99-1.56x); its error bound is the GPU test's
-(tests/engine/runner/layers/test_fp8.py). Tensor-wise (scalar) scales also go to cuBLASLt. "cublaslt" keeps the
-per-token and per-channel numbers: an unscaled GEMM (unit scalar scales, float32 out) and then one pass that
-multiplies by both scales, adds the bias and casts (vLLM's torch_channelwise_w8a8_scaled_mm does the same in
-torch ops); end to end on the 7B workload, taken everywhere, it was slower than "rowwise" (4.49 against 4.29 s),
-so "auto" takes it ("cublaslt-fast") only where the row-wise kernel underfills the GPU (tensor_core_gemm).
+Which _scaled_mm (the `fp8_gemm` engine option). With row-wise scales (per token x per channel) torch runs its
+own CUTLASS kernel where its cuBLAS is older than 12.9, and from 12.9 on sm_90 cuBLASLt's outer-vector scaling
+(aten ScaledBlas.cpp, _scaled_rowwise_rowwise); the kernel names a GPU run reports are in docs/lab-notes.
+"rowwise" is that call; "rowwise-fast" the same with use_fast_accum=True: Hopper's FP8 MMA accumulates at reduced
+precision (about 14 significant bits; DeepSeek-V3 report, 3.3.2), and without fast accumulation the kernel
+promotes its partial sums to float32 every few K blocks; with it, it does not (vLLM's CUTLASS sm90 FP8 kernels use
+the fast-accumulation schedules). Its error bound is the GPU test's (tests/engine/runner/layers/test_fp8.py).
+"cublaslt" keeps the per-token and per-channel numbers: an unscaled GEMM (unit scalar scales, float32 out), then
+one pass that multiplies by both scales, adds the bias and casts (vLLM's torch_channelwise_w8a8_scaled_mm does
+the same in torch ops). Taken everywhere it loses to "rowwise" end to end, so "auto" takes it ("cublaslt-fast")
+only where the row-wise kernel, which never splits K, underfills the GPU (tensor_core_gemm).
 
 The per-token quantization of an activation can come fused into the kernel that makes it (kernels/fused.py:
 RMSNorm before qkv and gate_up, SiLU-and-mul before down): those pass fp8_linear a QuantizedActivation, the
@@ -39,7 +33,7 @@ MIN_SCALE), inv = 1 / scale (a rounded division), q = e4m3(clamp(x * inv, +-448)
 Written as `amax / 448` it would not be one recipe: torch on CUDA turns a division by a Python number into
 a multiplication by its float32 reciprocal, which differs from the CPU's (and Triton's) rounded division in
 about half of all quotients, and a bf16 activation whose quotient sits on an e4m3 rounding tie then lands one
-e4m3 step apart (BENCHMARKS.md, FP8: the first H200 run's kernel-vs-torch mismatches).
+e4m3 step apart (scripts/dev/fp8_gemm_replay.py replays such a mismatch on the CPU).
 """
 
 from __future__ import annotations
@@ -130,18 +124,15 @@ def scaled_mm_supported(device: torch.device, dtype: torch.dtype) -> bool:
 FP8_GEMMS: tuple[str, ...] = get_args(Fp8Gemm)  # the engine option's choices, one list
 # "auto" takes cuBLASLt (unscaled GEMM + scales pass) for GEMMs of at most this many rows whose row-wise grid
 # would not fill the GPU once (rowwise_underfills), and the row-wise kernel (AUTO_ROWWISE) for the rest.
-# The row-wise kernel on this cuBLASLt (nvjet ..._128x128_..._ovscale) tiles the output 128 x 128 and never splits
-# K: a 256-token decode step's down projection (N 3584, K 18944) is 2 x 28 = 56 tiles on the H200's 132 SMs, each
-# walking all of K, 47.5 us; the unscaled GEMM, which cuBLASLt may split along K, took 33.4 us and the scales pass
-# 2 more (fp8-gemm.sh's sweep, fast accumulation both: down 24-33 against 47 us at 16-256 rows, qkv and o 8.6-12.7
-# against 12.4-13.0, gate_up's 296+ tiles the other way round, 47-73 against 45-58). Everywhere (the first auto
-# tried) it lost end to end, 4.49 against 4.29 s, on gate_up and the prefill sizes.
+# The row-wise kernel (cuBLASLt's outer-vector-scaled nvjet on sm_90) tiles the output 128 x 128 and never splits
+# K, so a decode-sized o or down projection (N 3584, K 18944 on a 7B) is a few dozen tiles each walking all of K;
+# the unscaled GEMM, which cuBLASLt may split along K, plus the scales pass is faster there. Taken everywhere it
+# lost end to end (gate_up and the prefill sizes), hence the threshold.
 CUBLASLT_MAX_TOKENS = 256
 ROWWISE_TILE = 128  # the row-wise kernel's output tile, both sides (the sweep's kernel names)
-# The row-wise GEMM "auto" takes for the rest: fast accumulation (as vLLM's CUTLASS FP8 kernels on sm_90). On the
-# H200 (fp8-speed.sh, one call) the 7B workload ran in 4.11 s with it against 4.40 s without, and its accuracy
-# against bf16 was the same (28-layer cosine 0.8334 / 0.8340, mean logit KL 0.2389 / 0.2380); auto's cuBLASLt GEMMs
-# accumulate the same way (AUTO_CUBLASLT).
+# The row-wise GEMM "auto" takes for the rest: fast accumulation (as vLLM's CUTLASS FP8 kernels on sm_90): faster
+# end to end at no measurable cost in accuracy against bf16 (BENCHMARKS.md, FP8); auto's cuBLASLt GEMMs accumulate
+# the same way (AUTO_CUBLASLT).
 AUTO_ROWWISE = "rowwise-fast"
 AUTO_CUBLASLT = "cublaslt-fast"
 

@@ -4,12 +4,12 @@ A safetensors file is an 8-byte little-endian header length, a JSON header (name
 offsets) and the tensors' bytes. Two readers:
 
 - mapped (the default): safetensors' own `get_tensor` on the memory-mapped file, a CPU tensor that the loader
-  copies into its parameter (to a GPU from pageable memory). From the page cache on the H200 this loaded a 7B
-  checkpoint at 7.3-7.5 GB/s (BENCHMARKS.md, issue 16), the fastest path measured there.
+  copies into its parameter (to a GPU from pageable memory); the faster of the two from the page cache
+  (BENCHMARKS.md, start-up).
 - staged ($RAILYARD_WEIGHTS_READER=staged): the bytes go from the file into two pinned buffers in large
-  chunks, and from those to the device while the next chunk is read. 4.8-5.2 GB/s from the page cache on the
-  H200; kept for files that are not in the page cache, where large sequential reads may beat the mapped
-  path's page faults (scripts/gpu/load_paths.py measures both).
+  chunks, and from those to the device while the next chunk is read. Slower from the page cache; kept for files
+  that are not in it, where large sequential reads may beat the mapped path's page faults
+  (scripts/dev/load_paths.py measures both).
 """
 
 from __future__ import annotations
