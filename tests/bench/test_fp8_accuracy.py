@@ -93,7 +93,7 @@ def test_teacher_forced_top1_of_fp8_kv_against_bf16_kv(tiny_models):
 
 
 def test_a_named_shape_can_be_cut_to_its_first_layers(tiny_model):
-    """scripts/cpu/fp8_shape_accuracy.py measures a 7B shape's first layers on a CPU; checkpoints stay whole."""
+    """scripts/dev/fp8_shape_accuracy.py measures a 7B shape's first layers on a CPU; checkpoints stay whole."""
     from railyard.bench.accuracy import model_spec
 
     spec, model_dir = model_spec("qwen2-7b", num_layers=4)

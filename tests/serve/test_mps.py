@@ -1,7 +1,7 @@
 """`cluster up` on a local Ray starts a CUDA MPS daemon for replicas that share a GPU, before Ray, and stops it.
 
 A fake nvidia-cuda-mps-control on PATH (a shell script that records how it was called) stands in for the driver's
-binary, which no CI machine has; the real one ran on the H200 (scripts/gpu/ray-serve-gpu.sh MPS=1).
+binary, which no CI machine has; the real one ran on the H200 (scripts/bench/ray-serve-gpu.sh MPS=1).
 """
 
 from __future__ import annotations

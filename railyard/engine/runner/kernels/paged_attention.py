@@ -373,7 +373,7 @@ def decode_splits(batch: int, num_kv_heads: int, max_seq_len: int, num_sms: int)
 
 # RAILYARD_FP8_DECODE_MAXNREG=N: cap the decode kernel's registers over an FP8 cache at N a thread, whichever
 # kernel runs (for A/B measurements: the float16-dots one takes 145 uncapped, so 3 programs share an SM where bf16's
-# 96 allow 5; scripts/gpu/fp8-speed.sh's CAPS).
+# 96 allow 5; scripts/bench/fp8.sh's CAPS).
 _FP8_DECODE_MAXNREG = os.environ.get("RAILYARD_FP8_DECODE_MAXNREG", "")
 
 
@@ -400,9 +400,9 @@ def paged_decode(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Te
                  k_scale: float = 1.0, v_scale: float = 1.0, use_fp8_dots: bool | None = None) -> torch.Tensor:
     """q [B, H, d] -> out [B, H, d]; one new token per sequence whose KV is already in the cache.
 
-    block_n / num_warps / num_stages / maxnreg: launch configuration (scripts/gpu/tune_decode.py sweeps them;
+    block_n / num_warps / num_stages / maxnreg: launch configuration (scripts/dev/tune_decode.py sweeps them;
     num_stages None: decode_stages(kv_cache); maxnreg None: decode_maxnreg(kv_cache); a register cap lets more
-    programs share an SM: scripts/decode_kernel_resources.py shows registers and spills without a GPU).
+    programs share an SM: scripts/dev/decode_kernel_resources.py shows registers and spills without a GPU).
     k_scale / v_scale: an FP8 cache's per-layer scales (ignored for other caches). use_fp8_dots: run
     _decode_fp8_dots_kernel (None: where fp8_dots says; the tests force it on the CPU interpreter)."""
     b, num_heads, d = q.shape

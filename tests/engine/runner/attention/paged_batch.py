@@ -1,4 +1,4 @@
-"""Random paged-attention batches for the backend and kernel tests (and scripts/gpu/correctness.py)."""
+"""Random paged-attention batches for the backend and kernel tests (and scripts/bench/correctness.py)."""
 
 from __future__ import annotations
 

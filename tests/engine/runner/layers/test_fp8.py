@@ -175,7 +175,7 @@ def test_tensor_core_fp8_linear_matches_the_reference_path_on_the_gpu(fp8_gemm):
     roundings: bf16's of the output (at most 2^-8 of |y|) and the tensor cores' accumulation, which Hopper runs
     at reduced precision inside each MMA (an FP22 accumulator, 13 fraction bits; DeepSeek-V3 report, 3.3.2).
     That error scales with S = sum_k |x_k w_k|, not with |y| (which cancellation makes smaller): modelled on the
-    CPU over this test's data (scripts/cpu/fp8_gemm_replay.py), truncating to 14 significant bits over all of K
+    CPU over this test's data (scripts/dev/fp8_gemm_replay.py), truncating to 14 significant bits over all of K
     without promotion to float32, it stays under 2.9e-4 S (8e-6 S with promotion every 128, as cuBLAS and
     CUTLASS do without fast accumulation); 2^-10 S allows over three times the former, so rowwise-fast (fast
     accumulation, the unpromoted case) is held to the same bound. A wrong layout or scale
