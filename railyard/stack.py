@@ -209,7 +209,7 @@ class ModelSpec(_Strict):
     gpu_sharing: Literal["mps", "time-slicing"] = Field(
         "mps", description="how replicas that share a GPU (gpu_fraction below 1) share it: mps starts a CUDA MPS "
         "control daemon before Ray (in each worker pod; `railyard cluster up` on a Ray of its own starts one too), "
-        "so their kernels run at the same time (BENCHMARKS.md has what it buys); time-slicing leaves "
+        "so their kernels run at the same time (docs/architecture.md has what it buys); time-slicing leaves "
         "the GPU to take turns between them. Without the daemon's binary (nvidia-container-toolkit mounts it into "
         "containers with the compute capability) a line is logged and the replicas time-slice")
     stream_interval_s: float | None = Field(

@@ -1,7 +1,7 @@
 """A CUDA MPS control daemon for a local Ray stack whose replicas share a GPU (`gpu_sharing: mps`).
 
 Why: two engine replicas on one GPU take turns in time slices unless their processes are clients of one MPS
-daemon, under which their kernels run at the same time (BENCHMARKS.md, serve layer, has what it buys).
+daemon, under which their kernels run at the same time (docs/architecture.md says what it buys).
 Rendered for Kubernetes, each worker pod starts one before `ray start` (railyard.cluster.pod); `railyard cluster
 up` on a local Ray starts one here, before Ray, so every Ray worker inherits the pipe directory, and asks it to
 quit when the stack stops.

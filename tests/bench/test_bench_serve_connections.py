@@ -1,6 +1,6 @@
 """The bench client loses no request to a server's keep-alive timeout, and counts every failure by its type.
 
-At 256 streams one request of 512 failed with an empty httpx.ReadError (BENCHMARKS.md): the client had
+At 256 streams one request of 512 failed with an empty httpx.ReadError (docs/lab-notes): the client had
 pooled the connection, the server closed it as idle, and the POST went out on it after the close.
 """
 

@@ -43,9 +43,9 @@ def test_planner_predicts_the_cpu_engines_weights_and_kv_blocks(tiny_models, arc
 
 
 # The engine's start-up reports on one H200 (143,771 MiB by nvidia.com/gpu.memory; torch sees 139.8 GiB), from
-# `bench throughput --max-num-batched-tokens 16384` (BENCHMARKS.md, call 6 at commit a671580): weights, the
-# 16,384-token step's peak, memory outside torch, and the KV blocks of 16 tokens that were left. Those runs
-# predate piecewise CUDA graphs: the planner is asked for an engine without them.
+# `bench throughput --max-num-batched-tokens 16384` (docs/lab-notes/2026-gpu-sessions.md, call 6 at commit
+# a671580): weights, the 16,384-token step's peak, memory outside torch, and the KV blocks of 16 tokens that were
+# left. Those runs predate piecewise CUDA graphs: the planner is asked for an engine without them.
 H200_REPORTS = [
     # shape, max_model_len, weights GiB, step GiB, others GiB, blocks
     ("qwen2-7b", 32768, 14.27, 2.20, 0.67, 125_499),

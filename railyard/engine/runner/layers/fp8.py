@@ -131,7 +131,7 @@ FP8_GEMMS: tuple[str, ...] = get_args(Fp8Gemm)  # the engine option's choices, o
 CUBLASLT_MAX_TOKENS = 256
 ROWWISE_TILE = 128  # the row-wise kernel's output tile, both sides (the sweep's kernel names)
 # The row-wise GEMM "auto" takes for the rest: fast accumulation (as vLLM's CUTLASS FP8 kernels on sm_90): faster
-# end to end at no measurable cost in accuracy against bf16 (BENCHMARKS.md, FP8); auto's cuBLASLt GEMMs accumulate
+# end to end at no measurable cost in accuracy against bf16 (docs/architecture.md); auto's cuBLASLt GEMMs accumulate
 # the same way (AUTO_CUBLASLT).
 AUTO_ROWWISE = "rowwise-fast"
 AUTO_CUBLASLT = "cublaslt-fast"

@@ -5,7 +5,7 @@ offsets) and the tensors' bytes. Two readers:
 
 - mapped (the default): safetensors' own `get_tensor` on the memory-mapped file, a CPU tensor that the loader
   copies into its parameter (to a GPU from pageable memory); the faster of the two from the page cache
-  (BENCHMARKS.md, start-up).
+  (docs/architecture.md).
 - staged ($RAILYARD_WEIGHTS_READER=staged): the bytes go from the file into two pinned buffers in large
   chunks, and from those to the device while the next chunk is read. Slower from the page cache; kept for files
   that are not in it, where large sequential reads may beat the mapped path's page faults
