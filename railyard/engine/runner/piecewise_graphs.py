@@ -1,8 +1,8 @@
 """Piecewise CUDA graphs: every step that is not pure decode replays graphs of all but attention.
 
 A step that carries a prefill chunk cannot replay one whole-model graph: the attention kernels' grids
-follow each sequence's query length. Launched eagerly, the other ~25 kernels of each layer cost ~10 ms
-of Python launch time on a 7B model, which doubles a mixed prefill + decode step. So, as vLLM v1 does
+follow each sequence's query length. Launched eagerly, the other ~25 kernels of each layer cost about as much
+Python launch time on a 7B model as a mixed prefill + decode step's GPU work. So, as vLLM v1 does
 (its piecewise backend, splitting the model at attention), the forward pass is split at each layer's
 attention into num_layers + 1 pieces (models/decoder.py's first/middle/last_piece), each captured once
 per padded token count; at run time the pieces replay and attention runs eagerly between them, on the

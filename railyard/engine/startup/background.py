@@ -17,8 +17,8 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-# While background work runs: the longest a thread returning from a torch call or a read waits for the GIL.
-# 0.2 ms took a CPU weight load beside a busy Python thread from 7x to 2x its time alone (5 ms: the default).
+# While background work runs: the longest a thread returning from a torch call or a read waits for the GIL; short
+# enough that a weight load beside a busy Python thread is not slowed several times (docs/architecture.md).
 SHORT_SWITCH_INTERVAL_S = 0.0002
 
 _lock = threading.Lock()
