@@ -249,7 +249,7 @@ def save_sweep(rows: list[dict], seconds: float, quiet: bool = False) -> None:
 
 def profile(variant: str, kind: str = "decode") -> None:
     """One step, eager and synchronous, under torch.profiler: kind "decode", a pure-decode step of 256 sequences;
-    "prefill", a pure-prefill step of 16 new prompts of 1,024 tokens (the 16,384-token budget, where the issue-7
+    "prefill", a pure-prefill step of 16 new prompts of 1,024 tokens (the 16,384-token budget, where the offline
     workload spends most of its time)."""
     if kind not in ("decode", "prefill"):
         raise SystemExit(f"profile: kind must be decode or prefill, not {kind!r}")

@@ -1,5 +1,5 @@
 #!/bin/bash
-# Piecewise CUDA graphs for steps that are not pure decode (issue 12's last criterion), one device call on one H200:
+# Piecewise CUDA graphs for steps that are not pure decode (ITL at Poisson 8 req/s), one device call on one H200:
 #  1. GPU tests: graph replay against the eager forward, greedy output against HF transformers through the
 #     captured pieces (tests/engine/runner/test_piecewise_graphs.py, tests/engine/test_hf_equivalence.py);
 #  2. `railyard serve` (qwen2-7b shape, random bf16 weights) at Poisson 8 req/s, prompts 100-1024, 256 output

@@ -1,5 +1,5 @@
 #!/bin/bash
-# Online serving on the H200 (issue 12), one device call: the same 512 requests offline
+# Online serving on the H200, one device call: the same 512 requests offline
 # (`railyard bench throughput`) and served (`railyard serve` + `railyard bench serve`) at 256 streams and at
 # Poisson 8 req/s, for several long-prefill caps, the engine core in its own process against the in-process
 # engine; 64 streams; py-spy profiles of both server processes under 256 streams. Writes $OUT/results.tgz and $OUT/summary.txt.

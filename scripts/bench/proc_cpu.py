@@ -1,5 +1,5 @@
 """Where a benchmark's CPU time went, per process: snapshots of every process's CPU seconds from /proc, and the
-difference of two as CPU% over the interval (issue 16 item 4: is the Ray path short of CPU?).
+difference of two as CPU% over the interval (is the Ray path short of CPU?).
 
     python3 scripts/bench/proc_cpu.py snapshot A.json      # before a run
     python3 scripts/bench/proc_cpu.py snapshot B.json      # after it

@@ -1,8 +1,8 @@
 """Registers, spills and shared memory of the paged decode kernel per launch configuration, compiled for sm_90
 on a machine without a GPU (Triton's bundled ptxas and cuobjdump), and how many of its programs fit on one SM.
 
-Why: over an FP8 cache the decode kernel ran at 1.7 TB/s where the bf16 one reaches 3.1-3.8 (BENCHMARKS.md,
-issue 15); compiled here it takes 145 registers a thread against bf16's 96, so three programs share an SM where
+Why: over an FP8 cache the decode kernel ran at 1.7 TB/s where the bf16 one reaches 3.1-3.8 (docs/lab-notes,
+FP8); compiled here it takes 145 registers a thread against bf16's 96, so three programs share an SM where
 bf16 has five. A register cap (`maxnreg`) or narrower tiles trade that back; scripts/dev/tune_decode.py fp8 times
 the candidates on the GPU.
 

@@ -1,5 +1,5 @@
 #!/bin/bash
-# Device call for issue 13 (front-door hardening), on nvidia-h200-x2 (2 GPUs), ~3 minutes:
+# Where a TP engine listens (front-door hardening), one device call on nvidia-h200-x2 (2 GPUs), ~3 minutes:
 #  1. a tensor-parallel engine (NCCL, 2 GPUs) listens on loopback only: the rendezvous store, and what NCCL's
 #     bootstrap opens (reported, for a decision);
 #  2. bench throughput on the H200 still prints its roofline percentage (the device's peaks are known), and

@@ -3,7 +3,7 @@ router's hops or Poisson traffic) against arriving together (a cohort, as a clos
 requests brings them), on one engine with running decodes.
 
 Each window runs STEPS engine steps with ROWS decodes running (prompts of the same lengths, long outputs, EOS
-ignored) and adds PROMPTS prompts of the issue-12 lengths (100-1024, max_tokens 1, so they leave after their
+ignored) and adds PROMPTS prompts of the serving workload's lengths (100-1024, max_tokens 1, so they leave after their
 prefill): `base` adds none, `spread` one every STEPS // PROMPTS steps, `pairs` two every twice that, `cohort` all
 at step 0. Every window gets new tokens (no prefix-cache hits). A prompt's cost is the window's wall time beyond
 the same repetition's base window (per step), over PROMPTS. Variants (AB=1, the default): `split` (a mixed

@@ -1,4 +1,4 @@
-"""SiLU-and-mul with its per-token FP8 quantization, kernel by kernel (issue 15): the bf16 kernel it replaces before
+"""SiLU-and-mul with its per-token FP8 quantization, kernel by kernel: the bf16 kernel it replaces before
 an FP8 down projection, the two-pass quantizing kernel (each row's gate and up read twice) and the one-pass kernel
 at several warp counts, for the qwen2-7b (intermediate 18,944) and qwen3-0.6b (3,072) widths at decode and prefill
 row counts. Each timing is triton.testing.do_bench_cudagraph (replayed from a CUDA graph, as the engine runs them),

@@ -1,5 +1,5 @@
 #!/bin/bash
-# Where a warm start of the qwen2-7b shape spends its time (issue 16 item 5), one device call (~3 minutes; run once,
+# Where a warm start of the qwen2-7b shape spends its time, one device call (~3 minutes; run once,
 # 2026-12-03, BENCHMARKS.md: the front's AutoTokenizer import):
 # `railyard bench startup` writes the random-weight checkpoint and starts `railyard serve` on it twice (cold, then
 # warm, into one railyard cache); then one more warm start runs under py-spy (`record --subprocesses --threads`,

@@ -1,4 +1,4 @@
-"""Which TCP addresses a tensor-parallel engine listens on, as JSON (issue 13: rendezvous on loopback only).
+"""Which TCP addresses a tensor-parallel engine listens on, as JSON (the rendezvous should be on loopback only).
 
 Starts a tiny float32 engine with tensor_parallel_size N on the GPUs (NCCL), then lists the listening
 sockets of this process (rank 0: the rendezvous store and NCCL's bootstrap) and of its worker processes,

@@ -2,7 +2,7 @@
 fastest (GPU time per call, CUDA events); every configuration's output is checked against the default.
 
 Usage: python3 scripts/dev/tune_decode.py [fp8]  -> $OUT/tune_decode.json ($OUT/tune_decode_fp8.json)
-fp8: the cache in float8_e4m3fn (issue 15's FP8 KV: half the bytes per token, so the default 64-token tiles move
+fp8: the cache in float8_e4m3fn (an FP8 KV cache: half the bytes per token, so the default 64-token tiles move
 half as much per loop iteration as a bf16 cache's), with narrower and wider tiles, more splits and register caps
 (maxnreg: scripts/dev/decode_kernel_resources.py counts the registers that limit programs per SM) in the sweep.
 """
