@@ -9,6 +9,7 @@
 #
 #   bash scripts/bench/correctness.sh
 source "$(dirname "$0")/common.sh"
+. scripts/device/wheels.sh; carried_wheels .whl || exit 1  # the engine needs msgspec: carry .whl where the machine lacks it
 
 log "kernel tests"
 timeout 150 python3 -m pytest -q tests/engine/runner/attention -p no:cacheprovider > "$OUT/kernel_tests.txt" 2>&1

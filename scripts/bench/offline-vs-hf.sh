@@ -11,6 +11,7 @@
 #   SHAPES=qwen2-7b HF=0 bash scripts/bench/offline-vs-hf.sh    # railyard's 7B run only
 #   SMOKE=1 bash scripts/bench/offline-vs-hf.sh         # the script's plumbing on a CPU: tiny model, 8 prompts
 source "$(dirname "$0")/common.sh"
+. scripts/device/wheels.sh; carried_wheels .whl || exit 1  # the engine needs msgspec: carry .whl where the machine lacks it
 SHAPES=${SHAPES:-qwen3-0.6b qwen2-7b}
 HF_BUDGET_S=${HF_BUDGET_S:-350}
 PEER=$(ls .peers/hf_baseline.py shared/peers/hf_baseline.py 2>/dev/null | head -n 1)

@@ -8,7 +8,7 @@ carried_wheels() {
   for dir in "$@"; do
     for wheel in "$dir"/*.whl; do [ -e "$wheel" ] && wheels+=("$wheel"); done
   done
-  if [ -z "$SKIP_WHEELS" ] && [ ${#wheels[@]} -gt 0 ]; then
+  if [ -z "${SKIP_WHEELS:-}" ] && [ ${#wheels[@]} -gt 0 ]; then
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
       "${wheels[@]}" || rc=$?
   fi
