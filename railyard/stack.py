@@ -92,6 +92,9 @@ class EngineOptions(_Strict):
     # the planner sizes the KV cache with or without their memory as the engine will.
     enforce_eager: bool | None = None
     piecewise_cuda_graphs: bool | None = None
+    # torch's intra-op threads per engine (unset: every core but one on the CPU): CPU replicas sharing few cores
+    # take 1 each.
+    torch_threads: int | None = Field(None, ge=1)
 
     @field_validator("quantization")
     @classmethod

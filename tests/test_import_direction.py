@@ -14,7 +14,7 @@ import pytest
 PACKAGE = Path(__file__).resolve().parents[1] / "railyard"
 
 # part of the package -> the parts it may import
-SHARED = "shared"  # railyard.errors, railyard.shapes, railyard.model: torch-free, below every layer
+SHARED = "shared"  # railyard.errors, railyard.envs, railyard.shapes, railyard.model: torch-free, below every layer
 ALLOWED: dict[str, set[str]] = {
     SHARED: {SHARED},
     "stack": {"stack", SHARED},
@@ -30,7 +30,7 @@ TOP = {"railyard", "railyard.cli"}  # the package's lazy facade and the command 
 def part(module: str) -> str:
     """Which part of the package a module (railyard.x.y) belongs to."""
     name = module.split(".")[1]
-    return SHARED if name in ("errors", "shapes", "model") else name
+    return SHARED if name in ("errors", "envs", "shapes", "model") else name
 
 
 def module_name(path: Path) -> str:

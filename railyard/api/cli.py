@@ -6,7 +6,6 @@ import argparse
 import asyncio
 import json
 import logging
-import os
 import sys
 import time
 
@@ -14,6 +13,7 @@ from railyard.engine.args import add_engine_args, engine_config_from_args
 from railyard.engine.startup.background import Background
 from railyard.engine.startup.timings import process_start_time
 from railyard.engine.tokenizer import with_shape_tokenizer
+from railyard.envs import RAILYARD_API_KEY
 from railyard.errors import ConfigError
 
 # A client that reuses a pooled connection just as the server closes it as idle loses that request (a POST is
@@ -27,7 +27,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("serve", help="serve a model over the OpenAI-compatible HTTP API")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default: loopback only)")
     p.add_argument("--port", type=int, default=8000, help="port to bind (0: any free port)")
-    p.add_argument("--api-key", default=os.environ.get("RAILYARD_API_KEY"),
+    p.add_argument("--api-key", default=RAILYARD_API_KEY.get(),
                    help="require 'Authorization: Bearer KEY' on every route but /health and /metrics, the API docs "
                         "included (default: $RAILYARD_API_KEY)")
     p.add_argument("--served-model-name", help="the model name clients use (default: the checkpoint dir name)")

@@ -25,6 +25,7 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from railyard.bench.checkpoint import checkpoint_files, drop_from_page_cache, read_through, resident_fraction
+from railyard.envs import RAILYARD_CACHE
 from railyard.errors import RailyardError
 
 SETTLE_S = 2.0  # between runs: the driver frees the last engine's GPU memory just after its process exits
@@ -44,7 +45,7 @@ class StartupRun:
     triton_jit_s: float = 0.0
     triton_kernels: int = 0
     triton_compiled: int = 0
-    weights_reader: str | None = None  # mapped or staged
+    weights_reader: str | None = None  # the safetensors reader's name (mapped)
     weight_parts_s: dict[str, float] = field(default_factory=dict)  # weight_loading by part: read, to_device, ...
     background_s: dict[str, float] = field(default_factory=dict)  # threads beside the phases: the front's tokenizer
     output_tail: list[str] = field(default_factory=list)  # the server's last lines (its start-up report among them)
@@ -155,7 +156,7 @@ def run_startup(checkpoint_dir: Path, runs: int, cache_dir: Path, page_cache: st
     run; drop: dropped before every run; as-is: left alone)."""
     files = checkpoint_files(checkpoint_dir)
     env = {k: v for k, v in os.environ.items() if k != "TRITON_CACHE_DIR"}  # railyard's own cache decides
-    env["RAILYARD_CACHE"] = str(cache_dir)
+    env[RAILYARD_CACHE.name] = str(cache_dir)
     serve_cmd = [sys.executable, "-m", "railyard.cli", "serve", "--model", str(checkpoint_dir), *serve_args]
     report: dict = {"checkpoint_dir": str(checkpoint_dir), "checkpoint_bytes": sum(f.stat().st_size for f in files),
                     "cache_dir": str(cache_dir), "page_cache": page_cache, "serve_command": serve_cmd}

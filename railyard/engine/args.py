@@ -31,6 +31,9 @@ _HELP = {
     "preemption_mode": "what happens to a preempted sequence's KV: recompute or swap",
     "scheduling_policy": "fcfs or priority (requests' priority field: lower runs first)",
     "tensor_parallel_size": "GPUs (processes) per replica",
+    "tp_timeout_s": "seconds a tensor-parallel collective waits for a peer before the engine reports the group dead",
+    "torch_threads": "torch's intra-op threads in the engine process (default: every core but one on the CPU, "
+                     "torch's own on a GPU)",
     "attention_backend": "auto, torch or triton (auto: triton on GPU, torch on CPU)",
     "enforce_eager": "never capture CUDA graphs",
     "quantization": "fp8: FP8 weights (per-channel scales) and per-token FP8 activations; FP8 checkpoints are "

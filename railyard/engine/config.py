@@ -46,6 +46,12 @@ class EngineConfig:
     scheduling_policy: SchedulingPolicy = "fcfs"
     preemption_mode: PreemptionMode = "recompute"
     tensor_parallel_size: int = 1
+    # How long a tensor-parallel collective (and the ranks' rendezvous) waits for a peer before the engine reports
+    # the group dead: the backstop behind the executor's watch of its workers' processes.
+    tp_timeout_s: float = 600.0
+    # torch's intra-op threads in the engine process (None: every core but one on the CPU, which the front's event
+    # loop keeps; torch's own choice on a GPU). Replicas sharing a machine's few cores take fewer.
+    torch_threads: int | None = None
     attention_backend: str = "auto"
     # "fp8": linear layers in float8_e4m3fn with per-output-channel scales (quantized at load unless the
     # checkpoint already is FP8), activations quantized per token; the embedding and LM head stay as they are.
@@ -101,6 +107,10 @@ class EngineConfig:
         if self.preemption_mode not in ("recompute", "swap"):
             raise ConfigError(f"preemption_mode must be 'recompute' or 'swap', got {self.preemption_mode!r}")
         _positive("tensor_parallel_size", self.tensor_parallel_size)
+        if not self.tp_timeout_s > 0:
+            raise ConfigError(f"tp_timeout_s must be > 0 seconds, got {self.tp_timeout_s}")
+        if self.torch_threads is not None:
+            _positive("torch_threads", self.torch_threads)
         _choice("dtype", self.dtype, DTYPES)
         _choice("device", self.device, _DEVICES)
         _choice("attention_backend", self.attention_backend, _BACKENDS)

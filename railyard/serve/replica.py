@@ -88,11 +88,10 @@ class EngineReplica:
         else:
             from railyard.engine.client.inproc import InProcessEngineClient
 
-            threads = os.environ.get("RAILYARD_TORCH_THREADS")  # the engine process reads it itself
-            if threads:
+            if config.torch_threads is not None:  # (the engine process sets its own)
                 import torch
 
-                torch.set_num_threads(int(threads))
+                torch.set_num_threads(config.torch_threads)
             self.client = await asyncio.to_thread(InProcessEngineClient.from_config, config,
                                                   max_waiting_requests=max_waiting_requests,
                                                   stream_interval_s=stream_interval_s,

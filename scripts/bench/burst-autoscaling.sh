@@ -21,7 +21,6 @@ URL=http://127.0.0.1:$PORT
 RATE=${RATE:-1} BURST_FACTOR=${BURST_FACTOR:-8} STEADY_S=${STEADY_S:-20} BURST_S=${BURST_S:-60} AFTER_S=${AFTER_S:-20}
 INPUT_LEN=${INPUT_LEN:-32-128} OUTPUT_LEN=${OUTPUT_LEN:-64}
 MAX_REPLICAS=${MAX_REPLICAS:-2}  # each CPU replica takes one of Ray's logical CPUs (one per core here)
-export RAILYARD_TORCH_THREADS=1  # one torch thread per engine: replicas share few cores
 MODEL_DIR=$(python3 -c "from railyard.engine.startup.tiny_model import ensure_tiny_model; print(ensure_tiny_model())")
 
 stack() {  # min_replicas -> a stack file
@@ -31,7 +30,8 @@ image: railyard:local
 models:
   - name: tiny
     model: $MODEL_DIR
-    engine: {max_model_len: 1024, dtype: float32, max_num_seqs: 64, max_num_batched_tokens: 2048}
+    # torch_threads 1: one torch thread per engine, the replicas share few cores
+    engine: {max_model_len: 1024, dtype: float32, max_num_seqs: 64, max_num_batched_tokens: 2048, torch_threads: 1}
     autoscaling: {min_replicas: $1, max_replicas: $MAX_REPLICAS, target_pending_per_replica: ${TARGET:-4},
                   upscale_delay_s: ${UPSCALE_DELAY_S:-3}, downscale_delay_s: ${DOWNSCALE_DELAY_S:-20},
                   look_back_period_s: ${LOOK_BACK_S:-5}, metrics_interval_s: ${METRICS_INTERVAL_S:-1}}

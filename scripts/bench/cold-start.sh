@@ -5,20 +5,13 @@
 # an empty railyard cache (Triton compiles every kernel), the rest warm, each to its first /health 200, with the
 # server's start-up phases from /metrics (weight loading split into read / to_device / copy / other, and the
 # front's tokenizer load beside it, in the front's own process: since 0d55b5e the engine process loads no HF
-# tokenizer before it is ready, its EOS id read from the files in the tokenizer_eos phase). One more start with
-# the staged reader ($RAILYARD_WEIGHTS_READER=staged, its own empty cache, so cold). Then weight loading both ways
-# the reader can go, alone, beside a tokenizer load in the same process (plain thread and Background: how the
-# engine process loaded before 0d55b5e, for comparison) and from disk (scripts/dev/load_paths.py; it drops the
-# checkpoint from the page cache last). Then issue 7's decode benchmark, unchanged, in the same call.
-# Writes $OUT/startup.json, $OUT/startup_staged.json, $OUT/load_paths.json, $OUT/throughput.json and
-# $OUT/log.txt (its summary at the end, also on stdout).
+# tokenizer before it is ready, its EOS id read from the files in the tokenizer_eos phase). Then issue 7's decode
+# benchmark, unchanged, in the same call.
+# Writes $OUT/startup.json, $OUT/throughput.json and $OUT/log.txt (its summary at the end, also on stdout).
 #   carry: .whl (fastapi, starlette, uvicorn, pydantic(-core), httptools, pyzmq, msgspec, ...)
 #   env: CALL_S (seconds this call may use, default 450), RUNS (default 3), SERVE_ARGS (more serve flags),
 #        CKPT (checkpoint dir, default /tmp/qwen2-7b: written, and removed at the end; an existing one is kept),
-#        SHAPE (default qwen2-7b), WORK (the decode check's workload: issue 7's by default), SKIP_WHEELS,
-#        STAGED_RUN (default 1: the staged reader's start), LOAD_PATHS (default 1: load_paths.py's weight loads),
-#        DROP (default 1: load_paths' loads from disk), SEQUENTIAL_RUNS (starts, the first cold, with
-#        RAILYARD_LOAD_BESIDE_CAPTURE=0: the weights load before the graphs' capture, as before 2026-12-04's change)
+#        SHAPE (default qwen2-7b), WORK (the decode check's workload: issue 7's by default), SKIP_WHEELS
 set -o pipefail
 export PYTHONUNBUFFERED=1
 cd "$(dirname "$0")/../.."
@@ -45,7 +38,7 @@ try:
           f"{d.get('pre_read')}")
 except Exception as exc:
     print("startup.json unreadable:", exc)
-for name in ("startup.json", "startup_sequential.json", "startup_staged.json"):
+for name in ("startup.json",):
     try:
         d = json.loads((out / name).read_text())
     except Exception as exc:
@@ -61,23 +54,6 @@ for name in ("startup.json", "startup_sequential.json", "startup_staged.json"):
         for line in r.get("capture_lines", []):
             print("    ", line[-150:])
 try:
-    lp = json.loads((out / "load_paths.json").read_text())
-    print("weight loading, one process (page cache {}):".format(lp["resident"]),
-          "; ".join(f"{r['path']} {r['gb_per_s']} GB/s ({r['seconds']} s, same weights {r['same_weights']})" for r in lp["runs"]))
-    sums = {r.get("checksum") for r in lp.get("fresh", []) + lp.get("disk", []) if "checksum" in r}
-    for part in ("fresh", "disk"):
-        for r in lp.get(part, []):
-            if "error" in r:
-                print(f"  {part} {r['reader']} {r['beside']}: failed: {r['error'][-300:]}")
-                continue
-            print(f"  {part} {r['reader']:6s} beside {r['beside']:10s}: {r['gb_per_s']} GB/s ({r['seconds']} s = read "
-                  f"{r['read_s']} + to_device {r['to_device_s']} + copy {r['copy_s']}; tokenizer {r['tokenizer_s']} s, "
-                  f"{r['tokenizer_left_after_s']} s of it after the load; switch {r['switch_interval_s']})"
-                  + (f" page cache before {r['resident_before']}" if "resident_before" in r else ""))
-    print("  fresh/disk loads gave the same weights:", len(sums) == 1)
-except Exception as exc:
-    print("load_paths.json unreadable:", exc)
-try:
     t = json.loads((out / "throughput.json").read_text())
     print(f"decode check (issue 7's 7B command): {t['elapsed_s']:.2f} s, {t['output_tokens_per_s']:.0f} output tok/s, "
           f"{t.get('percent_of_roofline')}% of roofline (issue 7: 5.57-5.70 s)")
@@ -91,38 +67,11 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv | tee -a $L
 python3 -c "import torch, triton, zmq, msgspec, fastapi, uvicorn, safetensors; print(torch.__version__, triton.__version__, safetensors.__version__)" 2>&1 | tee -a $LOG
 df -h /tmp | tail -1 | tee -a $LOG; free -g | head -2 | tee -a $LOG
 
-say "reader on the GPU (pinned chunks) against safetensors"
-timeout 120 python3 -m pytest -q tests/engine/runner/models/test_safetensors_reader.py 2>&1 | tail -3 | tee -a $LOG
-
 say "bench startup: write the checkpoint, then $RUNS starts"
 timeout $(( $(left) - 100 )) python3 -m railyard.cli bench startup --model $SHAPE --checkpoint-dir $CKPT \
   --runs $RUNS --page-cache warm --serve-args "$SERVE_ARGS" --timeout 240 --output $OUT/startup.json \
   > /dev/null 2> >(tee -a $LOG >&2)
 echo "bench startup rc=$?" | tee -a $LOG
-
-if [ -n "$SEQUENTIAL_RUNS" ] && [ $(left) -gt 200 ]; then
-  say "bench startup: $SEQUENTIAL_RUNS starts loading the weights before the graphs' capture, not beside it (A/B)"
-  RAILYARD_LOAD_BESIDE_CAPTURE=0 timeout 150 python3 -m railyard.cli bench startup --checkpoint-dir $CKPT \
-    --runs $SEQUENTIAL_RUNS --page-cache as-is --serve-args "$SERVE_ARGS" --timeout 80 --output $OUT/startup_sequential.json \
-    > /dev/null 2> >(grep -v "^run [0-9]*: {" | tee -a $LOG >&2)
-  echo "bench startup (sequential) rc=$?" | tee -a $LOG
-fi
-
-if [ "${STAGED_RUN:-1}" = 1 ] && [ $(left) -gt 230 ]; then
-  say "bench startup: one start with the staged reader (its own empty cache: cold)"
-  RAILYARD_WEIGHTS_READER=staged timeout 90 python3 -m railyard.cli bench startup --checkpoint-dir $CKPT --runs 1 \
-    --page-cache as-is --serve-args "$SERVE_ARGS" --timeout 80 --output $OUT/startup_staged.json \
-    > /dev/null 2> >(tee -a $LOG >&2)
-  echo "bench startup (staged) rc=$?" | tee -a $LOG
-fi
-
-if [ "${LOAD_PATHS:-1}" = 1 ]; then
-  say "weight loading: each reader in one process, in fresh ones alone and beside the tokenizer load, from disk"
-  [ $(left) -gt 200 ] || export DROP=0
-  timeout $(( $(left) > 100 ? $(left) - 70 : 30 )) python3 scripts/dev/load_paths.py $CKPT 2 $OUT/load_paths.json \
-    > /dev/null 2> >(tail -20 | tee -a $LOG >&2)
-  echo "load_paths rc=$?" | tee -a $LOG
-fi
 
 say "decode check: issue 7's 7B benchmark"
 timeout $(( $(left) > 40 ? $(left) - 10 : 30 )) python3 scripts/bench/cli.py bench throughput --model $SHAPE $WORK \

@@ -7,7 +7,7 @@
 #   2b. the paged decode kernel over an FP8 cache at the workload's mid-run contexts, launch configurations swept
 #      (tune_decode.py fp8: its 64-token tiles are half the bytes of a bf16 cache's per loop iteration);
 #   3. `bench throughput`, issue-7 workload (256 prompts 100-1024 -> 256, budget 16,384), qwen2-7b shape,
-#      interleaved: bf16, FP8 weights + FP8 KV (uncapped, then per register cap in $CAPS), FP8 weights, then
+#      interleaved: bf16, FP8 weights + FP8 KV, FP8 weights, then
 #      the same again (FP8 through auto); then the
 #      qwen3-0.6b shape: bf16, FP8 weights, FP8 weights + FP8 KV;
 #   4. profile_steps.py over the 7B FP8 + FP8 KV run (steps with prefill vs pure decode, host parts, kernel tables).
@@ -18,7 +18,7 @@
 # BENCH_ONLY=1: the tests and the benches only (no kernel bench, decode sweep or profile: 4 files in $OUT).
 # SILU=0: no SiLU-and-mul kernel bench; PROFILE=0: no profile; SMALL=0: no qwen3-0.6b benches; ROUNDS=1: the 7B
 # variants once (default 2, interleaved: bf16 and FP8 + FP8 KV again); WEIGHTS_ONLY=0: no FP8-weights-only 7B
-# variant; F16_DOTS_AB=0: no FP8 + FP8 KV run with the float16-dots decode kernel; ACCURACY=1: fp8_check.py
+# variant; ACCURACY=1: fp8_check.py
 # accuracy after the benches (fp8_accuracy.json; ACCURACY_PARTS picks its comparisons); TUNE=0: no decode sweep;
 # TESTS_S: the tests' time limit (default 75 s).
 # DRY_RUN=1: the same 7B steps on the CPU with the embedded tiny model and auto (a check of this script).
@@ -60,25 +60,10 @@ export WORKLOAD
 # verdict near the line needs the spread beside it. auto is rowwise-fast except for decode-sized GEMMs the row-wise
 # kernel would not spread over the GPU (layers/fp8.py). Then the qwen3-0.6b shape once each (issue 15 item 5 wants
 # both shapes side by side in one call).
-# CAPS: register caps of the decode kernel over the FP8 cache, each a FP8 + FP8 KV variant in both rounds
-# ($RAILYARD_FP8_DECODE_MAXNREG; default "128 104", the spill-free caps of scripts/dev/decode_kernel_resources.py;
-# CAPS="" for none).
-CAPS=${CAPS-""}
-bench_cap() { local cap=$1; shift; RAILYARD_FP8_DECODE_MAXNREG=$cap bench "$@"; }
-# F16_DOTS_AB=1 (default): FP8 + FP8 KV also with the decode kernel's float16 dots (RAILYARD_FP8_KV_DOTS=f16, the
-# kernel before FP8_DOTS), in the first round.
-bench_f16dots() { RAILYARD_FP8_KV_DOTS=f16 bench "$@"; }
-export -f bench_cap bench_f16dots
 ROUND_NAMES=""; [ "${ROUNDS:-2}" = 1 ] || ROUND_NAMES="-again"
 for round in "" $ROUND_NAMES; do
   step "bench bf16$round" 45 bench bf16$round
   step "bench fp8 auto + fp8 kv$round" 45 bench fp8-auto-kv$round --quantization fp8 --kv-cache-dtype fp8 $AUTO
-  [ -z "$round" ] && [ "${F16_DOTS_AB:-1}" != 0 ] && step "bench fp8 auto + fp8 kv, float16 dots" 45 \
-    bench_f16dots fp8-auto-kv-f16dots --quantization fp8 --kv-cache-dtype fp8 $AUTO
-  for cap in $CAPS; do
-    step "bench fp8 auto + fp8 kv, decode registers <= $cap$round" 45 \
-      bench_cap $cap fp8-auto-kv-cap$cap$round --quantization fp8 --kv-cache-dtype fp8 $AUTO
-  done
   [ -z "$round" ] && [ "${WEIGHTS_ONLY:-1}" != 0 ] && step "bench fp8 auto$round" 40 bench fp8-auto$round --quantization fp8 $AUTO
 done
 if [ -z "$DRY_RUN" ] && [ "${SMALL:-1}" != 0 ]; then

@@ -126,14 +126,14 @@ def decode_accuracy(prompts: list[list[int]], common: dict) -> dict:
     decode = {"decode: fp8 kv cache": dict(kv_cache_dtype="fp8"),
               "decode: fp8 weights + kv cache": dict(quantization="fp8", kv_cache_dtype="fp8")}
     results = compare_prefill("qwen2-7b", prompts, {}, decode, decode_tokens=32, dtype="bfloat16", **common)
-    fp8_dots_on = paged_attention._FP8_DOTS_ON
-    paged_attention._FP8_DOTS_ON = False
+    fp8_dots = paged_attention.fp8_dots
+    paged_attention.fp8_dots = lambda q, kv_cache: False  # the float16-dots decode kernel, in this process only
     try:
         results.update(compare_prefill("qwen2-7b", prompts, {}, {
             "decode: fp8 kv cache, float16 dots": dict(kv_cache_dtype="fp8")}, decode_tokens=32, dtype="bfloat16",
             **common))
     finally:
-        paged_attention._FP8_DOTS_ON = fp8_dots_on
+        paged_attention.fp8_dots = fp8_dots
     return results
 
 

@@ -65,8 +65,9 @@ left() { echo $(( CALL_S - SECONDS )); }
 
 if [ -n "$SMALL" ]; then  # CPU dry run: every step, tiny sizes
   MODEL=${MODEL:-$(python3 -c "from railyard.engine.startup.tiny_model import ensure_tiny_model; print(ensure_tiny_model())")}
-  BLOCKS=${BLOCKS:-256} CPU_FLAG=--cpu DIRECT_FLAGS="--device cpu --dtype float32"
-  export RAY_TMPDIR=${RAY_TMPDIR:-/tmp/ray-serve-dry-ray} RAILYARD_TORCH_THREADS=1
+  BLOCKS=${BLOCKS:-256} CPU_FLAG=--cpu DIRECT_FLAGS="--device cpu --dtype float32 --torch-threads 1"
+  THREADS=", torch_threads: 1"  # one torch thread per engine: the replicas share few cores
+  export RAY_TMPDIR=${RAY_TMPDIR:-/tmp/ray-serve-dry-ray}
   mkdir -p "$RAY_TMPDIR"
   MAXLEN=1024 SEQS=32 TOKENS=2048
   TPUT="--input-len 16-64 --output-len 8"; C_LOW=4 C_HIGH=16 N_LOW=16 N_HIGH=16
@@ -111,7 +112,7 @@ mps_start() {
     exit 1
   fi
 }
-ENGINE="{max_model_len: $MAXLEN, max_num_seqs: $SEQS, max_num_batched_tokens: $TOKENS, num_gpu_blocks: $BLOCKS}"
+ENGINE="{max_model_len: $MAXLEN, max_num_seqs: $SEQS, max_num_batched_tokens: $TOKENS, num_gpu_blocks: $BLOCKS${THREADS:-}}"
 URL=http://127.0.0.1:$PORT DIRECT_URL=http://127.0.0.1:$DIRECT_PORT
 SERVER=
 UP_ENV=

@@ -53,3 +53,18 @@ def test_generate_shows_a_progress_bar_on_a_terminal_only(tiny_model, monkeypatc
     monkeypatch.setattr(sys, "stderr", terminal)
     assert main(args) == 0
     assert "generate: 100%" in terminal.getvalue() and "2/2" in terminal.getvalue()
+
+
+def test_the_thread_count_and_the_tensor_parallel_timeout_are_engine_flags(tiny_model):
+    from railyard.cli import build_parser
+    from railyard.engine.args import engine_config_from_args
+
+    args = build_parser().parse_args(["serve", "--model", tiny_model, "--torch-threads", "2", "--tp-timeout-s", "30"])
+    config = engine_config_from_args(args)
+    assert (config.torch_threads, config.tp_timeout_s) == (2, 30.0)
+
+
+def test_a_bad_thread_count_or_tensor_parallel_timeout_exits_2_naming_it(tiny_model, capsys):
+    for flag, value, name in (("--torch-threads", "0", "torch_threads"), ("--tp-timeout-s", "0", "tp_timeout_s")):
+        assert main(["generate", "--model", tiny_model, "--prompt", "x", flag, value]) == 2
+        assert capsys.readouterr().err.strip().startswith(f"railyard generate: error: {name} must be")

@@ -43,9 +43,8 @@ class ServeCluster:
 
 @pytest.fixture(scope="session")
 def serve_cluster() -> ServeCluster:
-    # Replica processes import railyard from this checkout and keep torch to one thread each.
+    # Replica processes import railyard from this checkout (engine_args keeps torch to one thread each).
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))
-    os.environ["RAILYARD_TORCH_THREADS"] = "1"
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": CPUS_PER_NODE, "include_dashboard": False})
     cluster.add_node(num_cpus=CPUS_PER_NODE)
     ray.init(address=cluster.address, log_to_driver=False)
@@ -72,7 +71,7 @@ def engine_args(model_dir: str, name: str = "tiny", *, router: str = "pending_pr
     if autoscaling:
         pool_args["autoscaling"] = autoscaling
     return {"models": [{"name": name, "model": model_dir, "tensor_parallel_size": tensor_parallel_size,
-                        "engine": {"device": "cpu", "max_model_len": 1024, **(engine or {})},
+                        "engine": {"device": "cpu", "max_model_len": 1024, "torch_threads": 1, **(engine or {})},
                         "pools": [pool_args]}],
             "router": {"name": router, "stats_period_s": 0.5},
             # One ingress (the serve layer's default is two): the specs read the front's /metrics, which is per

@@ -48,12 +48,12 @@ def listener_command(port: int) -> str | None:
 def test_cluster_up_serves_behind_haproxy_by_default_and_stops_on_sigterm(tiny_model, tmp_path):
     stack = tmp_path / "stack.yaml"
     stack.write_text(f"image: x\nmodels:\n  - name: tiny\n    model: {tiny_model}\n"
-                     "    engine: {max_model_len: 256, dtype: float32, max_num_seqs: 8}\n")
+                     "    engine: {max_model_len: 256, dtype: float32, max_num_seqs: 8, torch_threads: 1}\n")
     port = _free_port()
     ray_dir = tempfile.mkdtemp(prefix="ry", dir="/tmp")  # Ray's socket paths must stay under 108 characters
     env = {k: v for k, v in os.environ.items()
            if k not in ("RAY_ADDRESS", "RAY_SERVE_ENABLE_HA_PROXY", "RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S")}
-    env.update(RAY_TMPDIR=ray_dir, RAILYARD_TORCH_THREADS="1",
+    env.update(RAY_TMPDIR=ray_dir,
                PYTHONPATH=os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")])))
     log = tmp_path / "up.log"
     with open(log, "w") as out:

@@ -165,15 +165,14 @@ def _import_engine() -> None:
 
 
 def _set_torch_threads(config: EngineConfig) -> None:
-    """On the CPU, leave one core to the front: its event loop must answer while the model runs (and torch's
-    spinning OpenMP threads, one per core, would fight it for every core). $RAILYARD_TORCH_THREADS overrides."""
+    """config.torch_threads; unset, on the CPU, leave one core to the front: its event loop must answer while the
+    model runs (and torch's spinning OpenMP threads, one per core, would fight it for every core)."""
     import torch
 
     from railyard.engine.runner.model_runner import resolve_device
 
-    threads = os.environ.get("RAILYARD_TORCH_THREADS")
-    if threads:
-        torch.set_num_threads(int(threads))
+    if config.torch_threads is not None:
+        torch.set_num_threads(config.torch_threads)
     elif resolve_device(config.device).type == "cpu":
         torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) - 1))
 

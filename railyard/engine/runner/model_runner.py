@@ -20,7 +20,7 @@ from railyard.engine.runner.decode_graphs import DecodeGraphs, padded_block_tabl
 from railyard.engine.config import EngineConfig
 from railyard.engine.runner.kernels import fp8_ops
 from railyard.engine.runner.layers.fp8 import FP8, cache_bits, gemm_path, scaled_mm_supported
-from railyard.engine.runner.models.loader import build_empty, fill_from_checkpoint, load_beside_capture, random_weights
+from railyard.engine.runner.models.loader import build_empty, fill_from_checkpoint, random_weights
 from railyard.engine.runner.layers.parallel import SINGLE, ParallelState
 from railyard.engine.runner.piecewise_graphs import PiecewiseGraphs
 from railyard.engine.runner.sampler import (DoneSample, PendingSample, SamplerOutput, SamplingRow, host_tensor, sample_async,
@@ -144,10 +144,10 @@ class ModelRunner:
                               "(add --quantization fp8, or leave fp8_gemm at auto)")
         # Where piecewise graphs will be captured, the checkpoint loads on a thread beside their capture (it needs
         # the weights' addresses, not their values): the phases then hold only the part of loading the capture did
-        # not hide, and its whole time is a `background` entry (load_beside_capture). What loading sets on the host
+        # not hide, and its whole time is a `background` entry. What loading sets on the host
         # (a checkpoint's KV-cache scales) is read by attention only, which the pieces leave out; the KV profile and
         # the decode graphs, which do read it, come after the load has finished.
-        beside = model_dir is not None and self._piecewise_allowed() and load_beside_capture()
+        beside = model_dir is not None and self._piecewise_allowed()
         load: WeightLoad | None = None
         loader: Background | None = None
         if model_dir is None:  # a named shape with random weights (benchmarks): nothing to read from disk

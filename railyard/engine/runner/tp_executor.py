@@ -13,7 +13,6 @@ import datetime
 import logging
 import multiprocessing
 import multiprocessing.connection
-import os
 import queue
 import socket
 import threading
@@ -39,7 +38,6 @@ from railyard.model.spec import ModelSpec, check_tensor_parallel
 
 log = logging.getLogger("railyard.engine")
 
-COLLECTIVE_TIMEOUT_S = float(os.environ.get("RAILYARD_TP_TIMEOUT_S", "600"))
 _GRACE_S = 2.0  # how long a failed collective waits for the dead peer's sentinel, to name the culprit
 _STOP_S = 5.0  # how long shutdown waits for each stage before forcing it
 
@@ -135,9 +133,9 @@ class TensorParallelExecutor:
         self._finalizer = weakref.finalize(self, _release, self._workers, self._conns, self._rank0)
         try:
             # Port 0: the OS picks a free port, and holding the listening store closes any race for it.
-            store = loopback_store(tp, datetime.timedelta(seconds=COLLECTIVE_TIMEOUT_S))
+            store = loopback_store(tp, datetime.timedelta(seconds=config.tp_timeout_s))
             rv = Rendezvous("127.0.0.1", store.port, tp, "nccl" if device.type == "cuda" else "gloo", device.type,
-                            COLLECTIVE_TIMEOUT_S)
+                            config.tp_timeout_s)
             self._spawn_workers(rv, config, spec, model_dir)
             self.runner, (self.num_gpu_blocks, self.num_cpu_blocks) = self._call_rank0(
                 lambda: self._start_rank0(rv, store, config, spec, model_dir))

@@ -17,10 +17,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-
-def cache_root() -> Path:
-    """The root of railyard's caches: $RAILYARD_CACHE, or ~/.cache/railyard."""
-    return Path(os.environ.get("RAILYARD_CACHE", Path.home() / ".cache" / "railyard"))
+from railyard.envs import cache_root
 
 
 def configure_triton_cache() -> Path:

@@ -20,9 +20,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-# Where weight loading's seconds went: file -> host memory, the reader's copies to the device (staged), converting
-# and copying into the parameters, and the rest (the reader's set-up, waiting for the device at the end). The
-# mapped reader's tensors are views of the mapped file, so its reading (page faults on the page cache) happens in
+# Where weight loading's seconds went: file -> host memory, the reader's copies to the device (none: the mapped
+# reader leaves them to the model), converting and copying into the parameters, and the rest (the reader's set-up,
+# waiting for the device at the end). The mapped reader's tensors are views of the mapped file, so its reading (page faults on the page cache) happens in
 # the copy into the parameters and shows there: its read part is only safetensors' bookkeeping.
 WEIGHT_PARTS = ("read", "to_device", "copy", "other")
 # The order phases happen in (a phase that did not happen is absent).
@@ -52,7 +52,7 @@ class StartupTimes:
     triton_kernels: int = 0  # kernel specialisations JIT'd during start-up (compiled, or loaded from the cache)
     triton_compiled: int = 0  # of those, compiled anew: entries added to the Triton cache (its misses)
     triton_cache_dir: str | None = None
-    weights_reader: str | None = None  # mapped or staged (safetensors_reader)
+    weights_reader: str | None = None  # the safetensors reader's name (mapped)
     weight_parts: dict[str, float] = field(default_factory=dict)  # within the load's seconds, WEIGHT_PARTS
     # Seconds of work run on threads beside the phases: the front's tokenizer; "weights", a load beside the CUDA
     # graphs' capture (the weight_loading phase is then only what the capture did not hide).

@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-from railyard.engine.startup.caches import cache_root
+from railyard.envs import cache_root
 
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 # ChatML; with `tools`, Qwen2.5's Hermes-style tool prompt, <tool_call> turns and <tool_response> results.

@@ -27,7 +27,7 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
-from railyard.engine.startup.caches import cache_root
+from railyard.envs import cache_root
 
 log = logging.getLogger("railyard.engine")
 

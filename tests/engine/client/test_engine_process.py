@@ -65,3 +65,18 @@ def test_shutdown_stops_the_core_process(tiny_model):
 
     client, final = run(main())
     assert final.finished and not client.process.is_alive() and client.process.exitcode == 0
+
+
+def test_the_engine_process_takes_its_torch_threads_from_the_config_and_leaves_a_core_to_the_front_by_default():
+    import torch
+
+    from railyard.engine.core.process import _set_torch_threads
+
+    before = torch.get_num_threads()
+    try:
+        _set_torch_threads(EngineConfig(device="cpu", torch_threads=1))
+        assert torch.get_num_threads() == 1
+        _set_torch_threads(EngineConfig(device="cpu"))
+        assert torch.get_num_threads() == max(1, len(os.sched_getaffinity(0)) - 1)
+    finally:
+        torch.set_num_threads(before)

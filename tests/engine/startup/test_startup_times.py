@@ -112,17 +112,6 @@ def test_a_load_beside_the_capture_gives_its_rate_from_its_own_seconds_and_shows
     assert decoded.background["weights"] == 2.0 and decoded.weights_gb_per_s == pytest.approx(8.0)
 
 
-@pytest.mark.parametrize("value, beside", [(None, True), ("1", True), ("0", False), ("off", False)])
-def test_the_load_beside_capture_switch(monkeypatch, value, beside):
-    from railyard.engine.runner.models.loader import BESIDE_CAPTURE_ENV, load_beside_capture
-
-    if value is None:
-        monkeypatch.delenv(BESIDE_CAPTURE_ENV, raising=False)
-    else:
-        monkeypatch.setenv(BESIDE_CAPTURE_ENV, value)
-    assert load_beside_capture() is beside
-
-
 def test_steps_that_carry_a_prefill_are_counted_apart_from_pure_decode_steps(tiny_model):
     """Two prompts admitted in one step, then decodes only: one prefill step. A third prompt arriving mid-way
     makes a second (a step with its prefill and the others' decodes)."""

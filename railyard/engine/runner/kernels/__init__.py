@@ -3,19 +3,16 @@
 from __future__ import annotations
 
 import functools
-import os
 
 
 @functools.lru_cache(maxsize=1)
 def fused_ops():
     """The fused elementwise kernels module (RMSNorm with residual, SiLU-and-mul, rotary), None when triton
-    does not import or RAILYARD_FUSED_KERNELS=0 (the plain torch layers; for A/B measurements).
+    does not import (the layers then run their plain torch forms).
 
     On by default on CUDA: on the H200 they took the 7B-shape benchmark from 8.31 s to 6.09 s, and greedy
     tokens stay identical to HF transformers (BENCHMARKS.md). The layers use them for CUDA tensors only.
     """
-    if os.environ.get("RAILYARD_FUSED_KERNELS", "1") == "0":
-        return None
     try:
         from railyard.engine.runner.kernels import fused
     except ImportError:

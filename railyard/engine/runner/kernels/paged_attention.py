@@ -38,7 +38,6 @@ bounds it; BENCHMARKS.md, FP8, has the per-layer and logit effect on a 7B shape)
 from __future__ import annotations
 
 import functools
-import os
 
 import torch
 import triton
@@ -113,18 +112,9 @@ def _check_cache(kv_cache: torch.Tensor, hk: int, d: int) -> None:
 _CACHE_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float8_e4m3fn)
 
 
-# RAILYARD_FP8_KV_F16_DOTS=0: the FP8 cache widened to q's dtype as before F16_DOTS (for A/B measurements).
-_F16_DOTS_ON = os.environ.get("RAILYARD_FP8_KV_F16_DOTS", "1") != "0"
-
-
 def _f16_dots(q: torch.Tensor, kv_cache: torch.Tensor) -> bool:
     """An FP8 cache under 16-bit queries: both dot products in float16 (the module docstring says why)."""
-    return _F16_DOTS_ON and kv_cache.dtype == torch.float8_e4m3fn and q.dtype in (torch.bfloat16, torch.float16)
-
-
-# RAILYARD_FP8_KV_DOTS=f16: decode over an FP8 cache in float16 dot products (F16_DOTS) even where FP8 tensor cores
-# could take it (for A/B measurements of the FP8_DOTS kernel).
-_FP8_DOTS_ON = os.environ.get("RAILYARD_FP8_KV_DOTS", "fp8") != "f16"
+    return kv_cache.dtype == torch.float8_e4m3fn and q.dtype in (torch.bfloat16, torch.float16)
 
 
 @functools.cache
@@ -136,7 +126,7 @@ def fp8_dots(q: torch.Tensor, kv_cache: torch.Tensor) -> bool:
     """Whether decode over this cache runs _decode_fp8_dots_kernel: an FP8 cache, 16-bit queries, a Hopper (or
     newer) GPU, head dims and blocks its tiles take (the module docstring says why, and what it rounds)."""
     page, d = kv_cache.shape[2], kv_cache.shape[4]
-    return (_FP8_DOTS_ON and _f16_dots(q, kv_cache) and q.is_cuda and _has_wgmma(q.device.index or 0)
+    return (_f16_dots(q, kv_cache) and q.is_cuda and _has_wgmma(q.device.index or 0)
             and d in (64, 128) and 8 <= page <= 64 and 64 % page == 0)  # head dims the tests ran
 
 
@@ -371,23 +361,6 @@ def decode_splits(batch: int, num_kv_heads: int, max_seq_len: int, num_sms: int)
     return max(1, min(want, triton.cdiv(max_seq_len, 256), 64))
 
 
-# RAILYARD_FP8_DECODE_MAXNREG=N: cap the decode kernel's registers over an FP8 cache at N a thread, whichever
-# kernel runs (for A/B measurements: the float16-dots one takes 145 uncapped, so 3 programs share an SM where bf16's
-# 96 allow 5; scripts/bench/fp8.sh's CAPS).
-_FP8_DECODE_MAXNREG = os.environ.get("RAILYARD_FP8_DECODE_MAXNREG", "")
-
-
-def decode_maxnreg(kv_cache: torch.Tensor) -> int | None:
-    """The decode kernel's register cap: $RAILYARD_FP8_DECODE_MAXNREG over an FP8 cache, else none (ptxas's).
-    Read at the first launch, inside the engine's start-up, so a bad value fails the start with this message."""
-    if kv_cache.dtype != torch.float8_e4m3fn or not _FP8_DECODE_MAXNREG:
-        return None
-    if not (_FP8_DECODE_MAXNREG.isdigit() and 24 <= int(_FP8_DECODE_MAXNREG) <= 255):
-        raise ValueError(f"RAILYARD_FP8_DECODE_MAXNREG must be a register count from 24 to 255, "
-                         f"not {_FP8_DECODE_MAXNREG!r}")
-    return int(_FP8_DECODE_MAXNREG)
-
-
 def decode_stages(kv_cache: torch.Tensor) -> int:
     """Software-pipelining depth of the decode loop: 3 over an FP8 cache, whose 64-token tiles are half a bf16
     tile's bytes (faster in scripts/dev/tune_decode.py's sweep, the same output bit for bit); 2 elsewhere."""
@@ -401,7 +374,7 @@ def paged_decode(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Te
     """q [B, H, d] -> out [B, H, d]; one new token per sequence whose KV is already in the cache.
 
     block_n / num_warps / num_stages / maxnreg: launch configuration (scripts/dev/tune_decode.py sweeps them;
-    num_stages None: decode_stages(kv_cache); maxnreg None: decode_maxnreg(kv_cache); a register cap lets more
+    num_stages None: decode_stages(kv_cache); maxnreg None: ptxas's choice; a register cap lets more
     programs share an SM: scripts/dev/decode_kernel_resources.py shows registers and spills without a GPU).
     k_scale / v_scale: an FP8 cache's per-layer scales (ignored for other caches). use_fp8_dots: run
     _decode_fp8_dots_kernel (None: where fp8_dots says; the tests force it on the CPU interpreter)."""
@@ -422,7 +395,7 @@ def paged_decode(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Te
             num_splits, NUM_HEADS=num_heads, NUM_KV_HEADS=hk, GROUP=group,
             G_PAD=max(16, triton.next_power_of_2(group)), HEAD_DIM=d, PAGE=page, BLOCK_N=_tile(block_n or 64, kv_cache),
             DIRECT=direct, num_warps=num_warps, num_stages=num_stages or 2,
-            **({} if (cap := maxnreg or decode_maxnreg(kv_cache)) is None else {"maxnreg": cap}))
+            **({} if maxnreg is None else {"maxnreg": maxnreg}))
     else:
         _decode_split_kernel[(b, hk, num_splits)](
             q, kv_cache, block_tables, seq_lens, part_acc, part_ml, out, qk_scale, v_scale,
@@ -433,7 +406,7 @@ def paged_decode(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Te
             IEEE=q.dtype == torch.float32, DIRECT=direct, SCALE_V=scale_v, F16_DOTS=_f16_dots(q, kv_cache),
             V_TOKENS_INNER=values_tokens_inner(kv_cache),
             num_warps=num_warps, num_stages=num_stages or decode_stages(kv_cache),
-            **({} if (cap := maxnreg or decode_maxnreg(kv_cache)) is None else {"maxnreg": cap}))
+            **({} if maxnreg is None else {"maxnreg": maxnreg}))
     if direct:
         return out
     _merge_splits_kernel[(b, num_heads)](

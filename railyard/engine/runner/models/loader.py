@@ -6,7 +6,6 @@ Which files those are is railyard.engine.runner.models.checkpoint_dir's job (tor
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,20 +22,11 @@ from railyard.errors import ModelLoadError
 from railyard.model.spec import ModelSpec
 
 
-# "0" loads the checkpoint before the CUDA graphs' capture instead of beside it (model_runner): cold-start.sh's A/B.
-BESIDE_CAPTURE_ENV = "RAILYARD_LOAD_BESIDE_CAPTURE"
-
-
-def load_beside_capture() -> bool:
-    """Whether the weights may load on a thread while the piecewise graphs are captured ($RAILYARD_LOAD_BESIDE_CAPTURE,
-    default 1)."""
-    return os.environ.get(BESIDE_CAPTURE_ENV, "1").strip() not in ("0", "false", "no", "off")
-
 
 def iter_weights(files: list[Path], reader: CheckpointReader | None = None) -> Iterator[tuple[str, torch.Tensor]]:
-    """Yield tensors one at a time (on the reader's device; the CPU without one), so a rank holds at most one full
-    tensor beside its shards."""
-    reader = reader or CheckpointReader(torch.device("cpu"))
+    """Yield tensors one at a time (CPU tensors of the mapped files), so a rank holds at most one full tensor beside
+    its shards."""
+    reader = reader or CheckpointReader()
     for file in files:
         try:
             yield from reader.iter_file(file)
@@ -70,7 +60,7 @@ def load_model(model_dir: Path, spec: ModelSpec, dtype: torch.dtype, device: tor
 def fill_from_checkpoint(model: CausalLM, model_dir: Path) -> WeightLoad:
     """Fill a built model's weights from the checkpoint; returns the bytes read and where the time went. Raises
     ModelLoadError if the checkpoint lacks any of the model's weights."""
-    reader = CheckpointReader(next(model.parameters()).device)
+    reader = CheckpointReader()
     start = time.perf_counter()
     loaded = model.load_weights(iter_weights(weight_files(model_dir), reader))
     seconds = time.perf_counter() - start

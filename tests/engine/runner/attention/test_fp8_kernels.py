@@ -196,7 +196,7 @@ def test_fp8_decode_with_gqa_group_of_seven_and_head_dim_16():
 
 @pytest.mark.skipif(DEVICE == "cpu", reason="bf16 dot products: GPU only (interpreter bf16 casts)")
 def test_bf16_queries_over_an_fp8_cache_with_7b_head_shapes(monkeypatch):
-    monkeypatch.setattr(paged_attention, "_FP8_DOTS_ON", False)  # the float16 dots; FP8_DOTS: the tests below
+    monkeypatch.setattr(paged_attention, "fp8_dots", lambda q, kv_cache: False)  # float16 dots; FP8_DOTS: below
     _compare(cached=[0, 200, 999], new=[300, 1, 1], heads=28, kv_heads=4, dim=128, k_scale=0.5, v_scale=2.0,
              dtype=torch.bfloat16)
 
@@ -206,8 +206,8 @@ def test_fp16_queries_over_an_fp8_cache_take_float16_dot_products_and_match_the_
                                                                                             monkeypatch):
     """16-bit queries over an FP8 cache run both dot products in float16 (paged_attention.py's F16_DOTS: one
     e4m3 -> float16 conversion per two elements), q scaled by a power of two first; decode and prefill. (Decode
-    on a Hopper GPU takes FP8 dots by default: RAILYARD_FP8_KV_DOTS=f16 here.)"""
-    monkeypatch.setattr(paged_attention, "_FP8_DOTS_ON", False)
+    on a Hopper GPU takes FP8 dots: they are turned off here.)"""
+    monkeypatch.setattr(paged_attention, "fp8_dots", lambda q, kv_cache: False)
     _compare(cached=cached, new=new, heads=14, kv_heads=2, dim=64, k_scale=0.25, v_scale=3.0, dtype=torch.float16)
 
 
@@ -260,18 +260,6 @@ def test_decode_over_an_fp8_cache_gives_the_same_bits_three_stages_deep_and_unde
     capped = paged_decode(q, cache, meta.block_tables, meta.seq_lens, 0.2, num_splits=1, k_scale=0.5, v_scale=2.0,
                           maxnreg=128)  # a register cap (more programs per SM) is the same arithmetic
     assert torch.equal(default, capped)
-
-
-def test_the_fp8_register_cap_for_ab_runs_applies_to_fp8_caches_only(monkeypatch):
-    fp8_cache = torch.zeros((2, 1, 16, 1, 16), dtype=FP8)
-    assert paged_attention.decode_maxnreg(fp8_cache) is None  # unset: ptxas chooses
-    monkeypatch.setattr(paged_attention, "_FP8_DECODE_MAXNREG", "128")
-    assert paged_attention.decode_maxnreg(fp8_cache) == 128
-    assert paged_attention.decode_maxnreg(fp8_cache.to(torch.bfloat16)) is None
-    for bad in ("lots", "-8", "1000"):
-        monkeypatch.setattr(paged_attention, "_FP8_DECODE_MAXNREG", bad)
-        with pytest.raises(ValueError, match="RAILYARD_FP8_DECODE_MAXNREG must be a register count"):
-            paged_attention.decode_maxnreg(fp8_cache)
 
 
 def test_a_cache_of_the_wrong_layout_is_refused():
@@ -361,7 +349,7 @@ def test_store_kv_writes_nan_as_zero_so_an_fp8_cache_never_holds_a_nan_byte():
     assert not cache.float().isnan().any() and torch.equal(_bits(cache), _bits(ref))
 
 
-def test_fp8_dots_runs_only_for_16_bit_queries_over_an_fp8_cache_on_a_hopper_gpu(monkeypatch):
+def test_fp8_dots_runs_only_for_16_bit_queries_over_an_fp8_cache_on_a_hopper_gpu():
     cache = torch.zeros((2, 4, 16, 2, 64), dtype=FP8)
     q16 = torch.zeros((1, 4, 64), dtype=torch.float16)
     assert not paged_attention.fp8_dots(q16, cache)  # CPU tensors: the interpreter only when a test asks
@@ -370,8 +358,6 @@ def test_fp8_dots_runs_only_for_16_bit_queries_over_an_fp8_cache_on_a_hopper_gpu
         assert paged_attention.fp8_dots(q16.cuda(), cache.cuda()) == want
         assert not paged_attention.fp8_dots(q16.float().cuda(), cache.cuda())  # float32 models: exact dots
         assert not paged_attention.fp8_dots(q16.cuda(), cache.to(torch.bfloat16).cuda())
-        monkeypatch.setattr(paged_attention, "_FP8_DOTS_ON", False)  # RAILYARD_FP8_KV_DOTS=f16
-        assert not paged_attention.fp8_dots(q16.cuda(), cache.cuda())
 
 
 def test_an_fp8_dots_tile_that_is_not_whole_blocks_is_refused():

@@ -120,8 +120,7 @@ def test_rotary_of_no_tokens():
 
 @pytest.mark.skipif(DEVICE == "cpu", reason="the layer takes the fused path on CUDA tensors only")
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_rotary_layer_with_fused_kernels_on_is_bit_exact_on_the_gpu(dtype, monkeypatch):
-    monkeypatch.setenv("RAILYARD_FUSED_KERNELS", "1")
+def test_rotary_layer_with_fused_kernels_on_is_bit_exact_on_the_gpu(dtype):
     fused_ops.cache_clear()
     try:
         assert fused_ops() is fused
