@@ -14,6 +14,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from railyard.errors import ConfigError
+from railyard.model.chat_format import ReasoningParserName, ToolCallParserName
 from railyard.model.precision import Fp8Gemm, check_kv_cache_dtype, check_quantization
 
 SERVE_IMPORT_PATH = "railyard.serve.app:build_app"
@@ -95,6 +96,10 @@ class EngineOptions(_Strict):
     # torch's intra-op threads per engine (unset: every core but one on the CPU): CPU replicas sharing few cores
     # take 1 each.
     torch_threads: int | None = Field(None, ge=1)
+    # How the chat endpoint reads the model's reasoning and tool calls (railyard serve's flags; unset: auto, by
+    # the chat template).
+    reasoning_parser: ReasoningParserName | None = None
+    tool_call_parser: ToolCallParserName | None = None
 
     @field_validator("quantization")
     @classmethod

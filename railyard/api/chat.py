@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import Callable
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
@@ -13,7 +14,7 @@ from railyard.api.generation import ChoiceState, Generation, Prompt, chunk_usage
 from railyard.api.protocol import ChatCompletionRequest
 from railyard.api.sse import EventStreamResponse, sse
 from railyard.api.structured import structured_outputs
-from railyard.api.tool_parsers import finish_reason, parse_message, tool_delta
+from railyard.api.output_parsers import OutputParser, choice_parsers, finish_reason, parse_message, stream_delta
 from railyard.api.tools import ToolPlan, plan_tools, template_messages
 from railyard.errors import InvalidRequestError
 
@@ -45,31 +46,33 @@ def _logprobs(gen: Generation, token_ids: list[int], logprobs: list[dict[int, fl
 
 async def create_chat_completion(gen: Generation, req: ChatCompletionRequest, raw: Request) -> Response:
     arrival = time.monotonic()
-    tools = plan_tools(req)  # [tools] None without tools
+    tools = plan_tools(req, gen.parsers.harmony)  # [tools] None without tools
     constraint = structured_outputs(req, tools.constraint if tools else None)  # [structured outputs]
     prompt = await render_chat(gen, req, tools)
     max_tokens = req.max_completion_tokens or req.max_tokens
     gen.check_length(prompt, max_tokens)
     k = (req.top_logprobs or 0) if req.logprobs else None
     params = gen.sampling_params(req, max_tokens, k, constraint)
+    # [reasoning, tools] one parser per choice, the same for the stream and the whole message
+    json_output = constraint is not None and constraint.kind in ("json", "json_object")
+    new_parser = choice_parsers(gen.parsers, req, tools, prompt.text, json_output)
+    if gen.parsers.harmony:
+        params.skip_special_tokens = False  # harmony's channels are special tokens: the parser reads them
     request_id = f"chatcmpl-{req.request_id or uuid.uuid4().hex}"
     streams = await gen.submit(request_id, [prompt], params, req.priority, arrival)
     created = now_s()
     if req.stream:
-        return EventStreamResponse(_stream(gen, req, request_id, created, streams[0], tools), streams)
+        return EventStreamResponse(_stream(gen, req, request_id, created, streams[0], new_parser), streams)
     outputs = await gen.collect(streams, raw)
     if outputs is None:
         return Response(status_code=499)  # the client left; nobody reads this
     out = outputs[0]
     choices = []
     for c in out.outputs:
-        parser = tools.parser() if tools else None  # [tools] the same parser the stream uses
+        parser = new_parser() if new_parser else None
         message = {"role": "assistant", "content": c.text}
         if parser is not None:
-            parsed = parse_message(parser, c.text)
-            message["content"] = parsed.content
-            if parsed.tool_calls:
-                message["tool_calls"] = parsed.tool_calls
+            message.update(parse_message(parser, c.text).fields(req.include_reasoning))
         logprobs = ({"content": _logprobs(gen, c.token_ids, c.logprobs, k, req.return_tokens_as_token_ids)}
                     if k is not None else None)
         choices.append({"index": c.index, "message": message, "logprobs": logprobs,
@@ -79,9 +82,9 @@ async def create_chat_completion(gen: Generation, req: ChatCompletionRequest, ra
 
 
 async def _stream(gen: Generation, req: ChatCompletionRequest, request_id: str, created: int, stream,
-                  tools: ToolPlan | None = None):
+                  new_parser: Callable[[], OutputParser] | None = None):
     choices: dict[int, ChoiceState] = {}
-    parsers = {i: tools.parser() for i in range(req.n)} if tools else {}  # [tools] one per choice
+    parsers = {i: new_parser() for i in range(req.n)} if new_parser else {}  # [reasoning, tools] one per choice
     k = (req.top_logprobs or 0) if req.logprobs else None
     include_usage = req.stream_options is not None and req.stream_options.usage_at_end
     every_chunk = req.stream_options is not None and req.stream_options.usage_in_every_chunk
@@ -101,8 +104,8 @@ async def _stream(gen: Generation, req: ChatCompletionRequest, request_id: str, 
                                                     "logprobs": None, "finish_reason": None}], **role_usage})
                 delta = {"content": c.text} if c.text else {}
                 parser = parsers.get(c.index)
-                if parser is not None:  # [tools] content and tool-call deltas
-                    delta = tool_delta(parser, c.text, c.finish_reason is not None)
+                if parser is not None:  # [reasoning, tools] reasoning, content and tool-call deltas
+                    delta = stream_delta(parser, c.text, c.finish_reason is not None, req.include_reasoning)
                 logprobs = ({"content": _logprobs(gen, c.token_ids, c.logprobs, k, req.return_tokens_as_token_ids)}
                             if k is not None else None)
                 choice = {"index": c.index, "delta": delta, "logprobs": logprobs,

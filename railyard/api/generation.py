@@ -17,6 +17,7 @@ from functools import lru_cache
 
 from fastapi import Request
 
+from railyard.api.output_parsers import resolve_parsers
 from railyard.api.protocol import SamplingRequest
 from railyard.engine.client.base import EngineClient
 from railyard.engine.config import SamplingParams
@@ -47,6 +48,9 @@ class Generation:
         self.max_model_len = client.model_info.max_model_len
         self.token_text = lru_cache(maxsize=65536)(self._decode_one)
         self._max_prompt_chars: int | None = None
+        info = client.model_info
+        self.parsers = resolve_parsers(info.reasoning_parser, info.tool_call_parser,
+                                       getattr(self.tokenizer, "chat_template", None))
 
     def _decode_one(self, token_id: int) -> str:
         return self.tokenizer.decode([token_id])

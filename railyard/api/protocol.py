@@ -312,7 +312,7 @@ class ChatCompletionRequest(SamplingRequest):
     metadata: dict[str, str] | None = None
     store: bool | None = None
     reasoning_effort: Literal["low", "medium", "high"] | None = None  # to the template, which may read it
-    include_reasoning: bool = True  # vLLM drops reasoning only through a reasoning parser; railyard has none
+    include_reasoning: bool = True  # false: no reasoning_content in the reply (where a reasoning parser found some)
     # vLLM's extra parameters.
     bad_words: list[str] | None = None
     echo: bool = False

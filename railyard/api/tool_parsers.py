@@ -1,7 +1,7 @@
 """Turning a choice's generated text into OpenAI tool calls, streamed or not.
 
 One `ToolCallParser` per choice takes the text as it grows and returns content and tool-call deltas; the
-non-streamed message is those deltas merged (`parse_message`), so a stream always reassembles to it.
+non-streamed message is those deltas merged (railyard.api.output_parsers), so a stream always reassembles to it.
 """
 
 from __future__ import annotations
@@ -10,6 +10,8 @@ import json
 import uuid
 from dataclasses import dataclass, field
 from typing import Any
+
+from railyard.api.reasoning import partial_tail
 
 TOOL_CALL_START, TOOL_CALL_END = "<tool_call>", "</tool_call>"
 
@@ -36,6 +38,30 @@ class ToolCallDelta:
 
 def new_call_id() -> str:
     return f"call_{uuid.uuid4().hex[:24]}"
+
+
+@dataclass
+class DeltaMessage:
+    """What one chunk of a choice adds: reasoning, content and tool-call pieces (at most one per call)."""
+
+    reasoning: str = ""
+    content: str = ""
+    tool_calls: list[ToolCallDelta] = field(default_factory=list)
+
+    def add(self, other: "DeltaMessage") -> "DeltaMessage":
+        self.reasoning += other.reasoning
+        self.content += other.content
+        for d in other.tool_calls:
+            self.add_call(d)
+        return self
+
+    def add_call(self, d: ToolCallDelta) -> None:
+        """One piece per call index: a later piece of the same call extends the earlier one."""
+        for mine in self.tool_calls:
+            if mine.index == d.index:
+                mine.arguments += d.arguments
+                return
+        self.tool_calls.append(ToolCallDelta(d.index, d.id, d.name, d.arguments))
 
 
 @dataclass
@@ -73,8 +99,7 @@ class HermesParser(ToolCallParser):
             if not self._in_call:
                 pos = self._buf.find(TOOL_CALL_START)
                 if pos < 0:  # hold back a tail that may still become "<tool_call>"
-                    keep = next((k for k in range(min(len(self._buf), len(TOOL_CALL_START) - 1), 0, -1)
-                                 if TOOL_CALL_START.startswith(self._buf[-k:])), 0)
+                    keep = partial_tail(self._buf, (TOOL_CALL_START,))
                     content += self._content(self._buf[:len(self._buf) - keep])
                     self._buf = self._buf[len(self._buf) - keep:]
                     return content, calls
@@ -179,39 +204,3 @@ class NamedParser(ToolCallParser):
 
     def finish(self) -> tuple[str, list[ToolCallDelta]]:
         return ("", []) if self.num_calls else ("", [self._call(self.name, "")])
-
-
-@dataclass
-class ParsedMessage:
-    content: str | None
-    tool_calls: list[dict[str, Any]] = field(default_factory=list)
-
-
-def parse_message(parser: ToolCallParser, text: str) -> ParsedMessage:
-    """A whole choice's text as the non-streamed message: the streamed deltas, merged."""
-    content, deltas = parser.feed(text)
-    tail, more = parser.finish()
-    calls: dict[int, dict[str, Any]] = {}
-    for d in deltas + more:
-        if d.index not in calls:
-            calls[d.index] = {"id": d.id, "type": "function", "function": {"name": d.name, "arguments": ""}}
-        calls[d.index]["function"]["arguments"] += d.arguments
-    content += tail
-    return ParsedMessage(content if content or not calls else None, [calls[i] for i in sorted(calls)])
-
-
-def finish_reason(reason: str | None, parser: ToolCallParser | None) -> str | None:
-    """OpenAI's "tool_calls" for a choice that called a tool and ended normally."""
-    return "tool_calls" if reason == "stop" and parser is not None and parser.num_calls else reason
-
-
-def tool_delta(parser: ToolCallParser, text: str, last: bool) -> dict[str, Any]:
-    """A streamed chunk's delta for new text of a choice: its content and tool-call pieces."""
-    content, calls = parser.feed(text)
-    if last:
-        tail, more = parser.finish()
-        content, calls = content + tail, calls + more
-    delta: dict[str, Any] = {"content": content} if content else {}
-    if calls:
-        delta["tool_calls"] = [c.to_openai() for c in calls]
-    return delta

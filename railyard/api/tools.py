@@ -3,10 +3,10 @@
 - The tools go to the checkpoint's chat template (`tools=`), as vLLM and transformers pass them; assistant
   turns' tool calls and "tool" results go back through it too.
 - "none": no tool calls are parsed. "auto": the model's Hermes / Qwen `<tool_call>{...}</tool_call>` blocks
-  become tool calls. "required" and a named function constrain the output with a JSON schema built from the
+  (or gpt-oss's harmony calls, railyard.api.harmony) become tool calls. "required" and a named function constrain the output with a JSON schema built from the
   tools (vLLM's: an array of {name, parameters} for "required", the function's parameters for a named one),
   so the calls always parse.
-- One parser per choice (railyard.api.tool_parsers) turns the generated text into content and tool calls.
+- One parser per choice (railyard.api.output_parsers) turns the generated text into reasoning, content and calls.
 """
 
 from __future__ import annotations
@@ -43,8 +43,12 @@ class ToolPlan:
         return None
 
 
-def plan_tools(req: ChatCompletionRequest) -> ToolPlan | None:
-    """The request's tool plan (None without tools); a bad tool or tool_choice raises InvalidRequestError."""
+def plan_tools(req: ChatCompletionRequest, harmony: bool = False) -> ToolPlan | None:
+    """The request's tool plan (None without tools); a bad tool or tool_choice raises InvalidRequestError.
+
+    harmony: the model writes gpt-oss's harmony format, whose calls a JSON grammar over the whole output cannot
+    force (the call's header is special tokens), so "required" and a named function are refused there.
+    """
     choice = req.tool_choice
     if not req.tools:
         if choice not in (None, "none"):
@@ -60,6 +64,10 @@ def plan_tools(req: ChatCompletionRequest) -> ToolPlan | None:
         _check_parameters(fn.name, i, parameters[fn.name])
     if choice is None or choice in ("auto", "none"):
         return ToolPlan(tools, choice or "auto")
+    if harmony:
+        raise InvalidRequestError("tool_choice 'required' and a named function are not supported for this model: it "
+                                  "writes tool calls in gpt-oss's harmony format, which a JSON constraint cannot "
+                                  "force; use tool_choice 'auto'.")
     if choice == "required":
         schema = {"type": "array", "minItems": 1,
                   "items": {"anyOf": [{"type": "object", "properties": {"name": {"enum": [name]}, "parameters": p},
@@ -86,14 +94,24 @@ def _constraint(schema: dict[str, Any]) -> StructuredOutputsParams:
     return StructuredOutputsParams(json=schema)  # checked with the request's other constraints, if any
 
 
+# Where templates read an assistant turn's earlier reasoning: Qwen3's `reasoning_content`, gpt-oss's `thinking`.
+_TEMPLATE_REASONING = ("reasoning_content", "thinking")
+
+
 def template_messages(messages: list[ChatMessage]) -> list[dict[str, Any]]:
-    """Messages as chat templates expect them: tool calls' JSON-text arguments become objects (as in vLLM)."""
+    """Messages as chat templates expect them: tool calls' JSON-text arguments become objects (as in vLLM), and an
+    assistant turn's reasoning (sent back as `reasoning_content` or `reasoning`) goes under the names templates
+    read it by."""
     out = []
     for m in messages:
         d = m.template_dict()
         calls = d.get("tool_calls")
         if isinstance(calls, list):
             d["tool_calls"] = [_parsed_arguments(c) for c in calls]
+        reasoning = next((d[k] for k in ("reasoning_content", "reasoning", "thinking") if isinstance(d.get(k), str)),
+                         None)
+        if m.role == "assistant" and reasoning:
+            d.update({k: d.get(k) if isinstance(d.get(k), str) else reasoning for k in _TEMPLATE_REASONING})
         out.append(d)
     return out
 

@@ -50,6 +50,10 @@ _HELP = {
     "cuda_graph_max_batch_size": "largest decode batch captured as a CUDA graph",
     "piecewise_cuda_graphs": "steps with prefill tokens replay CUDA graphs of all but attention "
                              "(--no-piecewise-cuda-graphs: they run eagerly; pure decode steps keep their graphs)",
+    "reasoning_parser": "how chat completions find reasoning (vLLM's names): qwen3 (<think> blocks), openai_gptoss "
+                        "(gpt-oss's harmony channels), none, or auto (by the chat template)",
+    "tool_call_parser": "how chat completions find tool calls under tool_choice auto (vLLM's names): hermes "
+                        "(<tool_call> JSON blocks), openai (gpt-oss's harmony), or auto (by the chat template)",
     "seed": "seed of the random weights a named model shape gets (benchmarks)",
 }
 _SKIP = {"served_model_name"}

@@ -7,6 +7,7 @@ from typing import Literal, get_args
 
 from railyard.engine.structured.params import StructuredOutputsParams
 from railyard.errors import ConfigError, InvalidRequestError
+from railyard.model.chat_format import ReasoningParserName, ToolCallParserName
 from railyard.model.precision import DTYPES, Fp8Gemm, check_kv_cache_dtype, check_quantization
 from railyard.model.spec import check_max_model_len
 
@@ -75,6 +76,10 @@ class EngineConfig:
     # JSON constraints allow no whitespace beyond ", " and ": " unless a request says otherwise (vLLM's
     # structured-outputs disable_any_whitespace): weak models can loop on whitespace a grammar allows.
     structured_outputs_disable_any_whitespace: bool = False
+    # The chat endpoint's parsers of reasoning and tool calls ("auto": by the checkpoint's chat template; see
+    # railyard/api/output_parsers.py). The front reads them; the engine itself never does.
+    reasoning_parser: ReasoningParserName = "auto"
+    tool_call_parser: ToolCallParserName = "auto"
     seed: int = 0
     served_model_name: str | None = None
 
@@ -117,6 +122,12 @@ class EngineConfig:
         check_quantization(self.quantization)  # the precisions of model/precision.py, which sizes them
         check_kv_cache_dtype(self.kv_cache_dtype)
         _choice("fp8_gemm", self.fp8_gemm, get_args(Fp8Gemm))
+        _choice("reasoning_parser", self.reasoning_parser, get_args(ReasoningParserName))
+        _choice("tool_call_parser", self.tool_call_parser, get_args(ToolCallParserName))
+        harmony = (self.reasoning_parser == "openai_gptoss", self.tool_call_parser == "openai")
+        if any(harmony) and not all(harmony) and "auto" not in (self.reasoning_parser, self.tool_call_parser):
+            raise ConfigError("reasoning_parser openai_gptoss and tool_call_parser openai go together: harmony's one "
+                              "parser reads gpt-oss's reasoning and tool calls (leave the other at auto)")
 
     def resolve(self, model_max_len: int) -> None:
         """Fill the options whose defaults depend on the model (called once the config.json is read)."""

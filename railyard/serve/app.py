@@ -35,7 +35,8 @@ def _routes(spec: AppSpec) -> list[dict[str, Any]]:
     """What the ingress needs to build one engine client per model (plain data)."""
     return [{"name": m.name, "model": m.model,
              "pools": [{"name": p.name, "deployment": p.deployment, "max_prompt_tokens": p.max_prompt_tokens,
-                        "max_model_len": p.engine.get("max_model_len"), "tokenizer": p.engine.get("tokenizer")}
+                        "max_model_len": p.engine.get("max_model_len"), "tokenizer": p.engine.get("tokenizer"),
+                        **{k: p.engine[k] for k in ("reasoning_parser", "tool_call_parser") if k in p.engine}}
                        for p in m.pools]}
             for m in spec.models]
 

@@ -159,14 +159,16 @@ class RayEngineClient:
 
     def __init__(self, model_name: str, pools: list[Pool], tokenizer, *, max_model_len: int, vocab_size: int,
                  model: str | None = None, tokenizer_path: str | None = None,
-                 max_attempts: int = DEFAULT_MAX_ATTEMPTS) -> None:
+                 max_attempts: int = DEFAULT_MAX_ATTEMPTS, reasoning_parser: str = "auto",
+                 tool_call_parser: str = "auto") -> None:
         if not pools:
             raise ValueError(f"model {model_name!r} has no engine deployments")
         self.model_name = model_name
         self.pools = pools
         self.tokenizer = tokenizer
         self.model_info = ModelInfo(model=model or model_name, served_model_name=model_name,
-                                    tokenizer=tokenizer_path, max_model_len=max_model_len, vocab_size=vocab_size)
+                                    tokenizer=tokenizer_path, max_model_len=max_model_len, vocab_size=vocab_size,
+                                    reasoning_parser=reasoning_parser, tool_call_parser=tool_call_parser)
         self.max_model_len = max_model_len
         self.vocab_size = vocab_size
         self.max_attempts = max_attempts

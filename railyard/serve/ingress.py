@@ -42,10 +42,13 @@ def make_clients(routes: list[dict[str, Any]], handles: dict[str, Any]) -> dict[
             tokenizer_dir = tokenizer_dir or model_dir
         pools = [Pool(p["name"], p["max_prompt_tokens"], handles[p["deployment"]],
                       p.get("max_model_len") or spec.max_position_embeddings) for p in route["pools"]]
+        # The front's chat parsers, as the model's engine options name them (pools share them; "auto" if unset).
+        parsers = {k: next((p[k] for p in route["pools"] if k in p), "auto")
+                   for k in ("reasoning_parser", "tool_call_parser")}
         clients[route["name"]] = RayEngineClient(
             route["name"], pools, load_tokenizer(tokenizer_dir),
             max_model_len=max(p.max_model_len for p in pools), vocab_size=spec.vocab_size, model=route["model"],
-            tokenizer_path=str(tokenizer_dir))
+            tokenizer_path=str(tokenizer_dir), **parsers)
     return clients
 
 

@@ -7,17 +7,24 @@ import json
 
 import pytest
 
-from railyard.api.tool_parsers import HermesParser, NamedParser, RequiredParser, ToolCallParser, parse_message, tool_delta
+from railyard.api.output_parsers import ParsedMessage, ThinkThenTools, parse_message, stream_delta
+from railyard.api.tool_parsers import HermesParser, NamedParser, RequiredParser, ToolCallParser
 
 HERMES = ('Let me check.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "days": 2}}\n</tool_call>'
           '\n<tool_call>\n{"name": "get_time", "arguments": {"tz": "CET"}}\n</tool_call>')
 
 
+def parse(parser: ToolCallParser, text: str) -> ParsedMessage:
+    """The whole message, as the chat endpoint builds it for a model without a reasoning parser."""
+    return parse_message(ThinkThenTools(tools=parser), text)
+
+
 def streamed(parser: ToolCallParser, chunks: list[str]) -> tuple[str, list[dict]]:
     """Content and calls reassembled from the stream's deltas, as an OpenAI client does."""
     content, calls = "", {}
+    choice = ThinkThenTools(tools=parser)
     for i, chunk in enumerate(chunks):
-        delta = tool_delta(parser, chunk, last=i == len(chunks) - 1)
+        delta = stream_delta(choice, chunk, last=i == len(chunks) - 1)
         content += delta.get("content", "")
         for d in delta.get("tool_calls", []):
             call = calls.setdefault(d["index"], {"id": None, "name": None, "arguments": ""})
@@ -34,7 +41,7 @@ def splits(text: str) -> list[list[str]]:
 
 
 def test_hermes_blocks_become_calls_and_the_text_before_them_content():
-    message = parse_message(HermesParser(), HERMES)
+    message = parse(HermesParser(), HERMES)
     assert message.content == "Let me check.\n"
     assert [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in message.tool_calls] == [
         ("get_weather", {"city": "Paris", "days": 2}), ("get_time", {"tz": "CET"})]
@@ -43,7 +50,7 @@ def test_hermes_blocks_become_calls_and_the_text_before_them_content():
 
 
 def test_hermes_streamed_in_any_chunks_equals_the_whole_message():
-    whole = parse_message(HermesParser(), HERMES)
+    whole = parse(HermesParser(), HERMES)
     for chunks in splits(HERMES):
         content, calls = streamed(HermesParser(), chunks)
         assert content == whole.content
@@ -59,7 +66,7 @@ def test_hermes_streamed_in_any_chunks_equals_the_whole_message():
     ('<tool_call>{"name": "f", "arguments": {}', "<tool_call>" + '{"name": "f", "arguments": {}', []),
 ])
 def test_hermes_edge_cases(text, content, names):
-    message = parse_message(HermesParser(), text)
+    message = parse(HermesParser(), text)
     assert message.content == content
     assert [c["function"]["name"] for c in message.tool_calls] == names
     for chunks in splits(text):
@@ -71,7 +78,7 @@ def test_required_array_items_become_calls_as_each_closes():
     text = '[{"name": "f", "parameters": {"s": "a]}\\"["}}, {"name": "g", "parameters": {}}]'
     parser = RequiredParser()
     assert parser.feed(text[:40]) == ("", [])  # inside the first item
-    message = parse_message(RequiredParser(), text)
+    message = parse(RequiredParser(), text)
     assert [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in message.tool_calls] == [
         ("f", {"s": 'a]}"['}), ("g", {})]
     assert message.content is None
@@ -81,12 +88,12 @@ def test_required_array_items_become_calls_as_each_closes():
 
 
 def test_a_required_array_cut_before_any_item_closed_is_content():
-    assert parse_message(RequiredParser(), '[{"name": "f", "param').content == '[{"name": "f", "param'
+    assert parse(RequiredParser(), '[{"name": "f", "param').content == '[{"name": "f", "param'
 
 
 def test_named_text_is_the_arguments_streamed_as_they_come():
     text = '{"city": "Oslo"}'
-    message = parse_message(NamedParser(name="get_weather"), text)
+    message = parse(NamedParser(name="get_weather"), text)
     assert message.content is None
     assert [(c["function"]["name"], c["function"]["arguments"]) for c in message.tool_calls] == [("get_weather", text)]
     content, calls = streamed(NamedParser(name="get_weather"), list(text))

@@ -92,7 +92,8 @@ TABLE = [
     Row("response_format", HONOURED, {"response_format": {"type": "text"}}, "no constraint"),
     Row("response_format", HONOURED, {"response_format": {"type": "json_object"}}, "constrained by xgrammar"),
     Row("tools", HONOURED, {"tools": [{"type": "function", "function": {"name": "f"}}]},
-        "rendered by the template; 'auto' parses Hermes/Qwen <tool_call> output", endpoints=("chat",),
+        "rendered by the template; 'auto' parses Hermes/Qwen <tool_call> output (gpt-oss: harmony calls)",
+        endpoints=("chat",),
         served_by="tests/api/test_tools.py"),  # the template's tools preamble outgrows this server's 256 tokens
     Row("tool_choice", HONOURED, {"tool_choice": "none"}, "'none' and 'auto' (no tools: no calls)",
         endpoints=("chat",)),
@@ -100,8 +101,8 @@ TABLE = [
     Row("parallel_tool_calls", NO_EFFECT, {"parallel_tool_calls": True}, "no tools", endpoints=("chat",)),
     Row("reasoning_effort", HONOURED, {"reasoning_effort": "low"}, "handed to the chat template (gpt-oss's reads it)",
         endpoints=("chat",)),
-    Row("include_reasoning", NO_EFFECT, {"include_reasoning": False}, "vLLM drops reasoning only through a "
-        "reasoning parser, and railyard has none", endpoints=("chat",)),
+    Row("include_reasoning", HONOURED, {"include_reasoning": False}, "false leaves reasoning_content out (where a "
+        "reasoning parser found some)", endpoints=("chat",), served_by="tests/api/test_think_served.py"),
     # --- vLLM's sampling parameters
     Row("use_beam_search", REFUSED, {"use_beam_search": True}, "no beam search"),
     Row("top_k", HONOURED, {"top_k": 5}),

@@ -154,3 +154,17 @@ def test_a_named_shape_is_served_with_its_vocabulary_and_the_embedded_tokenizer(
     assert with_shape_tokenizer(config) and config.tokenizer == str(ensure_tiny_model())
     checkpoint = EngineConfig(model=str(tiny_model))
     assert not with_shape_tokenizer(checkpoint) and checkpoint.tokenizer is None
+
+
+def test_the_chat_parsers_a_model_names_reach_its_front(tiny_model):
+    from railyard.serve.app import _routes
+    from railyard.serve.ingress import make_clients
+
+    stack = parse_stack({"name": "cfg", "image": "railyard:test", "models": [
+        {"name": "chat", "model": tiny_model},
+        {"name": "small", "model": tiny_model, "engine": {"reasoning_parser": "qwen3", "tool_call_parser": "hermes"}}]})
+    spec = parse_app_args(to_serve_config(stack)["applications"][0]["args"])
+    clients = make_clients(_routes(spec), {p.deployment: "a deployment handle" for m in spec.models for p in m.pools})
+    assert (clients["small"].model_info.reasoning_parser, clients["small"].model_info.tool_call_parser) == \
+        ("qwen3", "hermes")
+    assert clients["chat"].model_info.reasoning_parser == "auto"

@@ -158,7 +158,8 @@ class EngineCore:
             eos_token_ids=self.eos_token_ids, block_size=c.block_size, num_gpu_blocks=self.block_manager.gpu.num_blocks,
             num_cpu_blocks=self.block_manager.cpu.num_blocks, max_num_seqs=c.max_num_seqs,
             max_num_batched_tokens=c.max_num_batched_tokens, tensor_parallel_size=c.tensor_parallel_size,
-            scheduling_policy=c.scheduling_policy, created=created, pids=[os.getpid(), *getattr(self.executor, "worker_pids", [])],
+            scheduling_policy=c.scheduling_policy, reasoning_parser=c.reasoning_parser,
+            tool_call_parser=c.tool_call_parser, created=created, pids=[os.getpid(), *getattr(self.executor, "worker_pids", [])],
             startup=self.startup)
 
     # -- requests --------------------------------------------------------------------------------

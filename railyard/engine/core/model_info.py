@@ -25,6 +25,9 @@ class ModelInfo:
     max_num_batched_tokens: int = 0
     tensor_parallel_size: int = 1
     scheduling_policy: str | None = None  # None where a front stands for several engines
+    # The chat endpoint's parsers as configured (EngineConfig's names; "auto": by the chat template).
+    reasoning_parser: str = "auto"
+    tool_call_parser: str = "auto"
     created: int = 0  # the checkpoint's mtime (the OpenAI model card's "created")
     pids: list[int] = field(default_factory=list)  # the engine core's process and its tensor-parallel workers
     startup: StartupTimes | None = None  # where one engine's start-up time went (None for a fleet)
