@@ -4,10 +4,17 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import signal
 import sys
+import time
 
 from railyard import __version__
-from railyard.errors import RailyardError
+from railyard.errors import RailyardError, Stopped
+
+# When railyard started: start-up reports count from here, not from the process's start (a shell that ran
+# `pip install ... && exec railyard serve` started the process long before railyard; the interpreter's own
+# start, before this line, is tens of milliseconds).
+STARTED_AT = time.time()
 
 # Each module exposes register(subparsers); a sub-command sets `func(args) -> int`.
 _COMMAND_MODULES = (
@@ -64,14 +71,17 @@ def command(args: argparse.Namespace):
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    args.started_at = STARTED_AT
     try:
         return int(command(args)(args) or 0)
     except (RailyardError, ValueError, FileNotFoundError) as exc:
         # One line, exit 2: bad input is the user's to fix, not a traceback.
         print(f"railyard {args.command}: error: {exc}", file=sys.stderr)
         return 2
+    except Stopped as stop:  # Ctrl-C or SIGTERM: a clean stop, with the shell's code for that signal
+        return stop.exit_code
     except KeyboardInterrupt:
-        return 130
+        return Stopped(signal.SIGINT).exit_code
 
 
 if __name__ == "__main__":

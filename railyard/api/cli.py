@@ -4,17 +4,19 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import errno
 import json
 import logging
+import signal
+import socket
 import sys
 import time
 
 from railyard.engine.args import add_engine_args, engine_config_from_args
 from railyard.engine.startup.background import Background
-from railyard.engine.startup.timings import process_start_time
 from railyard.engine.tokenizer import with_shape_tokenizer
 from railyard.envs import RAILYARD_API_KEY
-from railyard.errors import ConfigError
+from railyard.errors import STOP_SIGNALS, ConfigError, Stopped
 
 # A client that reuses a pooled connection just as the server closes it as idle loses that request (a POST is
 # not retried), so the server must be the side that waits longer: longer than httpx's and the openai client's
@@ -86,38 +88,48 @@ def _import_front() -> None:
 
 
 def run_serve(args: argparse.Namespace) -> int:
+    """Serve until Ctrl-C or SIGTERM, which stop the server and its engine core and exit with 128 + the signal
+    (railyard.errors.Stopped: 130 for Ctrl-C, as shells expect, the same as `railyard cluster up`)."""
     if not 0 <= args.port <= 65535:
         raise ConfigError(f"--port must be in [0, 65535], got {args.port}")
     if args.max_waiting_requests < 1 or args.max_request_bytes < 1 or args.timeout_keep_alive < 1:
         raise ConfigError("--max-waiting-requests, --max-request-bytes and --timeout-keep-alive must be positive")
+    for sig in STOP_SIGNALS:  # while the engine starts; the server takes over once it runs
+        signal.signal(sig, Stopped.handler)
+    started_at = getattr(args, "started_at", None) or time.time()
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     config = engine_config_from_args(args, served_model_name=args.served_model_name)
+    sock = bind_socket(args.host, args.port)  # a taken port is an error before the model loads, not after
     front_ready = time.time()
     # The HTTP front's imports (FastAPI, uvicorn, transformers, torch) run while the engine starts, not before; in
     # the background's short GIL switches, since with --no-engine-process the model loads on this thread meanwhile.
     front_imports = Background(_import_front, name="railyard-front-imports")
-    engine = start_engine_client(config, engine_process=args.engine_process,
-                                 max_waiting_requests=args.max_waiting_requests)
+    try:
+        engine = start_engine_client(config, engine_process=args.engine_process,
+                                     max_waiting_requests=args.max_waiting_requests)
+    except BaseException:
+        sock.close()
+        raise
     waited = time.perf_counter()
     front_imports.result()
-    import uvicorn
 
     from railyard.api.app import build_app
+    from railyard.api.server import Server, uvicorn
 
     startup = engine.model_info.startup
     if startup is not None:
-        startup.add("front_imports", front_ready - process_start_time())
+        startup.add("front_imports", front_ready - started_at)
         startup.add("front_imports_wait", time.perf_counter() - waited)  # the part the engine's start did not hide
     name = engine.model_info.served_model_name
 
-    def on_ready() -> None:  # the start-up report is complete: what no phase took since the process started
+    def on_ready() -> None:  # the start-up report is complete: what no phase took since railyard started
         if startup is not None and "server_start" not in startup.phases:
-            startup.add_rest("server_start", process_start_time())
+            startup.add_rest("server_start", started_at)
 
     app = build_app(engine, served_model_name=name, api_key=args.api_key, max_request_bytes=args.max_request_bytes,
                     on_ready=on_ready)
-    server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
-                                           timeout_keep_alive=args.timeout_keep_alive, timeout_graceful_shutdown=5))
+    server = Server(uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
+                                   timeout_keep_alive=args.timeout_keep_alive, timeout_graceful_shutdown=5))
 
     async def announce() -> None:
         while not server.started:
@@ -135,12 +147,32 @@ def run_serve(args: argparse.Namespace) -> int:
     async def main() -> None:
         announcer = asyncio.ensure_future(announce())
         try:
-            await server.serve()
+            await server.serve(sockets=[sock])
         finally:
             announcer.cancel()
 
     asyncio.run(main())
+    if server.stopped_by is not None:
+        raise Stopped(server.stopped_by)
     if not server.started:
-        print(f"railyard serve: error: could not listen on {args.host}:{args.port}", file=sys.stderr)
+        print(f"railyard serve: error: could not serve on {args.host}:{args.port}", file=sys.stderr)
         return 2
     return 0
+
+
+def bind_socket(host: str, port: int) -> socket.socket:
+    """A TCP socket bound to host:port, or a ConfigError saying why not (a port in use): checked before the engine
+    loads, so a taken port costs no model load. uvicorn listens on it once the engine is ready."""
+    try:
+        family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
+    except socket.gaierror as exc:
+        raise ConfigError(f"could not listen on {host}:{port}: {exc.strerror}") from None
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn does: a TIME_WAIT port is free
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        hint = "; pick another --port (0: any free port)" if exc.errno == errno.EADDRINUSE else ""
+        raise ConfigError(f"could not listen on {host}:{port}: {exc.strerror}{hint}") from None
+    return sock

@@ -19,12 +19,14 @@ import httpx
 import pytest
 
 
-def start_serve(model: str, *extra: str) -> tuple[subprocess.Popen, str]:
-    """`railyard serve` on any free port; returns the process once it printed its curl example, and the banner."""
+def start_serve(model: str, *extra: str, sigint_ignored: bool = False) -> tuple[subprocess.Popen, str]:
+    """`railyard serve` on any free port; returns the process once it printed its curl example, and the banner.
+    sigint_ignored: started as a background job of a non-interactive shell is, with SIGINT ignored."""
     proc = subprocess.Popen(
         [sys.executable, "-m", "railyard.cli", "serve", "--model", model, "--port", "0", "--max-model-len", "128",
          "--num-gpu-blocks", "256", "--served-model-name", "demo", *extra],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env={**os.environ, "RAILYARD_API_KEY": ""})
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env={**os.environ, "RAILYARD_API_KEY": ""},
+        preexec_fn=(lambda: signal.signal(signal.SIGINT, signal.SIG_IGN)) if sigint_ignored else None)
     lines = []
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
@@ -125,19 +127,40 @@ def test_serve_stops_cleanly_on_ctrl_c_and_leaves_no_engine_process(serve_proces
     assert not [pid for pid in engine_pids if is_alive(pid)]
 
 
-def test_serve_stops_on_sigterm_and_leaves_no_engine_process(tiny_model):
-    proc, banner = start_serve(tiny_model)
+@pytest.mark.parametrize("sent, sigint_ignored, code", [
+    (signal.SIGTERM, False, 143),  # what Kubernetes sends a pod it stops: 128 + 15, as for Ctrl-C
+    (signal.SIGINT, True, 130),  # a Ctrl-C reaching a server its shell started with SIGINT ignored
+], ids=["sigterm", "sigint-inherited-ignored"])
+def test_serve_stops_on_a_stop_signal_with_the_shells_exit_code_and_leaves_no_engine_process(
+        tiny_model, sent, sigint_ignored, code):
+    proc, banner = start_serve(tiny_model, sigint_ignored=sigint_ignored)
     try:
         assert "curl " in banner
         engine_pids = engine_processes(proc.pid)
         assert engine_pids
-        proc.send_signal(signal.SIGTERM)  # what Kubernetes sends a pod it stops
-        proc.wait(timeout=30)
+        proc.send_signal(sent)
+        assert proc.wait(timeout=30) == code
         assert "Traceback" not in proc.stdout.read()
         assert not [pid for pid in engine_pids if is_alive(pid)]
     finally:
         if proc.poll() is None:
             proc.kill()
+
+
+def test_a_port_in_use_exits_2_with_one_line_before_the_engine_loads(tiny_model):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        # A KV cache too small for max_model_len fails once the engine has loaded the model: that error not showing
+        # means the engine never started.
+        run = subprocess.run([sys.executable, "-m", "railyard.cli", "serve", "--model", tiny_model, "--port",
+                              str(port), "--max-model-len", "512", "--num-gpu-blocks", "4"],
+                             capture_output=True, text=True, timeout=120)
+    assert run.returncode == 2 and "Traceback" not in run.stderr, run.stderr
+    assert run.stderr.strip().splitlines() == [
+        f"railyard serve: error: could not listen on 127.0.0.1:{port}: Address already in use; pick another --port "
+        "(0: any free port)"]
 
 
 def test_serve_refuses_a_missing_model_dir_with_exit_2(tmp_path):

@@ -140,17 +140,6 @@ class StartupTimes:
                 "background_s": {n: round(s, 3) for n, s in self.background.items()}}
 
 
-def process_start_time() -> float:
-    """When this process started, as time.time() (Linux: its start in clock ticks since boot, against the boot
-    clock; elsewhere: now, which undercounts)."""
-    try:
-        ticks = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])
-        age = time.clock_gettime(time.CLOCK_BOOTTIME) - ticks / os.sysconf("SC_CLK_TCK")
-        return time.time() - max(0.0, age)
-    except (OSError, ValueError, IndexError, AttributeError):
-        return time.time()
-
-
 class TritonJitTimer:
     """Times Triton's JIT while installed: from its cache hook (before it compiles or loads a kernel) to its
     post-compile hook, and counts the kernels it compiled anew as the new entries of its cache directory.
