@@ -2,7 +2,8 @@
 
 KV cache: the engine's own start-up formula (railyard.model.memory), per GPU, with the model description's
 predictions where the engine measures: weights at the precision the replica runs, the activation peak of its
-largest step, the CUDA context, and the CUDA graphs' (decode and piecewise) and sampler's reserve; what utilization of the GPU's
+largest step, the CUDA context, the CUDA graphs' (decode and piecewise) and sampler's reserve, and the LoRA adapter
+slots an engine serving adapters allocates; what utilization of the GPU's
 memory leaves after them becomes blocks of `block_size` tokens (2 * layers * kv_heads * head_dim * block
 * KV element bytes). With tensor parallelism each GPU holds its shard of the weights and of every block.
 The model is accepted or refused by the engine's own rules, with the engine's message.
@@ -21,8 +22,8 @@ from pathlib import Path
 from typing import Any
 
 from railyard.errors import ConfigError
-from railyard.model.memory import (CUDA_CONTEXT_BYTES, MemoryBudget, activation_bytes, piecewise_graph_bytes,
-                                   piecewise_tokens, profile_tokens, reserve_bytes)
+from railyard.model.memory import (CUDA_CONTEXT_BYTES, MemoryBudget, activation_bytes, lora_slot_bytes,
+                                   piecewise_graph_bytes, piecewise_tokens, profile_tokens, reserve_bytes)
 from railyard.model.spec import ModelSpec, check_max_model_len, check_tensor_parallel, read_model_spec
 from railyard.shapes import shape_config, shape_names
 
@@ -103,10 +104,13 @@ def size_kv_cache(
     enforce_eager: bool = False,
     piecewise_cuda_graphs: bool = True,
     overhead_bytes_per_gpu: int | None = None,
+    max_loras: int = 0,
+    max_lora_rank: int = 16,
 ) -> KVSizing:
     """How many KV blocks (and tokens, and full-length sequences) one replica holds.
 
-    overhead_bytes_per_gpu replaces the predicted activations, CUDA context and reserve with one figure."""
+    overhead_bytes_per_gpu replaces the predicted activations, CUDA context and reserve with one figure.
+    max_loras: the engine's LoRA adapter slots (0: it serves none), each max_lora_rank wide."""
     tp = tensor_parallel_size
     spec = engine_accepts(spec, tensor_parallel_size=tp, max_model_len=max_model_len, dtype=dtype,
                           kv_cache_dtype=kv_cache_dtype, quantization=quantization)
@@ -120,14 +124,14 @@ def size_kv_cache(
     else:
         activations, other, reserve = overhead_bytes_per_gpu, 0, 0
     gpu = MemoryBudget(gpu_memory_bytes, gpu_memory_utilization, spec.weight_bytes(tp), activations, other, reserve,
-                       spec.kv_bytes_per_block(block_size, tp))
+                       spec.kv_bytes_per_block(block_size, tp), lora_slot_bytes(spec, max_loras, max_lora_rank, tp))
     blocks = gpu.num_blocks  # every rank holds its shard of each block
     return KVSizing(
         gpus=tp,
         gpu_memory_bytes=gpu_memory_bytes,
         gpu_memory_utilization=gpu_memory_utilization,
         weights_bytes=gpu.weights_bytes * tp,
-        overhead_bytes=(activations + other + reserve) * tp,
+        overhead_bytes=(activations + other + reserve + gpu.lora_bytes) * tp,
         kv_cache_bytes=gpu.kv_cache_bytes * tp,
         bytes_per_block=gpu.block_bytes * tp,
         num_blocks=blocks,

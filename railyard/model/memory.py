@@ -53,6 +53,29 @@ def reserve_bytes(max_num_seqs: int, vocab_size: int, enforce_eager: bool) -> in
     return 0 if enforce_eager else max_num_seqs * vocab_size * _RESERVE_BYTES_PER_LOGIT + GIB
 
 
+# The rank LoRA slots are padded to is a power of two, at least this (the batched-LoRA kernels' rank tile).
+MIN_LORA_RANK_TILE = 16
+
+
+def lora_rank_tile(max_lora_rank: int) -> int:
+    """The rank every LoRA slot is padded to: the next power of two, at least MIN_LORA_RANK_TILE."""
+    return max(MIN_LORA_RANK_TILE, 1 << (max_lora_rank - 1).bit_length())
+
+
+def lora_slot_bytes(spec: ModelSpec, max_loras: int, max_lora_rank: int, tp: int = 1) -> int:
+    """Device memory of the LoRA adapter slots on one rank, allocated at start whatever the adapters target (as
+    vLLM's): per slot and decoder layer, each of the seven projections holds A [rank, in] and B [out, rank] at its
+    padded rank, in the model dtype. Column-parallel layers (q, k, v, gate, up) shard B's rows, row-parallel ones
+    (o, down) A's columns, as their weights are sharded."""
+    if max_loras <= 0:
+        return 0
+    h, inter = spec.hidden_size, spec.intermediate_size // tp
+    q, kv = spec.num_heads // tp * spec.head_dim, spec.kv_heads_per_rank(tp) * spec.head_dim
+    column = (h + q) + 2 * (h + kv) + 2 * (h + inter)  # q, k, v, gate, up: A whole, B sharded
+    row = (q + h) + (inter + h)  # o, down: A sharded, B whole
+    return max_loras * spec.num_layers * lora_rank_tile(max_lora_rank) * (column + row) * spec.dtype_bytes
+
+
 def activation_bytes(spec: ModelSpec, num_tokens: int, max_num_seqs: int, tp: int = 1) -> int:
     """A prediction of the engine's profiled activation peak for a step of `num_tokens`, on one rank.
 
@@ -82,11 +105,12 @@ class MemoryBudget:
     other_bytes: int  # outside this process's torch allocator: CUDA context, other processes
     reserve_bytes: int  # decode CUDA graphs, sampler logits
     block_bytes: int  # one KV-cache block on this GPU
+    lora_bytes: int = 0  # LoRA adapter slots (0 where the engine serves none)
 
     @property
     def kv_cache_bytes(self) -> int:
         """What the utilization share of the memory leaves for KV blocks."""
-        used = self.weights_bytes + self.activation_bytes + self.other_bytes + self.reserve_bytes
+        used = self.weights_bytes + self.activation_bytes + self.other_bytes + self.reserve_bytes + self.lora_bytes
         return max(0, int(self.total_bytes * self.utilization) - used)
 
     @property
@@ -98,7 +122,8 @@ class MemoryBudget:
 
     def describe(self) -> str:
         """The start-up report's line: every share in GiB and the blocks they leave."""
-        return (f"weights {self.weights_bytes / GIB:.2f} GiB, activations {self.activation_bytes / GIB:.2f} GiB, "
+        lora = f"LoRA slots {self.lora_bytes / GIB:.2f} GiB, " if self.lora_bytes else ""
+        return (f"weights {self.weights_bytes / GIB:.2f} GiB, {lora}activations {self.activation_bytes / GIB:.2f} GiB, "
                 f"others {self.other_bytes / GIB:.2f} GiB, reserve {self.reserve_bytes / GIB:.2f} GiB, "
                 f"memory {self.total_bytes / GIB:.1f} GiB x {self.utilization:.2f} -> KV cache "
                 f"{self.num_blocks * self.block_bytes / GIB:.2f} GiB ({self.num_blocks} blocks)")

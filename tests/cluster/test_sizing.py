@@ -167,3 +167,42 @@ def test_the_planner_sizes_the_kv_cache_without_graph_memory_when_the_stack_turn
     default = kv_bytes({})
     assert kv_bytes({"piecewise_cuda_graphs": False}) > default
     assert kv_bytes({"enforce_eager": True}) > kv_bytes({"piecewise_cuda_graphs": False})
+
+
+def test_lora_slots_take_max_loras_times_rank_times_every_projections_in_plus_out_dims():
+    # vLLM's LoRA memory for qwen2-7b (hidden 3584, intermediate 18944, 28 q heads and 4 KV heads of 128, 28
+    # layers, bfloat16): each slot holds A [r, in] and B [out, r] of q, k, v, o, gate, up and down in every layer.
+    in_plus_out = (3584 + 3584) + 2 * (3584 + 512) + (3584 + 3584) + 2 * (3584 + 18944) + (18944 + 3584)
+    expected = 8 * 16 * in_plus_out * 28 * 2
+
+    def sizing(**lora):
+        return size_kv_cache(SHAPES["qwen2-7b"], gpu_memory_bytes=140 * GIB, tensor_parallel_size=1,
+                             gpu_memory_utilization=0.9, block_size=16, dtype="bfloat16", max_model_len=4096, **lora)
+
+    base, with_loras = sizing(), sizing(max_loras=8, max_lora_rank=16)
+    assert with_loras.per_gpu.lora_bytes == expected
+    assert with_loras.kv_cache_bytes == base.kv_cache_bytes - expected
+    assert with_loras.overhead_bytes == base.overhead_bytes + expected
+
+
+def test_lora_slots_are_padded_to_the_kernels_rank_tile():
+    # The batched-LoRA kernels run ranks in power-of-two tiles of at least 16: rank 8 costs what 16 does, 24 what 32.
+    def lora_bytes(rank: int) -> int:
+        return size_kv_cache(SHAPES["qwen3-0.6b"], gpu_memory_bytes=80 * GIB, tensor_parallel_size=1,
+                             gpu_memory_utilization=0.9, block_size=16, dtype="bfloat16", max_model_len=4096,
+                             max_loras=4, max_lora_rank=rank).per_gpu.lora_bytes
+
+    assert lora_bytes(8) == lora_bytes(16)
+    assert lora_bytes(24) == lora_bytes(32) == 2 * lora_bytes(16)
+    assert lora_bytes(64) == 4 * lora_bytes(16)
+
+
+def test_tensor_parallel_ranks_hold_the_shards_of_the_lora_slots_their_layers_hold():
+    # Column-parallel q/k/v/gate/up split B's rows, row-parallel o/down split A's columns; the whole A or B of the
+    # other side stays on every rank (as their weights' inputs and outputs do).
+    spec = SHAPES["llama3-8b"]  # hidden 4096, intermediate 14336, 32 q heads and 8 KV heads of 128, 32 layers
+    per_rank = (4096 + 4096 // 2) + 2 * (4096 + 1024 // 2) + (4096 // 2 + 4096) + 2 * (4096 + 14336 // 2) \
+        + (14336 // 2 + 4096)
+    tp2 = size_kv_cache(spec, gpu_memory_bytes=80 * GIB, tensor_parallel_size=2, gpu_memory_utilization=0.9,
+                        block_size=16, dtype="bfloat16", max_model_len=4096, max_loras=2, max_lora_rank=32)
+    assert tp2.per_gpu.lora_bytes == 2 * 32 * per_rank * 32 * 2
