@@ -1,4 +1,4 @@
-"""The routing decision as plain data: rank replicas by pending work, with bounded prefix affinity.
+"""The routing decision as plain data: rank replicas by pending work, with bounded prefix and LoRA adapter affinity.
 
 Kept free of Ray so the rule reads in one place; `router.py` feeds it what the replicas report
 (EngineStats: pending requests, free KV blocks, the prefix blocks their cache holds) plus what the
@@ -9,6 +9,12 @@ only from the replica's next report. So a prefix nobody is known to hold goes wh
 without asking: to the replica that rendezvous (highest-random-weight) hashing picks for the prompt's leading
 block among those at most rendezvous_slack busier than the least loaded (the same answer in every process while
 their load views roughly agree; a replica coming or going moves only the prefixes it wins or held).
+
+A request for a LoRA adapter goes, after a replica caching its prefix (hashed under the adapter, so a prefix cached
+for another adapter or the base model is no hit), to a replica that has the adapter loaded, while that one is within
+the same load bound; when none has it, to the adapter's rendezvous replica (every ingress loads a new adapter on the
+same replica, not one each); when every holder is busier than the bound, to the least loaded replica, which loads
+it too (spilling by load, as Ray Serve's model multiplexing falls back to other replicas).
 """
 
 from __future__ import annotations
@@ -42,6 +48,7 @@ class ReplicaLoad:
     pending: int  # unfinished requests: running + waiting + swapped (+ sent but not yet reported)
     free_blocks: int = 0
     matched_blocks: int = 0  # leading blocks of this prompt found in the replica's prefix cache
+    has_adapter: bool = False  # the request's LoRA adapter is loaded there (or was just sent there)
 
 
 @dataclass(frozen=True)
@@ -49,7 +56,7 @@ class Decision:
     """Replicas best first (one per tier, so Ray keeps our order) and why the first won."""
 
     ranked: list[str]
-    reason: str  # "prefix" | "rendezvous" | "least_pending"
+    reason: str  # "prefix" | "adapter" | "adapter_rendezvous" | "rendezvous" | "least_pending"
 
 
 def allowed_pending(min_pending: int, options: RoutingOptions) -> float:
@@ -58,10 +65,12 @@ def allowed_pending(min_pending: int, options: RoutingOptions) -> float:
 
 
 def rank(loads: list[ReplicaLoad], options: RoutingOptions = RoutingOptions(),
-         rng: random.Random | None = None, prefix_key: int | None = None) -> Decision:
-    """Affine replicas within the load bound first (longest match, then least pending); else, for a prompt with a
-    prefix key, the rendezvous replica among those within rendezvous_slack of the least loaded; then the rest by
-    least pending, most free KV blocks; exact ties are broken at random so idle replicas share work evenly."""
+         rng: random.Random | None = None, prefix_key: int | None = None, adapter_key: int | None = None) -> Decision:
+    """Affine replicas within the load bound first (longest match, then least pending); for a LoRA adapter's request
+    (adapter_key: its lora_int_id, the same in every ingress process) next the replicas holding the adapter within that bound, or, where none holds it, the
+    adapter's rendezvous replica; else, for a prompt with a prefix key, the rendezvous replica among those within
+    rendezvous_slack of the least loaded; then the rest by least pending, most free KV blocks; exact ties are broken
+    at random so idle replicas share work evenly."""
     if not loads:
         return Decision([], "least_pending")
     rng = rng or random
@@ -72,15 +81,29 @@ def rank(loads: list[ReplicaLoad], options: RoutingOptions = RoutingOptions(),
               if load.matched_blocks >= options.min_prefix_blocks and load.pending <= bound]
     affine.sort(key=lambda x: (-x.matched_blocks, x.pending, -x.free_blocks, jitter[x.replica_id]))
     reason = "prefix" if affine else "least_pending"
+    if not affine and adapter_key is not None:
+        affine = [load for load in loads if load.has_adapter and load.pending <= bound]
+        affine.sort(key=lambda x: (x.pending, -x.free_blocks, jitter[x.replica_id]))
+        reason = "adapter"
+        if not affine and not any(load.has_adapter for load in loads):
+            affine = [_rendezvous(loads, adapter_key, min(bound, min_pending + options.rendezvous_slack))]
+            reason = "adapter_rendezvous"
+        elif not affine:  # every holder is busier than the bound: spill to the least loaded, which loads it too
+            reason = "least_pending"
+            prefix_key = None
     if not affine and prefix_key is not None:
-        near = min(bound, min_pending + options.rendezvous_slack)
-        affine = [max((load for load in loads if load.pending <= near),
-                      key=lambda x: rendezvous_weight(prefix_key, x.replica_id))]
+        affine = [_rendezvous(loads, prefix_key, min(bound, min_pending + options.rendezvous_slack))]
         reason = "rendezvous"
     chosen = {load.replica_id for load in affine}
     rest = [load for load in loads if load.replica_id not in chosen]
     rest.sort(key=lambda x: (x.pending, -x.free_blocks, jitter[x.replica_id]))
     return Decision([load.replica_id for load in affine + rest], reason)
+
+
+def _rendezvous(loads: list[ReplicaLoad], key: int, max_pending: float) -> ReplicaLoad:
+    """The replica a key's rendezvous hashing picks among those carrying at most max_pending."""
+    return max((load for load in loads if load.pending <= max_pending),
+               key=lambda x: rendezvous_weight(key, x.replica_id))
 
 
 def prefix_key(prompt_hashes: list[int], options: RoutingOptions = RoutingOptions()) -> int | None:

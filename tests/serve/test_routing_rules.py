@@ -1,4 +1,4 @@
-"""The routing rule itself (no Ray): least pending first, prefix affinity within a load bound."""
+"""The routing rule itself (no Ray): least pending first, prefix and LoRA adapter affinity within a load bound."""
 
 from __future__ import annotations
 
@@ -144,3 +144,51 @@ def test_without_a_queue_count_the_report_decides():
     # Our 3 sends since the report may have finished: the report alone, as Ray's own routers do without a count.
     assert current_pending(queued=None, queued_at=None, reported=2, reported_at=9.0, sent_since_report=3) == 2
     assert current_pending(queued=None, queued_at=None, reported=0, reported_at=None, sent_since_report=0) == 0
+
+
+# -- LoRA adapters: affinity to the replicas holding the adapter, within the same load bound ----------------------
+ADAPTER = 7  # the request's lora_int_id
+
+
+def test_an_adapter_request_goes_to_a_replica_holding_the_adapter_while_within_the_load_bound():
+    decision = rank([ReplicaLoad("idle", 0), ReplicaLoad("holder", 3, has_adapter=True)], adapter_key=ADAPTER)
+    assert decision.ranked == ["holder", "idle"]
+    assert decision.reason == "adapter"
+
+
+def test_the_least_loaded_of_several_holders_wins():
+    decision = rank([ReplicaLoad("busy", 3, has_adapter=True), ReplicaLoad("idle", 0),
+                     ReplicaLoad("calm", 1, has_adapter=True)], adapter_key=ADAPTER)
+    assert decision.ranked[:2] == ["calm", "busy"]
+
+
+def test_an_adapter_request_spills_to_the_least_loaded_replica_when_every_holder_is_busy():
+    options = RoutingOptions(prefix_slack=4, prefix_slack_ratio=0.5)
+    decision = rank([ReplicaLoad("holder", 9, has_adapter=True), ReplicaLoad("idle", 0), ReplicaLoad("calm", 2)],
+                    options, adapter_key=ADAPTER)
+    assert decision.ranked == ["idle", "calm", "holder"]
+    assert decision.reason == "least_pending"
+
+
+def test_an_adapter_no_replica_holds_goes_to_its_rendezvous_replica_whatever_router_decides():
+    replicas = [f"replica-{i}" for i in range(6)]
+    firsts = {rank([ReplicaLoad(r, 0) for r in random.Random(seed).sample(replicas, 6)], rng=random.Random(seed),
+                   adapter_key=ADAPTER).ranked[0] for seed in range(10)}
+    assert len(firsts) == 1
+    # ... not the replica a prompt's prefix alone would pick: the adapter is placed, the prefix follows it
+    assert rank([ReplicaLoad(r, 0) for r in replicas], adapter_key=ADAPTER, prefix_key=1).reason == \
+        "adapter_rendezvous"
+    placed = {rank([ReplicaLoad(r, 0) for r in replicas], adapter_key=key).ranked[0] for key in range(1, 40)}
+    assert len(placed) > 3  # different adapters land on different replicas
+
+
+def test_a_replica_caching_the_prompt_under_the_adapter_wins_over_a_mere_holder():
+    decision = rank([ReplicaLoad("holder", 0, has_adapter=True), ReplicaLoad("warm", 2, matched_blocks=4,
+                                                                            has_adapter=True)], adapter_key=ADAPTER)
+    assert decision.ranked == ["warm", "holder"]
+    assert decision.reason == "prefix"
+
+
+def test_a_base_model_request_ignores_which_adapters_replicas_hold():
+    decision = rank([ReplicaLoad("holder", 2, has_adapter=True), ReplicaLoad("idle", 0)])
+    assert decision.ranked == ["idle", "holder"]
