@@ -4,6 +4,11 @@ floor = prefill FLOPs / peak + sum over decode steps of max(bytes read / HBM ban
 bytes = every weight the step reads (the embedding table is gathered, not read; the LM head is)
 plus the KV of every running sequence. Idealised schedule: every prompt prefilled (yielding its
 first token), then all sequences decode together, each leaving when its output is complete.
+A mixture of experts multiplies each token by its active parameters only (attention, dense MLPs, its top-k experts,
+the routers), and a decode step of B tokens reads, per MoE layer, the experts those tokens route to: the expected
+number of distinct experts that B tokens hit when each picks its top-k uniformly at random, E * (1 - (1 - k/E)^B)
+(ModelSpec.expected_experts_hit; all E once B is large, k experts at B = 1). Real routing is less even, so a real
+step touches somewhat fewer experts than uniform routing would: a floor on that count, not a bound.
 Torch-free: everything it counts comes from the model description (railyard.model.spec.ModelSpec),
 weights and KV at the precision the run stores them: with FP8 weights the decoder's linear layers read
 1 byte per weight and multiply at the FP8 rate (the LM head stays in the model dtype at the bf16 rate,
@@ -65,11 +70,10 @@ def offline_roofline(spec: ModelSpec, prompt_lens: list[int], output_lens: list[
     peak, bw = peak_tflops * 1e12, hbm_tbs * 1e12
     layer_peak = fp8_peak_tflops * 1e12 if fp8 else peak
     lm_head = 2.0 * spec.vocab_size * spec.hidden_size
-    layers = 2.0 * spec.num_layers * spec.layer_linear_params()
+    layers = 2.0 * spec.active_linear_params
     # Seconds of compute per token at each rate: linear layers, LM head (one row), attention (per query-key pair).
     layer_s, head_s = layers / layer_peak, lm_head / peak
     prefill_s = sum(layer_s * n + spec.attention_flops(n, (n + 1) / 2) / peak + head_s for n in prompt_lens)
-    weight_bytes = spec.matmul_weight_bytes
     kv_bytes_per_token = spec.kv_bytes_per_token()
     steps = max(output_lens, default=1) - 1  # the first output token comes from the prefill
     decode_s, memory_bound = 0.0, 0
@@ -79,7 +83,7 @@ def offline_roofline(spec: ModelSpec, prompt_lens: list[int], output_lens: list[
             break
         kv = sum(ctx)
         t_flop = (layer_s + head_s) * len(ctx) + spec.attention_flops(1, kv / len(ctx)) * len(ctx) / peak
-        t_mem = (weight_bytes + kv * kv_bytes_per_token) / bw
+        t_mem = (spec.step_weight_bytes(len(ctx)) + kv * kv_bytes_per_token) / bw
         memory_bound += t_mem >= t_flop
         decode_s += max(t_mem, t_flop)
     return Roofline(prefill_s, decode_s, prefill_s + decode_s, steps, memory_bound, peak_tflops, hbm_tbs,

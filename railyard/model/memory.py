@@ -41,11 +41,20 @@ def piecewise_graph_bytes(spec: ModelSpec, num_tokens: int) -> int:
     positions, q, k, v, attention output, residual, hidden) and one memory pool as large as one piece's
     temporaries at the largest token count (the MLP's gate/up output and SiLU product, or the attention
     side's QKV and rotated q/k, beside the residual stream)."""
-    b, t, h, inter = spec.dtype_bytes, num_tokens, spec.hidden_size, spec.intermediate_size
+    b, t, h = spec.dtype_bytes, num_tokens, spec.hidden_size
     q, kv = spec.num_heads * spec.head_dim, spec.num_kv_heads * spec.head_dim
     static = t * 16 + t * (2 * q + 2 * kv + 2 * h) * b
-    pool = max(t * (3 * h + 3 * inter), t * (2 * h + (q + 2 * kv) + 2 * (q + kv))) * b
+    pool = max(t * (3 * h + mlp_temporaries(spec)), t * (2 * h + (q + 2 * kv) + 2 * (q + kv))) * b
     return static + pool
+
+
+def mlp_temporaries(spec: ModelSpec, tp: int = 1) -> int:
+    """Elements per token of an MLP's temporaries on one rank: a dense MLP's gate/up output and SiLU product; an MoE
+    layer's, for each of its top-k experts, those and the expert's down output (fused kernel: kernels/fused_moe.py),
+    whichever layer kind is larger."""
+    dense = 3 * (spec.intermediate_size // tp) if spec.num_dense_layers else 0
+    moe = spec.num_experts_per_tok * (3 * (spec.moe_intermediate_size // tp) + spec.hidden_size) if spec.is_moe else 0
+    return max(dense, moe)
 
 
 def reserve_bytes(max_num_seqs: int, vocab_size: int, enforce_eager: bool) -> int:
@@ -84,10 +93,9 @@ def activation_bytes(spec: ModelSpec, num_tokens: int, max_num_seqs: int, tp: in
     at the end the logits of the sampled rows (model dtype and float32). Plus the rotary tables.
     """
     b, t, h = spec.dtype_bytes, num_tokens, spec.hidden_size
-    inter = spec.intermediate_size // tp
     q = spec.num_heads // tp * spec.head_dim
     kv = spec.kv_heads_per_rank(tp) * spec.head_dim
-    mlp = t * (2 * h + 3 * inter) * b
+    mlp = t * (2 * h + mlp_temporaries(spec, tp)) * b
     attention = t * (2 * h + (q + 2 * kv) + 2 * (q + kv) + q) * b
     logits = t * h * b + min(t, max_num_seqs) * spec.vocab_size * (b + 4)
     rotary = 2 * spec.max_position_embeddings * spec.head_dim * 4

@@ -25,7 +25,11 @@ ARCHITECTURES = {
     "MistralForCausalLM": (False, False),
     "Qwen2ForCausalLM": (True, False),
     "Qwen3ForCausalLM": (False, True),
+    "Qwen3MoeForCausalLM": (False, True),
 }
+# FP8 experts carry one float32 scale per block of this many output x input weights (as FP8 MoE checkpoints such as
+# Qwen3-30B-A3B-FP8 ship them, and as --quantization fp8 quantizes a bf16 checkpoint's experts).
+EXPERT_BLOCK = (128, 128)
 # rope scaling type -> the keys it needs (besides rope_type)
 ROPE_TYPES: dict[str, tuple[str, ...]] = {"default": (), "linear": ("factor",), "llama3": ("factor",)}
 
@@ -57,6 +61,14 @@ class ModelSpec:
     # Quantized linear-layer weights (None: unquantized); "fp8": float8 weights with float32 per-channel scales,
     # from an FP8 checkpoint's quantization_config (model/quant_config.py) or quantized as the engine loads.
     quantization: str | None = None
+    # Mixture of experts (num_experts 0: every layer's MLP is dense). A token's MLP in an MoE layer is the
+    # routing-weighted sum of num_experts_per_tok experts of width moe_intermediate_size, chosen by a router
+    # (softmax over the experts' logits, top-k, renormalised to sum 1 when norm_topk_prob).
+    num_experts: int = 0
+    num_experts_per_tok: int = 0
+    moe_intermediate_size: int = 0
+    norm_topk_prob: bool = False
+    moe_layers: tuple[int, ...] = ()  # the layers whose MLP is the experts (HF's decoder_sparse_step, mlp_only_layers)
 
     @classmethod
     def from_hf_config(cls, cfg: dict[str, Any]) -> "ModelSpec":
@@ -100,6 +112,7 @@ class ModelSpec:
                 eos_token_ids=_token_ids(eos),
                 dtype=resolve_dtype("auto", torch_dtype, "cuda"),
                 quantization=checkpoint_quantization(cfg),
+                **_moe_fields(cfg),
             )
         except KeyError as exc:
             raise ModelLoadError(f"config.json lacks required field {exc}") from None
@@ -152,24 +165,77 @@ class ModelSpec:
         """One KV-cache block across all layers on one rank: 2 (K and V) * layers * kv_heads * head_dim * block."""
         return self.kv_bytes_per_token(tp) * block_size
 
+    # -- mixture of experts -------------------------------------------------------------------------------
+    @property
+    def is_moe(self) -> bool:
+        return bool(self.moe_layers)
+
+    def is_moe_layer(self, layer: int) -> bool:
+        return layer in self.moe_layers
+
+    @property
+    def num_dense_layers(self) -> int:
+        return self.num_layers - len(self.moe_layers)
+
+    def expected_experts_hit(self, tokens: float) -> float:
+        """How many distinct experts `tokens` tokens route to in one layer, expected under uniform routing (each
+        token picks top-k distinct experts uniformly at random): E * (1 - (1 - k/E)^tokens). Real routers are not
+        uniform (popular experts absorb more), so this is a floor's estimate, not a bound."""
+        if not self.num_experts or tokens <= 0:
+            return 0.0
+        return self.num_experts * (1.0 - (1.0 - self.num_experts_per_tok / self.num_experts) ** tokens)
+
     # -- parameters, per tensor-parallel rank as the engine shards them --------------------------------
-    def layer_linear_params(self, tp: int = 1) -> int:
-        """One decoder layer's projection weights on one rank: fused QKV, o, gate/up, down."""
+    def attention_linear_params(self, tp: int = 1) -> int:
+        """One layer's attention projections on one rank: fused QKV and o."""
         h, d = self.hidden_size, self.head_dim
         qkv = (self.num_heads // tp + 2 * self.kv_heads_per_rank(tp)) * d * h
-        return qkv + (self.num_heads // tp) * d * h + 3 * h * (self.intermediate_size // tp)
+        return qkv + (self.num_heads // tp) * d * h
+
+    def dense_mlp_params(self, tp: int = 1) -> int:
+        """One dense MLP (gate/up, down) on one rank."""
+        return 3 * self.hidden_size * (self.intermediate_size // tp)
+
+    def expert_params(self, tp: int = 1) -> int:
+        """One expert (gate/up, down) on one rank: each rank holds a slice of every expert's intermediate width."""
+        return 3 * self.hidden_size * (self.moe_intermediate_size // tp)
+
+    def layer_linear_params(self, tp: int = 1, layer: int = 0) -> int:
+        """One decoder layer's projection weights on one rank: fused QKV, o, and its MLP's gate/up and down (an
+        MoE layer's: every expert's; the router is not counted here: it stays in the model dtype)."""
+        mlp = self.num_experts * self.expert_params(tp) if self.is_moe_layer(layer) else self.dense_mlp_params(tp)
+        return self.attention_linear_params(tp) + mlp
+
+    def linear_params(self, tp: int = 1) -> int:
+        """All decoder layers' projection weights on one rank (what quantization stores at its precision)."""
+        return sum(self.layer_linear_params(tp, i) for i in range(self.num_layers))
 
     def layer_linear_outputs(self, tp: int = 1) -> int:
-        """Output channels of one decoder layer's projections on one rank (each carries a scale when quantized):
-        fused QKV and gate/up are split over ranks, o and down are not (row-parallel: split by input)."""
+        """Output channels of one dense decoder layer's projections on one rank (each carries a scale when
+        quantized): fused QKV and gate/up are split over ranks, o and down are not (row-parallel: split by input)."""
         qkv = (self.num_heads // tp + 2 * self.kv_heads_per_rank(tp)) * self.head_dim
         return qkv + self.hidden_size + 2 * (self.intermediate_size // tp) + self.hidden_size
 
-    def layer_other_params(self, tp: int = 1) -> int:
-        """One decoder layer's biases and norms on one rank (kept in the model dtype)."""
+    def linear_scale_bytes(self, tp: int = 1) -> int:
+        """Bytes of the quantized projections' float32 scales on one rank: one per output channel of attention and
+        dense MLPs, one per EXPERT_BLOCK of every expert's gate, up and down (0 unquantized)."""
+        per = QUANTIZATION_SCALE_BYTES.get(self.quantization, 0)
+        if not per:
+            return 0
+        dense = self.layer_linear_outputs(tp)
+        attention = dense - 2 * (self.intermediate_size // tp) - self.hidden_size
+        bn, bk = EXPERT_BLOCK
+        h, inter = self.hidden_size, self.moe_intermediate_size // tp
+        expert = 2 * _cdiv(inter, bn) * _cdiv(h, bk) + _cdiv(h, bn) * _cdiv(inter, bk)
+        moe = len(self.moe_layers)
+        return per * (self.num_dense_layers * dense + moe * (attention + self.num_experts * expert))
+
+    def layer_other_params(self, tp: int = 1, layer: int = 0) -> int:
+        """One decoder layer's biases, norms and router on one rank (kept in the model dtype)."""
         d = self.head_dim
         bias = (self.num_heads // tp + 2 * self.kv_heads_per_rank(tp)) * d if self.attention_bias else 0
-        return bias + 2 * self.hidden_size + (2 * d if self.qk_norm else 0)
+        router = self.num_experts * self.hidden_size if self.is_moe_layer(layer) else 0
+        return bias + 2 * self.hidden_size + (2 * d if self.qk_norm else 0) + router
 
     def vocab_params(self, tp: int = 1) -> int:
         """Embedding and (untied) LM head on one rank: each holds a vocabulary slice."""
@@ -177,30 +243,50 @@ class ModelSpec:
         return rows * self.hidden_size * (1 if self.tie_word_embeddings else 2)
 
     def num_params(self, tp: int = 1) -> int:
-        """Parameters one rank holds (tp=1: the model's parameter count)."""
-        layer = self.layer_linear_params(tp) + self.layer_other_params(tp)
-        return self.num_layers * layer + self.vocab_params(tp) + self.hidden_size
+        """Parameters one rank holds (tp=1: the model's parameter count, every expert included)."""
+        other = sum(self.layer_other_params(tp, i) for i in range(self.num_layers))
+        return self.linear_params(tp) + other + self.vocab_params(tp) + self.hidden_size
 
     def weight_bytes(self, tp: int = 1) -> int:
-        """Bytes of the weights one rank holds: projections at their stored precision (with their per-channel
+        """Bytes of the weights one rank holds (all experts): projections at their stored precision (with their
         scales when quantized), the rest in the dtype."""
-        linear = self.num_layers * self.layer_linear_params(tp)
+        linear = self.linear_params(tp)
         rest = self.num_params(tp) - linear
-        scales = self.num_layers * self.layer_linear_outputs(tp) * QUANTIZATION_SCALE_BYTES.get(self.quantization, 0)
-        return linear * self.linear_weight_bytes + scales + rest * self.dtype_bytes
+        return linear * self.linear_weight_bytes + self.linear_scale_bytes(tp) + rest * self.dtype_bytes
 
     # -- per-token work (the roofline) -------------------------------------------------------------------
     @property
+    def active_linear_params(self) -> int:
+        """Projection weights one token multiplies by in the decoder layers: attention, dense MLPs, its top-k
+        experts and the routers."""
+        moe = len(self.moe_layers)
+        per_moe = self.num_experts_per_tok * self.expert_params() + self.num_experts * self.hidden_size
+        return (self.num_layers * self.attention_linear_params() + self.num_dense_layers * self.dense_mlp_params()
+                + moe * per_moe)
+
+    @property
     def matmul_params(self) -> int:
-        """Weights multiplied per token: all layers' projections and the LM head (not the embedding gather)."""
-        return self.num_layers * self.layer_linear_params() + self.vocab_size * self.hidden_size
+        """Weights multiplied per token: the decoder layers' active projections and the LM head (not the embedding
+        gather)."""
+        return self.active_linear_params + self.vocab_size * self.hidden_size
 
     @property
     def matmul_weight_bytes(self) -> int:
-        """Bytes a decode step reads for its matmuls: the projections at their precision, the LM head in the dtype
-        (a quantized projection's scales, 4 bytes per output row, are left out: 0.1-0.3% of the named shapes')."""
-        projections = self.num_layers * self.layer_linear_params()
-        return projections * self.linear_weight_bytes + self.vocab_size * self.hidden_size * self.dtype_bytes
+        """Bytes of every weight a step's matmuls may read: all projections (every expert) at their precision, the
+        routers and the LM head in the dtype (a quantized projection's scales are left out: 0.1-0.3% of the named
+        shapes')."""
+        return self.step_weight_bytes(float("inf"))
+
+    def step_weight_bytes(self, tokens: float) -> float:
+        """Bytes of weights a step of `tokens` tokens reads for its matmuls: everything but the experts, and in
+        each MoE layer the experts its tokens route to (expected_experts_hit; all of them for a dense model's or
+        an unbounded step's count)."""
+        experts = self.num_experts if tokens == float("inf") else self.expected_experts_hit(tokens)
+        moe = len(self.moe_layers)
+        projections = (self.num_layers * self.attention_linear_params() + self.num_dense_layers
+                       * self.dense_mlp_params() + moe * experts * self.expert_params())
+        routers = moe * self.num_experts * self.hidden_size
+        return projections * self.linear_weight_bytes + (routers + self.vocab_size * self.hidden_size) * self.dtype_bytes
 
     def attention_flops(self, query_positions: float, keys: float) -> float:
         """QK^T and PV for `query_positions` queries that each see `keys` keys on average."""
@@ -249,8 +335,13 @@ def check_tensor_parallel(spec: ModelSpec, tp: int) -> None:
         problems.append(f"{spec.num_heads} attention heads")
     if spec.num_kv_heads % tp and tp % spec.num_kv_heads:
         problems.append(f"{spec.num_kv_heads} KV heads (neither divides the other)")
-    if spec.intermediate_size % tp:
+    if spec.num_dense_layers and spec.intermediate_size % tp:
         problems.append(f"intermediate size {spec.intermediate_size}")
+    if spec.is_moe and spec.moe_intermediate_size % tp:
+        problems.append(f"expert intermediate size {spec.moe_intermediate_size}")
+    elif spec.is_moe and spec.quantization and tp > 1 and (spec.moe_intermediate_size // tp) % EXPERT_BLOCK[0]:
+        problems.append(f"FP8 experts' {EXPERT_BLOCK[0]}-wide scale blocks (expert intermediate size "
+                        f"{spec.moe_intermediate_size})")
     if problems:
         raise ConfigError(f"tensor_parallel_size {tp} does not divide the model's {', '.join(problems)}; "
                           "choose a tensor_parallel_size that divides them")
@@ -263,6 +354,32 @@ def check_max_model_len(max_model_len: int, max_position_embeddings: int) -> Non
             f"max_model_len {max_model_len} exceeds the model's max_position_embeddings "
             f"{max_position_embeddings}; lower --max-model-len"
         )
+
+
+def _moe_fields(cfg: dict[str, Any]) -> dict[str, Any]:
+    """ModelSpec's mixture-of-experts fields from an HF config (none for a dense model). Layer i is an MoE layer
+    when it is not in mlp_only_layers and (i + 1) is a multiple of decoder_sparse_step, as HF's Qwen3-MoE says."""
+    if not cfg.get("num_experts"):
+        return {}
+    experts = _positive(cfg, "num_experts")
+    layers = _positive(cfg, "num_hidden_layers")
+    step = _positive(cfg, "decoder_sparse_step", 1)
+    dense = cfg.get("mlp_only_layers") or []
+    if not isinstance(dense, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in dense):
+        raise ModelLoadError(f"config.json field 'mlp_only_layers' must be a list of layer indices, got {dense!r}")
+    if cfg.get("shared_expert_intermediate_size"):
+        raise ModelLoadError("shared experts (shared_expert_intermediate_size) are not supported")
+    top_k = _positive(cfg, "num_experts_per_tok")
+    if top_k > experts:
+        raise ModelLoadError(f"config.json: num_experts_per_tok {top_k} exceeds num_experts {experts}")
+    return dict(num_experts=experts, num_experts_per_tok=top_k,
+                moe_intermediate_size=_positive(cfg, "moe_intermediate_size"),
+                norm_topk_prob=bool(cfg.get("norm_topk_prob", False)),
+                moe_layers=tuple(i for i in range(layers) if i not in dense and (i + 1) % step == 0))
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
 
 
 def _positive(cfg: dict[str, Any], key: str, default: int | None = None) -> int:

@@ -32,7 +32,7 @@ def expected(tiny_models):
 
 
 @pytest.mark.parametrize("variant", list(VARIANTS))
-@pytest.mark.parametrize("arch", ["qwen2", "qwen3", "llama"])
+@pytest.mark.parametrize("arch", ["qwen2", "qwen3", "llama", "qwen3moe"])
 def test_greedy_matches_hf_generate(tiny_models, expected, arch, variant):
     llm = LLM(tiny_models[arch], **VARIANTS[variant])
     params = SamplingParams(temperature=0.0, max_tokens=MAX_NEW, ignore_eos=True)

@@ -22,6 +22,8 @@ from railyard.model.spec import read_model_spec
     ("qwen2", 16, dict(kv_cache_dtype="fp8")),
     ("qwen3", 8, dict(quantization="fp8", kv_cache_dtype="fp8")),
     ("llama", 16, dict(quantization="fp8", kv_cache_dtype="bfloat16")),
+    # Mixture of experts: every expert's weights; FP8 experts with one float32 scale per 128 x 128 block
+    ("qwen3moe", 8, {}), ("qwen3moe", 16, dict(quantization="fp8")),
 ], ids=lambda v: "-".join(f"{k}={x}" for k, x in v.items()) or "model-dtype" if isinstance(v, dict) else str(v))
 def test_planner_predicts_the_cpu_engines_weights_and_kv_blocks(tiny_models, arch, block_size, precision):
     # Seats enough that memory, not max_num_seqs * max_model_len, bounds the CPU engine's KV pool.

@@ -65,6 +65,10 @@ _ARCHS = {
     "qwen2": dict(architectures=["Qwen2ForCausalLM"], model_type="qwen2", use_sliding_window=False),
     "qwen3": dict(architectures=["Qwen3ForCausalLM"], model_type="qwen3", head_dim=32, attention_bias=False,
                   tie_word_embeddings=True),
+    # Mixture of experts: 8 experts, top-2 (renormalised), in layers 0, 1 and 3 (2 is in mlp_only_layers).
+    "qwen3moe": dict(architectures=["Qwen3MoeForCausalLM"], model_type="qwen3_moe", head_dim=32, attention_bias=False,
+                     num_hidden_layers=4, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32,
+                     norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[2]),
     "llama": dict(architectures=["LlamaForCausalLM"], model_type="llama", attention_bias=False, mlp_bias=False,
                   rope_scaling=dict(rope_type="llama3", factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
                                     original_max_position_embeddings=64)),
@@ -93,16 +97,30 @@ def weight_shapes(cfg: dict) -> dict[str, tuple[int, ...]]:
         shapes.update({
             p + "self_attn.q_proj.weight": (nh * d, h), p + "self_attn.k_proj.weight": (nkv * d, h),
             p + "self_attn.v_proj.weight": (nkv * d, h), p + "self_attn.o_proj.weight": (h, nh * d),
-            p + "mlp.gate_proj.weight": (inter, h), p + "mlp.up_proj.weight": (inter, h),
-            p + "mlp.down_proj.weight": (h, inter),
             p + "input_layernorm.weight": (h,), p + "post_attention_layernorm.weight": (h,),
         })
+        shapes.update(_mlp_shapes(cfg, i, p + "mlp."))
         if cfg["model_type"] == "qwen2":
             for n, size in (("q", nh * d), ("k", nkv * d), ("v", nkv * d)):
                 shapes[p + f"self_attn.{n}_proj.bias"] = (size,)
-        if cfg["model_type"] == "qwen3":
+        if cfg["model_type"] in ("qwen3", "qwen3_moe"):
             shapes[p + "self_attn.q_norm.weight"] = (d,)
             shapes[p + "self_attn.k_norm.weight"] = (d,)
+    return shapes
+
+
+def _mlp_shapes(cfg: dict, layer: int, p: str) -> dict[str, tuple[int, ...]]:
+    """A layer's MLP tensors as HF checkpoints name them: dense, or a router and per-expert projections."""
+    h, experts = cfg["hidden_size"], cfg.get("num_experts", 0)
+    sparse = experts and layer not in cfg.get("mlp_only_layers", []) and (layer + 1) % cfg["decoder_sparse_step"] == 0
+    if not sparse:
+        inter = cfg["intermediate_size"]
+        return {p + "gate_proj.weight": (inter, h), p + "up_proj.weight": (inter, h), p + "down_proj.weight": (h, inter)}
+    inter = cfg["moe_intermediate_size"]
+    shapes = {p + "gate.weight": (experts, h)}
+    for e in range(experts):
+        shapes.update({f"{p}experts.{e}.gate_proj.weight": (inter, h), f"{p}experts.{e}.up_proj.weight": (inter, h),
+                       f"{p}experts.{e}.down_proj.weight": (h, inter)})
     return shapes
 
 

@@ -83,8 +83,8 @@ def _unsplit_and_piecewise(runner, graphs: PiecewiseGraphs, plan: StepPlan):
 
 @pytest.mark.parametrize("step", list(STEPS))
 @pytest.mark.parametrize("arch,config", [
-    ("qwen2", {}), ("qwen3", {}), ("llama", {}), ("qwen3", dict(quantization="fp8")),
-], ids=["qwen2", "qwen3", "llama", "qwen3-fp8-weights"])
+    ("qwen2", {}), ("qwen3", {}), ("llama", {}), ("qwen3", dict(quantization="fp8")), ("qwen3moe", {}),
+], ids=["qwen2", "qwen3", "llama", "qwen3-fp8-weights", "qwen3moe"])
 def test_pieces_in_sequence_with_padding_give_the_unsplit_forward(tiny_models, arch, config, step):
     runner = _runner(tiny_models[arch], "cpu", **config)
     graphs = PiecewiseGraphs(runner.model, 64, runner.device, capture=False)
@@ -113,7 +113,7 @@ def test_padded_rows_do_not_change_real_rows(tiny_models):
 PROMPTS = [[random.Random(n).randrange(256) for _ in range(n)] for n in (3, 17, 33, 70, 9)]
 
 
-@pytest.mark.parametrize("arch", ["qwen2", "llama"])
+@pytest.mark.parametrize("arch", ["qwen2", "llama", "qwen3moe"])
 def test_engine_through_the_pieces_matches_hf_generate(tiny_models, arch):
     # Chunked prefill under a 24-token budget: steps mix prefill chunks with decodes, and the asynchronous
     # scheduler feeds sampled ids into the pieces' static input buffer.
@@ -158,7 +158,7 @@ def test_graph_replay_is_the_same_every_time_on_gpu(tiny_models):
 
 
 @needs_cuda
-@pytest.mark.parametrize("arch", ["qwen2", "qwen3", "llama"])
+@pytest.mark.parametrize("arch", ["qwen2", "qwen3", "llama", "qwen3moe"])
 def test_engine_with_captured_pieces_matches_hf_generate_on_gpu(tiny_models, arch):
     llm = LLM(tiny_models[arch], device="cuda", dtype="float32", attention_backend="triton", block_size=8,
               max_num_batched_tokens=24)

@@ -37,6 +37,7 @@ CASES = {
     "qwen2-kv2-tp4": ("qwen2", 2, 4),  # KV heads fewer than ranks: each replicated on 2 ranks
     "llama-kv1-tp4": ("llama", 1, 4),  # a single KV head replicated on all 4 ranks (llama3 rope scaling)
     "qwen3-kv4-tp2": ("qwen3", 4, 2),  # two KV heads per rank; tied embeddings; q/k norm
+    "qwen3moe-kv2-tp2": ("qwen3moe", 2, 2),  # every expert's intermediate width split over the ranks
 }
 
 

@@ -1,4 +1,5 @@
-"""The Llama-family decoder (Llama, Mistral, Qwen2 with QKV bias, Qwen3 with q/k norm).
+"""The Llama-family decoder (Llama, Mistral, Qwen2 with QKV bias, Qwen3 with q/k norm, Qwen3-MoE with experts in
+the layers spec.moe_layers names).
 
 One implementation, configured by ModelSpec; fused QKV and gate/up; tensor-parallel layers.
 Attention state is passed explicitly (AttentionMetadata), never through globals.
@@ -19,6 +20,7 @@ from railyard.engine.runner.layers.linear import MergedColumnParallelLinear, QKV
 from railyard.engine.runner.layers.norm import RMSNorm
 from railyard.engine.runner.layers.rotary import RotaryEmbedding
 from railyard.engine.runner.layers.parallel import SINGLE, ParallelState
+from railyard.engine.runner.models.moe_mlp import MoEMLP, expert_target
 from railyard.errors import ModelLoadError
 from railyard.model.spec import ModelSpec
 
@@ -71,14 +73,17 @@ class MLP(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, spec: ModelSpec, rotary: RotaryEmbedding, backend_cls, ps: ParallelState) -> None:
+    def __init__(self, spec: ModelSpec, rotary: RotaryEmbedding, backend_cls, ps: ParallelState,
+                 layer: int = 0) -> None:
         super().__init__()
         self.self_attn = Attention(spec, rotary, backend_cls, ps)
-        self.mlp = MLP(spec, ps)
-        # Each feeds one linear layer only (qkv, gate_up): with FP8 weights, the norm quantizes for it (GPU).
+        moe = spec.is_moe_layer(layer)
+        self.mlp = MoEMLP(spec, ps) if moe else MLP(spec, ps)
+        # Each feeds one linear layer only (qkv, gate_up): with FP8 weights, the norm quantizes for it (GPU). Not
+        # before experts: their router reads the activation unquantized.
         fp8 = spec.quantization == "fp8"
         self.input_layernorm = RMSNorm(spec.hidden_size, spec.rms_norm_eps, quantize_output=fp8)
-        self.post_attention_layernorm = RMSNorm(spec.hidden_size, spec.rms_norm_eps, quantize_output=fp8)
+        self.post_attention_layernorm = RMSNorm(spec.hidden_size, spec.rms_norm_eps, quantize_output=fp8 and not moe)
 
     def pre_attention(self, positions, x, residual):
         """Input norm (adding the residual first, except in layer 0) and the attention's projections:
@@ -110,7 +115,7 @@ class DecoderModel(nn.Module):
         self.embed_tokens = VocabParallelEmbedding(spec.vocab_size, spec.hidden_size, ps)
         # One rotary table shared by all layers (not a parameter).
         rotary = RotaryEmbedding(spec.head_dim, spec.max_position_embeddings, spec.rope_theta, spec.rope_scaling)
-        self.layers = nn.ModuleList(DecoderLayer(spec, rotary, backend_cls, ps) for _ in range(spec.num_layers))
+        self.layers = nn.ModuleList(DecoderLayer(spec, rotary, backend_cls, ps, i) for i in range(spec.num_layers))
         self.norm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
         self.rotary = rotary
 
@@ -181,8 +186,8 @@ class CausalLM(nn.Module):
             if kv_scale:
                 self._set_kv_scale(int(kv_scale.group(1)), kv_scale.group(2) or kv_scale.group(3), tensor)
                 continue
-            target, shard = name, None
-            for hf, ours, shard_id in self._FUSED:
+            target, shard = expert_target(name) or (name, None)
+            for hf, ours, shard_id in self._FUSED if shard is None else ():
                 if f".{hf}." in name:
                     target, shard = name.replace(f".{hf}.", f".{ours}."), shard_id
                     break

@@ -13,6 +13,7 @@ from pathlib import Path
 import torch
 
 from railyard.engine.runner.layers.fp8 import FP8, quantize_rows
+from railyard.engine.runner.layers.moe import quantize_experts
 from railyard.engine.runner.models.checkpoint_dir import resolve_model_dir, weight_files  # noqa: F401 (re-exported)
 from railyard.engine.runner.models.decoder import CausalLM
 from railyard.engine.runner.models.safetensors_reader import CheckpointReader
@@ -89,6 +90,9 @@ def random_weights(model: CausalLM, seed: int, std: float = 0.02) -> CausalLM:
             param.data.fill_(1.0)
         elif param.dtype == FP8:
             full = torch.empty(param.shape, dtype=dtype, device=param.device).normal_(0.0, std, generator=gen)
+            if param.dim() == 3:  # stacked experts: block scales
+                quantize_experts(full, param, params[name + "_scale"])
+                continue
             q, scale = quantize_rows(full)
             param.data.copy_(q)
             params[name + "_scale"].data.copy_(scale)
