@@ -28,6 +28,13 @@ SHAPES: dict[str, dict] = {
         max_position_embeddings=8192, rope_theta=500000.0, rms_norm_eps=1e-5, tie_word_embeddings=False,
         attention_bias=False, mlp_bias=False, torch_dtype="bfloat16", bos_token_id=128000,
         eos_token_id=128001),
+    "qwen3-30b-a3b": dict(
+        architectures=["Qwen3MoeForCausalLM"], model_type="qwen3_moe", hidden_size=2048, intermediate_size=6144,
+        moe_intermediate_size=768, num_experts=128, num_experts_per_tok=8, norm_topk_prob=True,
+        decoder_sparse_step=1, mlp_only_layers=[], num_hidden_layers=48, num_attention_heads=32,
+        num_key_value_heads=4, head_dim=128, vocab_size=151936, max_position_embeddings=40960, rope_theta=1e6,
+        rms_norm_eps=1e-6, tie_word_embeddings=False, attention_bias=False, use_sliding_window=False,
+        torch_dtype="bfloat16", bos_token_id=151643, eos_token_id=151645),
 }
 
 

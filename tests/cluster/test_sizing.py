@@ -24,7 +24,9 @@ from railyard.shapes import shape_config
 @pytest.mark.parametrize(
     ("name", "published"),
     # Parameter counts on the models' Hugging Face cards / safetensors metadata.
-    [("llama3-8b", 8_030_261_248), ("qwen2-7b", 7_615_616_512), ("qwen3-0.6b", 596_049_920)],
+    # Qwen3-30B-A3B's counts every expert (HF transformers' model built from the same config agrees).
+    [("llama3-8b", 8_030_261_248), ("qwen2-7b", 7_615_616_512), ("qwen3-0.6b", 596_049_920),
+     ("qwen3-30b-a3b", 30_532_122_624)],
 )
 def test_named_shapes_reproduce_the_published_parameter_counts(name, published):
     assert SHAPES[name].num_params() == published
@@ -32,7 +34,7 @@ def test_named_shapes_reproduce_the_published_parameter_counts(name, published):
 
 @pytest.mark.parametrize(
     ("name", "layers", "kv_heads", "head_dim"),
-    [("qwen2-7b", 28, 4, 128), ("llama3-8b", 32, 8, 128), ("qwen3-0.6b", 28, 8, 128)],
+    [("qwen2-7b", 28, 4, 128), ("llama3-8b", 32, 8, 128), ("qwen3-0.6b", 28, 8, 128), ("qwen3-30b-a3b", 48, 4, 128)],
 )
 def test_bytes_per_block_is_two_times_layers_kv_heads_head_dim_block_dtype(name, layers, kv_heads, head_dim):
     block_size, dtype_bytes = 16, 2  # the named shapes are bfloat16
@@ -80,6 +82,19 @@ def test_a_model_too_big_for_the_gpu_gets_no_kv_cache():
         max_model_len=8192,
     )
     assert sizing.num_blocks == 0
+
+
+def test_a_mixture_of_experts_pays_for_every_expert_on_the_gpu():
+    # Qwen3-30B-A3B multiplies by 3B parameters per token but holds all 30.5B: one H200 (141 GB) carries it with
+    # room for KV; an L40S (45 GB) cannot hold the weights at all.
+    spec = SHAPES["qwen3-30b-a3b"]
+    args = dict(tensor_parallel_size=1, gpu_memory_utilization=0.9, block_size=16, dtype="bfloat16",
+                max_model_len=32768)
+    h200 = size_kv_cache(spec, gpu_memory_bytes=143771 * 2**20, **args)
+    assert h200.weights_bytes == 2 * 30_532_122_624
+    assert h200.max_seqs_at_max_len >= 8
+    assert spec.active_linear_params < spec.num_params() / 9
+    assert size_kv_cache(spec, gpu_memory_bytes=46068 * 2**20, **args).num_blocks == 0
 
 
 def test_a_checkpoint_config_json_wins_over_named_shapes(tmp_path):
