@@ -1,0 +1,180 @@
+"""Fused mixture-of-experts on the GPU: tokens grouped by expert, one grouped GEMM per projection.
+
+As vLLM's fused_moe (written here anew):
+1. align_by_expert sorts the T * k (token, expert) slots by expert and pads each expert's run to a multiple of
+   BLOCK_M with a sentinel slot, so every BLOCK_M rows of the sorted list belong to one expert;
+2. the gate/up GEMM: each program takes one BLOCK_M row block (one expert) and one BLOCK_N column block, gathers
+   its tokens' rows of x, multiplies by that expert's w13 and writes the slots' rows [T * k, 2I];
+3. the activation (silu_and_mul, or the layer's own) -> [T * k, I];
+4. the down GEMM the same way over w2, the routing weight of each slot multiplied in its epilogue -> [T * k, H];
+5. the k slots of each token summed -> [T, H].
+No host sync and fixed shapes for a given T: the sorted list is sized for the worst case (each of the
+min(E, T * k) experts that can be hit padded by BLOCK_M - 1), the blocks past the real padded length (a device
+scalar) exit at once. So one captured CUDA graph per padded token count replays any routing.
+
+FP8 experts (block scales, layers/fp8_block.py): the activations are quantized per token and 128-wide group, the
+GEMM takes BLOCK_K = 128 and multiplies each K step's partial product by the token's group scale and the weight
+block's scale before adding it to the float32 accumulator (DeepSeek-V3's recipe, vLLM's w8a8 block path).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from railyard.engine.runner.layers.fp8_block import quantize_per_token_group
+from railyard.model.spec import EXPERT_BLOCK
+
+# (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages): small row blocks while experts get few tokens each (decode:
+# padding every expert hit to 64 rows would multiply the weights' reads' companion work by the padding), larger
+# ones for prefill.
+SMALL = (16, 64, 128, 4, 4)
+LARGE = (64, 128, 64, 8, 3)
+FP8_LARGE = (64, 128, 128, 8, 3)
+
+
+def pick_config(slots: int, num_experts: int, fp8: bool) -> tuple[int, int, int, int, int]:
+    """The tile for T * k = `slots` (token, expert) pairs over num_experts experts: 16-row blocks while an expert
+    gets fewer than 32 slots on average, 64-row blocks beyond."""
+    if slots < 32 * num_experts:
+        return SMALL
+    return FP8_LARGE if fp8 else LARGE
+
+
+def align_by_expert(topk_ids: torch.Tensor, num_experts: int, block_m: int):
+    """topk_ids [T, k] -> (sorted_slots [P] int32, block_experts [P / block_m] int32, padded_len [1] int32).
+
+    sorted_slots lists the slots t * k + j grouped by expert, ascending expert, each expert's run padded to a
+    multiple of block_m with the sentinel T * k; block_experts[b] is the expert of rows b * block_m..; padded_len
+    the rows in use. P = T * k + min(E, T * k) * (block_m - 1), rounded up to block_m: a bound that depends on T
+    only. Plain torch ops of fixed shapes: no host sync, capturable."""
+    slots = topk_ids.numel()
+    flat = topk_ids.reshape(-1).to(torch.int64)
+    device = flat.device
+    counts = torch.zeros(num_experts, dtype=torch.int64, device=device).scatter_add_(0, flat, torch.ones_like(flat))
+    padded = (counts + block_m - 1) // block_m * block_m
+    ends = torch.cumsum(padded, 0)
+    order = torch.argsort(flat, stable=True)
+    experts = flat[order]
+    rank = torch.arange(slots, device=device) - (torch.cumsum(counts, 0) - counts)[experts]
+    size = -(-(slots + min(num_experts, slots) * (block_m - 1)) // block_m) * block_m
+    sorted_slots = torch.full((size,), slots, dtype=torch.int32, device=device)
+    sorted_slots.scatter_(0, (ends - padded)[experts] + rank, order.to(torch.int32))
+    block_starts = torch.arange(0, size, block_m, device=device)
+    block_experts = torch.searchsorted(ends, block_starts, right=True).clamp_(max=num_experts - 1).to(torch.int32)
+    return sorted_slots, block_experts, ends[-1:].to(torch.int32)
+
+
+@triton.jit(do_not_specialize=["num_slots"])  # one compiled kernel for every token count
+def _grouped_gemm_kernel(a_ptr, b_ptr, c_ptr, a_scale_ptr, b_scale_ptr, bias_ptr, weights_ptr, sorted_ptr,
+                         block_expert_ptr, padded_len_ptr, N, K, num_slots, stride_am, stride_be, stride_bn,
+                         stride_cm, stride_asm, stride_bse, stride_bsn, stride_biase, SPLIT_N, SPLIT_BLOCKS,
+                         A_ROW_DIV: tl.constexpr, FP8: tl.constexpr, HAS_BIAS: tl.constexpr,
+                         MUL_WEIGHT: tl.constexpr, DOT_PRECISION: tl.constexpr, BLOCK_M: tl.constexpr,
+                         BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SCALE_N: tl.constexpr,
+                         GROUP_M: tl.constexpr):
+    """C[slot, n] = (sum_k A[slot // A_ROW_DIV, k] * B[expert(slot), n, k] (+ bias[expert, n])) (* weight[slot])."""
+    pid = tl.program_id(0)
+    num_m = tl.num_programs(0) // tl.cdiv(N, BLOCK_N)
+    num_n = tl.cdiv(N, BLOCK_N)
+    group = GROUP_M * num_n
+    first_m = (pid // group) * GROUP_M
+    size_m = min(num_m - first_m, GROUP_M)
+    pid_m = first_m + (pid % group) % size_m
+    pid_n = (pid % group) // size_m
+    if pid_m * BLOCK_M >= tl.load(padded_len_ptr):
+        return
+    slot = tl.load(sorted_ptr + pid_m * BLOCK_M + tl.arange(0, BLOCK_M))
+    valid = slot < num_slots
+    expert = tl.load(block_expert_ptr + pid_m).to(tl.int64)
+    row = (slot // A_ROW_DIV).to(tl.int64)
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    rk = tl.arange(0, BLOCK_K)
+    a_ptrs = a_ptr + row[:, None] * stride_am + rk[None, :]
+    b_ptrs = b_ptr + expert * stride_be + rn[None, :].to(tl.int64) * stride_bn + rk[:, None]  # B^T tile [K, N]
+    if FP8:
+        a_scale_ptrs = a_scale_ptr + row * stride_asm
+        scale_row = (rn // SPLIT_N) * SPLIT_BLOCKS + (rn % SPLIT_N) // SCALE_N
+        b_scale_ptrs = b_scale_ptr + expert * stride_bse + scale_row * stride_bsn
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k in range(0, tl.cdiv(K, BLOCK_K)):
+        k_left = K - k * BLOCK_K
+        a = tl.load(a_ptrs, mask=valid[:, None] & (rk[None, :] < k_left), other=0.0)
+        b = tl.load(b_ptrs, mask=(rn[None, :] < N) & (rk[:, None] < k_left), other=0.0)
+        if FP8:
+            a_s = tl.load(a_scale_ptrs + k, mask=valid, other=0.0)
+            b_s = tl.load(b_scale_ptrs + k, mask=rn < N, other=0.0)
+            acc += tl.dot(a, b) * a_s[:, None] * b_s[None, :]
+        else:
+            acc = tl.dot(a, b, acc, input_precision=DOT_PRECISION)
+        a_ptrs += BLOCK_K
+        b_ptrs += BLOCK_K
+    if HAS_BIAS:
+        acc += tl.load(bias_ptr + expert * stride_biase + rn, mask=rn < N, other=0.0).to(tl.float32)[None, :]
+    if MUL_WEIGHT:
+        acc = acc * tl.load(weights_ptr + slot, mask=valid, other=0.0).to(tl.float32)[:, None]
+    c_ptrs = c_ptr + slot[:, None].to(tl.int64) * stride_cm + rn[None, :]
+    tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=valid[:, None] & (rn[None, :] < N))
+
+
+def grouped_gemm(a: torch.Tensor, w: torch.Tensor, out: torch.Tensor, routing, a_row_div: int,
+                 config: tuple[int, int, int, int, int], bias: torch.Tensor | None = None,
+                 weights: torch.Tensor | None = None, a_scale: torch.Tensor | None = None,
+                 w_scale: torch.Tensor | None = None, split_n: int | None = None) -> torch.Tensor:
+    """out[slot] = A[slot // a_row_div] @ w[expert(slot)]^T (+ bias[expert]) (* weights[slot]) for every slot of
+    `routing` (align_by_expert's output). FP8: a and w e4m3 with a_scale [rows, K/128] and w_scale [E, nb, kb]
+    (split_n: the rows of each projection stacked in w, whose scale rows restart at each)."""
+    sorted_slots, block_experts, padded_len = routing
+    bm, bn, bk, warps, stages = config
+    n, k = w.shape[1], w.shape[2]
+    if a.stride(-1) != 1 or w.stride(-1) != 1 or out.stride(-1) != 1:
+        raise ValueError("grouped_gemm wants operands whose rows are contiguous")
+    fp8 = a_scale is not None
+    if fp8:
+        assert bk == EXPERT_BLOCK[1], "FP8 experts take one K step per scale block"
+    split = split_n or n
+    grid = (block_experts.numel() * triton.cdiv(n, bn),)
+    _grouped_gemm_kernel[grid](
+        a, w, out, a_scale if fp8 else a, w_scale if fp8 else w, bias if bias is not None else w,
+        weights if weights is not None else w, sorted_slots, block_experts, padded_len, n, k, out.shape[0],
+        a.stride(0), w.stride(0), w.stride(1), out.stride(0),
+        a_scale.stride(0) if fp8 else 0, w_scale.stride(0) if fp8 else 0, w_scale.stride(1) if fp8 else 0,
+        bias.stride(0) if bias is not None else 0, split, -(-split // EXPERT_BLOCK[0]),
+        A_ROW_DIV=a_row_div, FP8=fp8, HAS_BIAS=bias is not None, MUL_WEIGHT=weights is not None,
+        # float32 models multiply in float32 (Triton's default there is TF32), as the reference and HF do
+        DOT_PRECISION="ieee" if a.dtype == torch.float32 else "tf32", BLOCK_M=bm,
+        BLOCK_N=bn, BLOCK_K=bk, SCALE_N=EXPERT_BLOCK[0], GROUP_M=8, num_warps=warps, num_stages=stages)
+    return out
+
+
+def fused_experts(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
+                  topk_ids: torch.Tensor, activation, w13_bias: torch.Tensor | None = None,
+                  w2_bias: torch.Tensor | None = None, w13_scale: torch.Tensor | None = None,
+                  w2_scale: torch.Tensor | None = None,
+                  config: tuple[int, int, int, int, int] | None = None) -> torch.Tensor:
+    """layers/moe.py's experts contract on the GPU: x [T, H] -> [T, H], this rank's partial sums (the module
+    docstring's five steps). FP8 when the weights are e4m3 (with their block scales)."""
+    num_tokens, top_k = topk_ids.shape
+    num_experts, hidden = w13.shape[0], x.shape[1]
+    slots = num_tokens * top_k
+    if slots == 0:
+        return torch.zeros_like(x)
+    fp8 = w13_scale is not None
+    config = config or pick_config(slots, num_experts, fp8)
+    routing = align_by_expert(topk_ids, num_experts, config[0])
+    gate_up = torch.empty((slots, w13.shape[1]), dtype=x.dtype, device=x.device)
+    if fp8:
+        xq, xs = quantize_per_token_group(x)
+        grouped_gemm(xq, w13, gate_up, routing, top_k, config, w13_bias, None, xs, w13_scale, w13.shape[1] // 2)
+    else:
+        grouped_gemm(x, w13, gate_up, routing, top_k, config, w13_bias)
+    h = activation(gate_up)
+    down = torch.empty((slots, hidden), dtype=x.dtype, device=x.device)
+    weights = topk_weights.reshape(-1)
+    if fp8:
+        hq, hs = quantize_per_token_group(h)
+        grouped_gemm(hq, w2, down, routing, 1, config, w2_bias, weights, hs, w2_scale)
+    else:
+        grouped_gemm(h, w2, down, routing, 1, config, w2_bias, weights)
+    return down.view(num_tokens, top_k, hidden).sum(dim=1)
