@@ -21,15 +21,24 @@ SERVE_IMPORT_PATH = "railyard.serve.app:build_app"
 # Ray Serve's switch from its Python proxy to HAProxy (ray.serve._private.constants), read from the environment.
 HAPROXY_ENV = "RAY_SERVE_ENABLE_HA_PROXY"
 
-# Engine defaults applied under the model's and the pool's own options (pool wins, then model).
+# The engine's own defaults (EngineConfig's) of the options the planner and the rendered deployments predict with:
+# the serve config carries only the options a stack sets, so a replica starts with EngineConfig's defaults
+# themselves, as `railyard serve` does (tests/test_stack_defaults.py holds the two equal). max_model_len None: the
+# model's max_position_embeddings; dtype auto: the checkpoint's; max_num_batched_tokens None:
+# max(BATCHED_TOKENS_FLOOR, max_num_seqs), with chunked prefill.
 ENGINE_DEFAULTS: dict[str, Any] = {
     "max_num_seqs": 256,
-    "max_num_batched_tokens": 8192,
+    "max_num_batched_tokens": None,
     "block_size": 16,
-    "max_model_len": 8192,
+    "max_model_len": None,
     "gpu_memory_utilization": 0.9,
-    "dtype": "bfloat16",
+    "dtype": "auto",
+    "kv_cache_dtype": "auto",
+    "quantization": None,
+    "enforce_eager": False,
+    "piecewise_cuda_graphs": True,
 }
+BATCHED_TOKENS_FLOOR = 8192
 
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 # Kubernetes resource.Quantity, as the API server's OpenAPI pattern spells it.
@@ -68,7 +77,8 @@ class _Strict(BaseModel):
 
 
 class EngineOptions(_Strict):
-    """Engine options a model or pool sets; unset ones fall back to the model's, then ENGINE_DEFAULTS."""
+    """Engine options a model or pool sets (EngineConfig's fields); a pool's unset ones fall back to the model's,
+    and what neither sets is the engine's own default (ENGINE_DEFAULTS lists the ones the planner uses)."""
 
     max_num_seqs: int | None = Field(None, ge=1)
     max_num_batched_tokens: int | None = Field(None, ge=1)
@@ -117,40 +127,46 @@ class EngineOptions(_Strict):
 
 class Autoscaling(_Strict):
     """Replica autoscaling on pending work per replica (not GPU utilisation: it dips between steps).
-    Each field's description is its reason, written next to it in the rendered serveConfigV2."""
+    Each field's description is its reason, written next to it in the rendered serveConfigV2. The defaults are the
+    serve layer's whether a stack file or plain Ray Serve args set the rest."""
 
     min_replicas: int = Field(1, ge=0, description="the floor; 0 scales to zero when idle, and the first request "
                               "then waits for a replica's cold start (it waits, it does not fail)")
     max_replicas: int = Field(..., ge=1)
+    initial_replicas: int | None = Field(None, ge=0, description="replicas at deploy time (unset: min_replicas)")
     target_pending_per_replica: float = Field(
         8.0, gt=0, description="pending requests (running + waiting in the engine, + queued at handles) one "
         "replica should carry; more adds replicas (railyard's policy reads the engines' own counts)")
     upscale_delay_s: float = Field(
-        30.0, ge=0, description="pending work must stay over the target this long before a replica is added: "
-        "short enough that a burst gets its replica while it lasts, long enough that one spike does not buy a GPU")
+        3.0, ge=0, description="pending work must stay over the target this long before a replica is added: 3 s, "
+        "not Ray's generic 30, because a new engine replica itself takes seconds to start and the signal is the "
+        "engines' own queue, not a noisy utilisation; a burst gets its replica while it lasts, one report's spike "
+        "does not buy a GPU")
     downscale_delay_s: float = Field(
-        600.0, ge=0, description="load must stay low this long before a replica goes: bringing one back costs a "
-        "cold start (weights, KV profiling, CUDA graphs), so lulls between bursts keep it")
-    look_back_period_s: float | None = Field(
-        None, gt=0, description="the window pending counts are averaged over (unset: Ray's 30 s, which averages "
-        "a burst's first seconds away)")
-    metrics_interval_s: float | None = Field(
-        None, gt=0, description="how often replicas and handles report their counts (unset: Ray's 10 s); the "
+        600.0, ge=0, description="load must stay low this long before a replica goes (Ray's default): bringing one "
+        "back costs a cold start (weights, KV profiling, CUDA graphs), so lulls between bursts keep it")
+    look_back_period_s: float = Field(
+        5.0, gt=0, description="the window pending counts are averaged over: 5 s, not Ray's 30, which would "
+        "average a burst's first seconds away")
+    metrics_interval_s: float = Field(
+        1.0, gt=0, description="how often replicas and handles report their counts (Ray's default: 10 s); the "
         "policy cannot react faster than this")
 
     @model_validator(mode="after")
     def _bounds(self) -> "Autoscaling":
         if self.max_replicas < self.min_replicas:
             raise ValueError(f"max_replicas ({self.max_replicas}) must be >= min_replicas ({self.min_replicas})")
-        if (self.look_back_period_s or 30.0) <= (self.metrics_interval_s or 10.0):
-            raise ValueError("look_back_period_s must be longer than metrics_interval_s (Ray's defaults: 30 s and "
-                             "10 s): the average needs more than one report")
+        if self.initial_replicas is not None and not self.min_replicas <= self.initial_replicas <= self.max_replicas:
+            raise ValueError(f"initial_replicas ({self.initial_replicas}) must lie in [min_replicas, max_replicas]")
+        if self.look_back_period_s <= self.metrics_interval_s:
+            raise ValueError("look_back_period_s must be longer than metrics_interval_s: the average needs more "
+                             "than one report")
         return self
 
 
 class Lifecycle(_Strict):
-    """How Ray Serve checks and stops an engine replica (options of its deployment). Each field's description is
-    its reason, written next to it in the rendered serveConfigV2."""
+    """How Ray Serve checks and stops an engine replica (options of its deployment), with a stack file or without.
+    Each field's description is its reason, written next to it in the rendered serveConfigV2."""
 
     health_check_period_s: float = Field(
         5.0, gt=0, description="how often Serve asks the replica whether its engine loop is alive: a dead engine is "
@@ -181,8 +197,9 @@ class Resources(_Strict):
         return text
 
 
-class Pool(_Strict):
-    """A length pool: prompts up to max_prompt_tokens go here; a pool without a limit takes the rest."""
+class StackPool(_Strict):
+    """A length pool of a stack's model: prompts up to max_prompt_tokens go here; a pool without a limit takes the
+    rest (the serve layer deploys each as a serve.spec.PoolDeployment)."""
 
     name: str
     max_prompt_tokens: int | None = Field(None, ge=1)
@@ -196,8 +213,9 @@ class Pool(_Strict):
         return _dns_label(value, "pool name", 20)
 
 
-class ModelSpec(_Strict):
-    """One served model: where its checkpoint is, how many GPUs a replica takes, how many replicas."""
+class StackModel(_Strict):
+    """One model of a stack: where its checkpoint is, how many GPUs a replica takes, how many replicas (the serve
+    layer deploys it as a serve.spec.ServedModel; model.spec.ModelSpec is its architecture)."""
 
     name: str
     model: str
@@ -206,7 +224,7 @@ class ModelSpec(_Strict):
     autoscaling: Autoscaling | None = None
     lifecycle: Lifecycle = Lifecycle()
     engine: EngineOptions = EngineOptions()
-    pools: list[Pool] = []
+    pools: list[StackPool] = []
     resources: Resources = Resources()
     gpu_product: str | None = None
     shape: str | None = None  # named model shape for sizing when the checkpoint is not on this machine
@@ -220,16 +238,17 @@ class ModelSpec(_Strict):
         "so their kernels run at the same time (docs/architecture.md has what it buys); time-slicing leaves "
         "the GPU to take turns between them. Without the daemon's binary (nvidia-container-toolkit mounts it into "
         "containers with the compute capability) a line is logged and the replicas time-slice")
-    stream_interval_s: float | None = Field(
-        None, ge=0, description="a replica sends a stream's first tokens at once, then what was generated at most "
+    stream_interval_s: float = Field(
+        0.05, ge=0, description="a replica sends a stream's first tokens at once, then what was generated at most "
         "once per this interval, and the end at once: each Ray stream item costs the replica, ingress and proxy "
-        "CPU, so one item per token caps the Ray path far below the engine (unset: the serve layer's 0.05 s, Ray "
-        "Serve LLM's stream batching interval; 0: one item per engine step)")
-    stream_items_per_s: float | None = Field(
-        None, ge=0, description="with many streams a replica's interval grows to live streams / this budget, so it "
+        "CPU, so one item per token caps the Ray path far below the engine (ray #52745). 0.05 s is Ray Serve LLM's "
+        "stream batching interval: a reader sees tokens in small bursts, TTFT and the end are not delayed (0: one "
+        "item per engine step)")
+    stream_items_per_s: float = Field(
+        500.0, ge=0, description="with many streams a replica's interval grows to live streams / this budget, so it "
         "sends about this many Ray items per second in all, whatever the number of streams: more tokens per item "
-        "instead of more items than the ingress and the proxy relay (unset: the serve layer's 500 per replica; 0: "
-        "the fixed stream_interval_s only)")
+        "instead of more items than the ingress and the proxy relay. 500 keeps 0.05 s up to 25 streams a replica "
+        "(0: the fixed stream_interval_s only)")
 
     @property
     def mps_shared(self) -> bool:
@@ -242,7 +261,7 @@ class ModelSpec(_Strict):
         return _dns_label(value, "model name", 30)
 
     @model_validator(mode="after")
-    def _consistent(self) -> "ModelSpec":
+    def _consistent(self) -> "StackModel":
         if self.autoscaling is not None and "num_replicas" in self.model_fields_set:
             raise ValueError("set either num_replicas or autoscaling, not both")
         names = [p.name for p in self.pools]
@@ -331,7 +350,7 @@ class Stack(_Strict):
     kubernetes_version: str = "1.30"
     ray_version: str = "2.60.0"  # the serve layer uses the request-router and autoscaling-policy APIs of 2.60
     mode: Literal["rayservice", "deployment"] = "rayservice"
-    models: list[ModelSpec] = Field(..., min_length=1)
+    models: list[StackModel] = Field(..., min_length=1)
     ingress: Ingress = Ingress()
     policies: Policies = Policies()
 
@@ -391,31 +410,36 @@ def deployment_name(model: str, pool: str | None) -> str:
     return f"engine-{model}-{pool or 'default'}"
 
 
-def resolved_engine(model: ModelSpec, pool: Pool | None = None) -> dict[str, Any]:
-    """Engine options after defaults, the model's own, then the pool's."""
-    options = dict(ENGINE_DEFAULTS)
-    options.update(model.engine.set_options())
+def engine_options(model: StackModel, pool: StackPool | None = None) -> dict[str, Any]:
+    """The engine options a stack sets for one deployment: the model's own, then the pool's, and its
+    tensor_parallel_size; the engine's defaults are for the engine to apply."""
+    options = model.engine.set_options()
     if pool is not None:
         options.update(pool.engine.set_options())
     options["tensor_parallel_size"] = model.tensor_parallel_size
     return options
 
 
-def replica_pools(model: ModelSpec) -> list[tuple[str, Pool | None]]:
+def resolved_engine(model: StackModel, pool: StackPool | None = None) -> dict[str, Any]:
+    """engine_options over ENGINE_DEFAULTS: what the planner and the rendered deployment options predict with."""
+    return {**ENGINE_DEFAULTS, **engine_options(model, pool)}
+
+
+def replica_pools(model: StackModel) -> list[tuple[str, StackPool | None]]:
     """(deployment name, pool) for each deployment a model needs: one per pool, or one 'default'."""
     if not model.pools:
         return [(deployment_name(model.name, None), None)]
     return [(deployment_name(model.name, p.name), p) for p in model.pools]
 
 
-def scaling(model: ModelSpec, pool: Pool | None) -> tuple[int, Autoscaling | None]:
+def scaling(model: StackModel, pool: StackPool | None) -> tuple[int, Autoscaling | None]:
     """(fixed replica count, autoscaling) for one deployment; a pool's own setting wins."""
     if pool is not None and (pool.autoscaling is not None or pool.num_replicas is not None):
         return (pool.num_replicas or 0, pool.autoscaling)
     return (model.num_replicas, model.autoscaling)
 
 
-def _model_args(model: ModelSpec) -> dict[str, Any]:
+def _model_args(model: StackModel) -> dict[str, Any]:
     pools = []
     for name, pool in replica_pools(model):
         pools.append(
@@ -423,26 +447,24 @@ def _model_args(model: ModelSpec) -> dict[str, Any]:
                 "name": pool.name if pool else "default",
                 "max_prompt_tokens": pool.max_prompt_tokens if pool else None,
                 "deployment": name,
-                "engine": resolved_engine(model, pool),
+                "engine": engine_options(model, pool),
             }
         )
     args: dict[str, Any] = {
         "name": model.name,
         "model": model.model,
         "tensor_parallel_size": model.tensor_parallel_size,
-        "engine": resolved_engine(model),
+        "engine": engine_options(model),
         "pools": pools,
+        "stream_interval_s": model.stream_interval_s,
+        "stream_items_per_s": model.stream_items_per_s,
     }
     if model.autoscaling is not None:
-        args["autoscaling"] = model.autoscaling.model_dump(exclude_none=True)  # unset: the serve layer's defaults
-    if model.stream_interval_s is not None:
-        args["stream_interval_s"] = model.stream_interval_s
-    if model.stream_items_per_s is not None:
-        args["stream_items_per_s"] = model.stream_items_per_s
+        args["autoscaling"] = model.autoscaling.model_dump(exclude_none=True)
     return args
 
 
-def _deployment(model: ModelSpec, name: str, pool: Pool | None) -> dict[str, Any]:
+def _deployment(model: StackModel, name: str, pool: StackPool | None) -> dict[str, Any]:
     engine = resolved_engine(model, pool)
     entry: dict[str, Any] = {"name": name}
     replicas, auto = scaling(model, pool)
@@ -452,9 +474,8 @@ def _deployment(model: ModelSpec, name: str, pool: Pool | None) -> dict[str, Any
             "max_replicas": auto.max_replicas,
             # Ray counts queued + running requests as "ongoing"; that is our pending work per replica.
             "target_ongoing_requests": auto.target_pending_per_replica,
-            "upscale_delay_s": auto.upscale_delay_s,
-            "downscale_delay_s": auto.downscale_delay_s,
-            **auto.model_dump(include={"look_back_period_s", "metrics_interval_s"}, exclude_none=True),
+            **auto.model_dump(include={"initial_replicas", "upscale_delay_s", "downscale_delay_s",
+                                       "look_back_period_s", "metrics_interval_s"}, exclude_none=True),
             # railyard's policy: replicas from the engines' own pending counts (a config file's
             # autoscaling_config replaces the one set in code, so the policy must be named here).
             "policy": {"policy_function": "railyard.serve.autoscaling:pending_requests_policy"},
@@ -478,9 +499,11 @@ def to_serve_config(stack: Stack) -> dict[str, Any]:
 
     `args` is what `railyard.serve.app:build_app(args)` receives:
     `{"models": [{"name", "model", "tensor_parallel_size", "engine": {...}, "autoscaling"?: {...},
+    "stream_interval_s", "stream_items_per_s",
     "pools": [{"name", "max_prompt_tokens" (None = no limit), "deployment", "engine": {...}}]}], "ingress": {...}}`
     (the ingress's proxy is not among them: it is the Ray cluster's environment, `Ingress.ray_env()`),
-    where each pool's `deployment` names its entry in `deployments` and `engine` is fully resolved.
+    where each pool's `deployment` names its entry in `deployments` and `engine` holds the options the stack sets
+    for it (the model's, then the pool's): the engine applies its own defaults to the rest.
     """
     deployments = [_deployment(model, name, pool) for model in stack.models for name, pool in replica_pools(model)]
     app = {

@@ -37,10 +37,11 @@ def install_openai_routes(app: FastAPI, generation_for: Callable[[str | None], G
         return await create_chat_completion(generation_for(body.model), body, raw)
 
 
-def build_app(engine: EngineClient, *, served_model_name: str | None = None, api_key: str | None = None,
-              max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES, on_ready: Callable[[], None] | None = None) -> FastAPI:
-    """An app serving `engine` (any EngineClient); its lifespan starts the client (then calls on_ready: the server
-    listens next) and shuts the engine down."""
+def engine_app(engine: EngineClient, *, served_model_name: str | None = None, api_key: str | None = None,
+               max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES, on_ready: Callable[[], None] | None = None
+               ) -> FastAPI:
+    """The OpenAI app serving one `engine` (any EngineClient; serve.front.openai_app serves a fleet's models); its
+    lifespan starts the client (then calls on_ready: the server listens next) and shuts the engine down."""
     info = engine.model_info
     name = served_model_name or info.served_model_name
     metrics = ServerMetrics(name, engine.stats, healthy=lambda: engine.is_running, startup=info.startup)

@@ -13,6 +13,7 @@ import sys
 import time
 
 from railyard.engine.args import add_engine_args, engine_config_from_args
+from railyard.engine.client.base import DEFAULT_MAX_WAITING_REQUESTS
 from railyard.engine.startup.background import Background
 from railyard.engine.tokenizer import with_shape_tokenizer
 from railyard.envs import RAILYARD_API_KEY
@@ -33,7 +34,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="require 'Authorization: Bearer KEY' on every route but /health and /metrics, the API docs "
                         "included (default: $RAILYARD_API_KEY)")
     p.add_argument("--served-model-name", help="the model name clients use (default: the checkpoint dir name)")
-    p.add_argument("--max-waiting-requests", type=int, default=1024,
+    p.add_argument("--max-waiting-requests", type=int, default=DEFAULT_MAX_WAITING_REQUESTS,
                    help="requests allowed to wait for a batch slot before new ones get 503 + Retry-After")
     p.add_argument("--max-request-bytes", type=int, default=8 * 1024 * 1024, help="largest request body (413 above)")
     p.add_argument("--timeout-keep-alive", type=int, default=DEFAULT_KEEP_ALIVE_S,
@@ -113,7 +114,7 @@ def run_serve(args: argparse.Namespace) -> int:
     waited = time.perf_counter()
     front_imports.result()
 
-    from railyard.api.app import build_app
+    from railyard.api.app import engine_app
     from railyard.api.server import Server, uvicorn
 
     startup = engine.model_info.startup
@@ -126,7 +127,7 @@ def run_serve(args: argparse.Namespace) -> int:
         if startup is not None and "server_start" not in startup.phases:
             startup.add_rest("server_start", started_at)
 
-    app = build_app(engine, served_model_name=name, api_key=args.api_key, max_request_bytes=args.max_request_bytes,
+    app = engine_app(engine, served_model_name=name, api_key=args.api_key, max_request_bytes=args.max_request_bytes,
                     on_ready=on_ready)
     server = Server(uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
                                    timeout_keep_alive=args.timeout_keep_alive, timeout_graceful_shutdown=5))

@@ -15,7 +15,7 @@ from typing import Any
 from railyard.cluster.nodes import GPU, Node, load_nodes, load_pods_into
 from railyard.cluster.placement import ReplicaPlacement, place_replicas, ray_nodes
 from railyard.cluster.render import render
-from railyard.cluster.scheduler import AFFINITY, ANTI_AFFINITY, Placement, Scheduler
+from railyard.cluster.scheduler import AFFINITY, ANTI_AFFINITY, KubeScheduler, Placement
 from railyard.cluster.sizing import (
     GPU_MEMORY_MIB,
     SHAPES,
@@ -30,8 +30,9 @@ from railyard.cluster.sizing import (
 )
 from railyard.cluster.workload import PodSpec, pods_from_objects, replicas_from_objects
 from railyard.errors import ConfigError, RailyardError
-from railyard.stack import ModelSpec as StackModel
-from railyard.stack import Stack, load_stack, replica_pools, resolved_engine, scaling
+from railyard.model.spec import ModelSpec
+from railyard.stack import (
+    BATCHED_TOKENS_FLOOR, Stack, StackModel, load_stack, replica_pools, resolved_engine, scaling)
 
 PRODUCT = "nvidia.com/gpu.product"
 GPU_COUNT = "nvidia.com/gpu.count"
@@ -188,6 +189,15 @@ def size_deployments(
     return out
 
 
+def engine_limits(engine: dict[str, Any], spec: ModelSpec) -> dict[str, int]:
+    """max_model_len and max_num_batched_tokens as the engine resolves them for this model where the stack leaves
+    them unset (EngineConfig.resolve): the model's max_position_embeddings, and max(BATCHED_TOKENS_FLOOR,
+    max_num_seqs)."""
+    return {"max_model_len": engine["max_model_len"] or spec.max_position_embeddings,
+            "max_num_batched_tokens": engine["max_num_batched_tokens"]
+            or max(BATCHED_TOKENS_FLOOR, engine["max_num_seqs"])}
+
+
 def _size_model(stack: Stack, model: StackModel, nodes: list[Node], profile: EngineProfile | None,
                 target_rps: float | None) -> list[DeploymentSizing]:
     out = []
@@ -196,8 +206,8 @@ def _size_model(stack: Stack, model: StackModel, nodes: list[Node], profile: Eng
     memory, _ = _gpu_memory(stack, product, nodes)
     for name, pool in replica_pools(model):
         engine = resolved_engine(model, pool)
-        precision = dict(dtype=engine["dtype"], kv_cache_dtype=engine.get("kv_cache_dtype", "auto"),
-                         quantization=engine.get("quantization"))
+        precision = dict(dtype=engine["dtype"], kv_cache_dtype=engine["kv_cache_dtype"],
+                         quantization=engine["quantization"])
         replicas, auto = scaling(model, pool)
         entry = DeploymentSizing(
             name, model.name, product, None, configured_replicas=auto.max_replicas if auto else replicas
@@ -206,6 +216,7 @@ def _size_model(stack: Stack, model: StackModel, nodes: list[Node], profile: Eng
             known = ", ".join(sorted(SHAPES))
             entry.note = f"no shape for {model.name}: set `shape:` ({known}) or mount the checkpoint"
         else:
+            engine.update(engine_limits(engine, found[0]))
             engine_accepts(found[0], tensor_parallel_size=model.tensor_parallel_size,
                            max_model_len=engine["max_model_len"], **precision)
         if found is not None and memory is None:
@@ -221,8 +232,8 @@ def _size_model(stack: Stack, model: StackModel, nodes: list[Node], profile: Eng
                 **precision,
                 max_num_seqs=engine["max_num_seqs"],
                 max_num_batched_tokens=engine["max_num_batched_tokens"],
-                enforce_eager=engine.get("enforce_eager", False),
-                piecewise_cuda_graphs=engine.get("piecewise_cuda_graphs", True),
+                enforce_eager=engine["enforce_eager"],
+                piecewise_cuda_graphs=engine["piecewise_cuda_graphs"],
             )
             entry.note = f"shape from {found[1]}"
             if entry.kv.num_blocks == 0:
@@ -249,7 +260,7 @@ def plan(
     objects = render(stack, mode)
     pods = pods_from_objects(objects, at_max=at_max)
     nodes = copy.deepcopy(nodes)  # the scheduler binds into its nodes; the caller's stay as they were
-    placements = Scheduler(nodes).schedule_all(pods)
+    placements = KubeScheduler(nodes).schedule_all(pods)
     hints = {p.pod.name: hint(p.pod, p.reasons or {}, nodes) for p in placements if p.node is None}
     head_running = all(p.node for p in placements if p.pod.group == "head")
     pending = {p.pod.group for p in placements if p.node is None}

@@ -15,7 +15,7 @@ import time
 
 from railyard.cluster.nodes import parse_nodes
 from railyard.cluster.render import render
-from railyard.cluster.scheduler import Scheduler
+from railyard.cluster.scheduler import KubeScheduler
 from railyard.cluster.workload import pods_from_objects
 from railyard.stack import parse_stack
 
@@ -65,7 +65,7 @@ def run(nodes: int, pods: int) -> dict:
     node_list = synthetic_nodes(nodes)
     pod_list = pods_from_objects(render(synthetic_stack(pods), "rayservice"))
     start, cpu_start = time.perf_counter(), time.process_time()
-    placements = Scheduler(node_list).schedule_all(pod_list)
+    placements = KubeScheduler(node_list).schedule_all(pod_list)
     elapsed, cpu = time.perf_counter() - start, time.process_time() - cpu_start
     return {
         "nodes": len(node_list),

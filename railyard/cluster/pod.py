@@ -19,7 +19,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from railyard.stack import ModelSpec, Policies, Stack
+from railyard.stack import Policies, Stack, StackModel
 
 GPU_RESOURCE = "nvidia.com/gpu"
 GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
@@ -57,7 +57,7 @@ def selector(stack: Stack, component: str) -> dict[str, str]:
     return {"app.kubernetes.io/instance": stack.name, "app.kubernetes.io/component": component}
 
 
-def gpu_product(stack: Stack, model: ModelSpec) -> str | None:
+def gpu_product(stack: Stack, model: StackModel) -> str | None:
     return model.gpu_product or stack.gpu_product
 
 
@@ -91,7 +91,7 @@ def _security(policies: Policies) -> tuple[dict[str, Any], dict[str, Any]]:
     return pod, container
 
 
-def _gpu_affinity(stack: Stack, model: ModelSpec) -> dict[str, Any] | None:
+def _gpu_affinity(stack: Stack, model: StackModel) -> dict[str, Any] | None:
     if not stack.policies.gpu_node_affinity:
         return None
     # GFD's gpu.count is an integer label: Gt tp-1 keeps TP replicas off nodes too small to hold them.
@@ -147,7 +147,7 @@ def _pod(
     component: str,
     container: dict[str, Any],
     *,
-    model: ModelSpec | None,
+    model: StackModel | None,
     gpus: int,
     shm: str | None,
     metrics_port: int,
@@ -188,7 +188,7 @@ def _pod(
     return {"metadata": metadata, "spec": spec}
 
 
-def engine_cli_args(model: ModelSpec, engine: dict[str, Any]) -> list[str]:
+def engine_cli_args(model: StackModel, engine: dict[str, Any]) -> list[str]:
     """`railyard serve` arguments for one single-engine pod (Deployment mode): EngineConfig fields as
     kebab-case flags, as railyard.engine.args derives them."""
     args = ["serve", "--model", model.model, "--served-model-name", model.name]
@@ -202,7 +202,7 @@ def engine_cli_args(model: ModelSpec, engine: dict[str, Any]) -> list[str]:
     return args
 
 
-def engine_pod(stack: Stack, model: ModelSpec, component: str, engine: dict[str, Any]) -> dict[str, Any]:
+def engine_pod(stack: Stack, model: StackModel, component: str, engine: dict[str, Any]) -> dict[str, Any]:
     """A plain single-engine pod template: `railyard serve` on port 8000 with /health probes."""
     container: dict[str, Any] = {
         "name": "engine",
@@ -239,7 +239,7 @@ def _ray_ports(head: bool) -> list[dict[str, Any]]:
     return ports
 
 
-def ray_worker_pod(stack: Stack, model: ModelSpec, component: str) -> dict[str, Any]:
+def ray_worker_pod(stack: Stack, model: StackModel, component: str) -> dict[str, Any]:
     """A KubeRay worker pod holding one replica: tensor_parallel_size GPUs, so STRICT_PACK fits in one pod."""
     container: dict[str, Any] = {"name": "ray-worker", "image": stack.image, "ports": _ray_ports(head=False)}
     resources = _resources(model.resources.cpu, model.resources.memory, model.tensor_parallel_size, stack.policies)

@@ -15,7 +15,7 @@ import yaml
 from railyard.cluster import pod
 from railyard.errors import ConfigError
 from railyard.stack import (
-    Autoscaling, Ingress, Lifecycle, ModelSpec, Stack, replica_pools, resolved_engine, scaling, to_serve_config)
+    Autoscaling, Ingress, Lifecycle, Stack, StackModel, engine_options, replica_pools, scaling, to_serve_config)
 
 MODES = ("rayservice", "deployment")
 
@@ -34,7 +34,7 @@ def _pdb(stack: Stack, component: str, model: str | None) -> dict[str, Any]:
     }
 
 
-def _worker_group(stack: Stack, model: ModelSpec, group: str, pool) -> dict[str, Any]:
+def _worker_group(stack: Stack, model: StackModel, group: str, pool) -> dict[str, Any]:
     replicas, auto = scaling(model, pool)
     low, high = (auto.min_replicas, auto.max_replicas) if auto else (replicas, replicas)
     return {
@@ -87,7 +87,7 @@ def option_reasons() -> dict[str, str]:
 
 def arg_reasons() -> dict[str, str]:
     """Why the streaming settings of the app's args are set: the stack fields' descriptions."""
-    fields = ModelSpec.model_fields
+    fields = StackModel.model_fields
     return {"stream_interval_s": fields["stream_interval_s"].description,
             "stream_items_per_s": fields["stream_items_per_s"].description,
             "ingress": Ingress.model_fields["num_replicas"].description}
@@ -113,7 +113,7 @@ def annotated_serve_yaml(config: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _single_engine(stack: Stack) -> ModelSpec:
+def _single_engine(stack: Stack) -> StackModel:
     model = stack.models[0]
     if len(stack.models) != 1 or model.pools or model.autoscaling:
         raise ConfigError(
@@ -127,7 +127,7 @@ def deployment(stack: Stack) -> list[dict[str, Any]]:
     """A Deployment and its Service for a single engine (`railyard serve`), no Ray."""
     model = _single_engine(stack)
     component = "engine"
-    template = pod.engine_pod(stack, model, component, resolved_engine(model))
+    template = pod.engine_pod(stack, model, component, engine_options(model))
     dep = {
         "apiVersion": "apps/v1",
         "kind": "Deployment",

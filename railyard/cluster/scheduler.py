@@ -142,8 +142,9 @@ class _GroupCache:
             }
 
 
-class Scheduler:
-    """Places pods one by one on a set of nodes, charging each bound pod to its node (the nodes change)."""
+class KubeScheduler:
+    """kube-scheduler's filter and score, simulated: places pods one by one on a set of nodes, charging each bound
+    pod to its node (the nodes change). Not the engine's Scheduler, which batches sequences."""
 
     def __init__(self, nodes: list[Node]) -> None:
         self.nodes = nodes

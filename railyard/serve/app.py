@@ -18,7 +18,8 @@ from railyard.serve.autoscaling import POLICY_IMPORT_PATH
 from railyard.serve.ingress import OpenAIIngress
 from railyard.serve.replica import EngineReplica
 from railyard.serve.router import ROUTERS
-from railyard.serve.spec import AppSpec, ModelSpec, PoolSpec, parse_app_args
+from railyard.engine.config import EngineConfig
+from railyard.serve.spec import AppSpec, PoolDeployment, ServedModel, parse_app_args
 
 
 def build_app(args: dict[str, Any]) -> serve.Application:
@@ -41,7 +42,7 @@ def _routes(spec: AppSpec) -> list[dict[str, Any]]:
             for m in spec.models]
 
 
-def replica_resources(model: ModelSpec, pool: PoolSpec) -> dict[str, Any]:
+def replica_resources(model: ServedModel, pool: PoolDeployment) -> dict[str, Any]:
     """ray_actor_options and, for tensor parallelism, STRICT_PACK placement-group bundles (all ranks on one node)."""
     on_cpu = pool.engine.get("device") == "cpu"
     gpu = 0 if on_cpu else 1
@@ -54,28 +55,25 @@ def replica_resources(model: ModelSpec, pool: PoolSpec) -> dict[str, Any]:
     return options
 
 
-def bind_engine(spec: AppSpec, model: ModelSpec, pool: PoolSpec) -> serve.Application:
+def bind_engine(spec: AppSpec, model: ServedModel, pool: PoolDeployment) -> serve.Application:
     """The pool's engine deployment, bound to its engine options."""
-    return engine_deployment(spec, model, pool).bind(pool.engine, max_waiting_requests=spec.replica.max_waiting_requests,
+    return engine_deployment(spec, model, pool).bind(pool.engine, max_waiting_requests=spec.max_waiting_requests,
                                                      stream_interval_s=model.stream_interval_s,
                                                      stream_items_per_s=model.stream_items_per_s)
 
 
-def engine_deployment(spec: AppSpec, model: ModelSpec, pool: PoolSpec) -> serve.Deployment:
+def engine_deployment(spec: AppSpec, model: ServedModel, pool: PoolDeployment) -> serve.Deployment:
     """One model pool's engine deployment: our router, our autoscaling policy, GPUs or CPU per replica."""
     router = spec.router
     options: dict[str, Any] = {
         "name": pool.deployment,
         # Ray's default of 5 would starve continuous batching: admit what the engine can batch.
-        "max_ongoing_requests": pool.max_ongoing_requests or int(pool.engine.get("max_num_seqs", 256)),
+        "max_ongoing_requests": pool.max_ongoing_requests or EngineConfig(**pool.engine).max_num_seqs,
         "request_router_config": RequestRouterConfig(
             request_router_class=ROUTERS[router.name], request_router_kwargs=router.options,
             request_routing_stats_period_s=router.stats_period_s,
             request_routing_stats_timeout_s=max(5.0, 5 * router.stats_period_s)),
-        "health_check_period_s": spec.replica.health_check_period_s,
-        "health_check_timeout_s": spec.replica.health_check_timeout_s,
-        "graceful_shutdown_timeout_s": spec.replica.graceful_shutdown_timeout_s,
-        "graceful_shutdown_wait_loop_s": spec.replica.graceful_shutdown_wait_loop_s,
+        **spec.lifecycle.model_dump(),
         **replica_resources(model, pool),
     }
     if pool.autoscaling is not None:
@@ -85,7 +83,7 @@ def engine_deployment(spec: AppSpec, model: ModelSpec, pool: PoolSpec) -> serve.
     return serve.deployment(EngineReplica).options(**options)
 
 
-def autoscaling_config(pool: PoolSpec) -> AutoscalingConfig:
+def autoscaling_config(pool: PoolDeployment) -> AutoscalingConfig:
     """Ray's autoscaling_config running our pending-requests policy."""
     auto = pool.autoscaling
     import warnings

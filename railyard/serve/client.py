@@ -30,7 +30,7 @@ DEFAULT_MAX_ATTEMPTS = 3
 
 
 @dataclass
-class Pool:
+class PoolHandle:
     """A length pool of a model: prompts up to max_prompt_tokens (None: any length) go to its deployment."""
 
     name: str
@@ -39,7 +39,7 @@ class Pool:
     max_model_len: int | None = None
 
 
-def choose_pool(pools: list[Pool], num_prompt_tokens: int) -> Pool:
+def choose_pool(pools: list[PoolHandle], num_prompt_tokens: int) -> PoolHandle:
     """The first pool whose limit takes the prompt; the last pool takes everything longer."""
     for pool in pools:
         if pool.max_prompt_tokens is None or num_prompt_tokens <= pool.max_prompt_tokens:
@@ -84,7 +84,7 @@ def fleet_stats(replicas: list[EngineStats]) -> EngineStats:
 class RayRequestStream:
     """The outputs of one request from whichever replica serves it (RequestStream's interface)."""
 
-    def __init__(self, client: RayEngineClient, pool: Pool, request: EngineRequest) -> None:
+    def __init__(self, client: RayEngineClient, pool: PoolHandle, request: EngineRequest) -> None:
         self.client = client
         self.pool = pool
         self.request = request
@@ -157,7 +157,7 @@ class RayEngineClient:
     lifecycle is Ray Serve's, so start and shutdown have nothing to do, and the client is never dead
     as a whole (a replica that dies is retried around and replaced)."""
 
-    def __init__(self, model_name: str, pools: list[Pool], tokenizer, *, max_model_len: int, vocab_size: int,
+    def __init__(self, model_name: str, pools: list[PoolHandle], tokenizer, *, max_model_len: int, vocab_size: int,
                  model: str | None = None, tokenizer_path: str | None = None,
                  max_attempts: int = DEFAULT_MAX_ATTEMPTS, reasoning_parser: str = "auto",
                  tool_call_parser: str = "auto") -> None:

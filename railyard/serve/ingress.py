@@ -16,7 +16,7 @@ from ray import serve
 from railyard.engine.runner.models.loader import resolve_model_dir
 from railyard.engine.tokenizer import load_tokenizer
 from railyard.model.spec import ModelSpec, read_model_spec
-from railyard.serve.client import Pool, RayEngineClient
+from railyard.serve.client import PoolHandle, RayEngineClient
 from railyard.serve.metrics import ReplicaWatcher
 from railyard.shapes import is_shape, shape_config
 
@@ -40,7 +40,7 @@ def make_clients(routes: list[dict[str, Any]], handles: dict[str, Any]) -> dict[
             model_dir = resolve_model_dir(route["model"])
             spec = read_model_spec(model_dir)
             tokenizer_dir = tokenizer_dir or model_dir
-        pools = [Pool(p["name"], p["max_prompt_tokens"], handles[p["deployment"]],
+        pools = [PoolHandle(p["name"], p["max_prompt_tokens"], handles[p["deployment"]],
                       p.get("max_model_len") or spec.max_position_embeddings) for p in route["pools"]]
         # The front's chat parsers, as the model's engine options name them (pools share them; "auto" if unset).
         parsers = {k: next((p[k] for p in route["pools"] if k in p), "auto")

@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from railyard.engine.tokenizer import with_shape_tokenizer
-from railyard.engine.client.base import EngineClient
+from railyard.engine.client.base import DEFAULT_MAX_WAITING_REQUESTS, EngineClient
 from railyard.engine.config import EngineConfig, SamplingParams
 from railyard.engine.outputs import EngineStats, RequestOutput
 from railyard.errors import EngineDeadError
@@ -68,7 +68,7 @@ class EngineRequest:
 class EngineReplica:
     """One engine replica of one model and length pool."""
 
-    async def __init__(self, engine: dict[str, Any], *, max_waiting_requests: int = 1024,
+    async def __init__(self, engine: dict[str, Any], *, max_waiting_requests: int = DEFAULT_MAX_WAITING_REQUESTS,
                        engine_process: bool = True, stream_interval_s: float = 0.0,
                        stream_items_per_s: float = 0.0) -> None:
         import ray

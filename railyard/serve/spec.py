@@ -4,76 +4,54 @@ The shape is what `railyard.stack.to_serve_config` writes:
 `{"models": [{"name", "model", "tensor_parallel_size", "engine", "autoscaling"?, "stream_interval_s"?,
 "stream_items_per_s"?, "pools": [{"name", "max_prompt_tokens", "deployment", "engine"}]}], "ingress": {"num_replicas"}}`.
 Optional extras, for running without a stack file: per pool `num_replicas`, `autoscaling`, `ray_actor_options`,
-`max_ongoing_requests`; top level `router` (name and options), `replica` (health checks, graceful shutdown, stats
-periods) and the ingress's `name`.
+`max_ongoing_requests`; top level `router` (name and options), `replica` (the stack's lifecycle options and
+max_waiting_requests) and the ingress's `name`. Every default is the stack schema's (railyard.stack), or the engine's
+(EngineConfig) for engine options, whether a stack file wrote the args or not.
 """
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
+from pydantic import ValidationError
+
+from railyard.engine.client.base import DEFAULT_MAX_WAITING_REQUESTS
 from railyard.engine.config import EngineConfig
 from railyard.errors import ConfigError
-from railyard.stack import Ingress
+from railyard.stack import Autoscaling, Ingress, Lifecycle, StackModel, deployment_name
 
 INGRESS_NAME = "openai-ingress"
-# A replica sends a stream's first output at once, then at most one merged output per this interval, and the
-# final one at once. Every Ray stream item costs the replica, the ingress and the proxy CPU, whatever it
-# carries: one item per token caps the whole Ray path near 2k tokens/s (ray #52745). 50 ms is Ray Serve LLM's
-# stream batching interval; a reader sees tokens in small bursts, TTFT and the end of a request are not delayed.
-DEFAULT_STREAM_INTERVAL_S = 0.05
-# ... and with many streams the interval grows to live streams / this budget, so a replica yields about this many
-# items per second in all however many streams it serves: at 50 ms, 128 streams on one replica would send 2,560
-# items/s, more than one ingress and the proxy relay (on the H200 host the Ray path relayed ~1,300 items/s through
-# one ingress before it set the pace: 30% of the direct server at 256 streams). 500 keeps 50 ms up to 25 streams
-# per replica; 128 streams get an item every 0.26 s, each carrying what the engine made meanwhile. 0: no budget.
-DEFAULT_STREAM_ITEMS_PER_S = 500.0
-# Every token of every stream crosses the ingress twice (in from a replica, out to the proxy): one ingress process
-# may saturate a core before the engines do (ray #52746), and more replicas spread that load. One by default until
-# the front's /metrics has a fleet view: it is per ingress process, so with several a scrape through the proxy sees
-# one ingress's counters at a time (on the H200 a second ingress took 256 streams from 58% to 69% of direct). The
-# number is the stack file's default (stack.Ingress), written once.
+DEFAULT_STREAM_INTERVAL_S: float = StackModel.model_fields["stream_interval_s"].default
+DEFAULT_STREAM_ITEMS_PER_S: float = StackModel.model_fields["stream_items_per_s"].default
 DEFAULT_INGRESS_REPLICAS: int = Ingress.model_fields["num_replicas"].default
+DEFAULT_NUM_REPLICAS: int = StackModel.model_fields["num_replicas"].default
 ROUTER_NAMES = ("pending_prefix", "round_robin", "power_of_two")
 _ENGINE_FIELDS = set(EngineConfig.option_names())
-_AUTOSCALING_KEYS = {"min_replicas", "max_replicas", "target_pending_per_replica", "upscale_delay_s",
-                     "downscale_delay_s", "metrics_interval_s", "look_back_period_s", "initial_replicas"}
 
 
 @dataclass(frozen=True)
-class AutoscalingSpec:
-    """Scale on pending requests per replica; delays are how long the signal must hold."""
+class PoolDeployment:
+    """One length pool of a served model: its engine deployment and that deployment's engine options."""
 
-    min_replicas: int = 1
-    max_replicas: int = 1
-    target_pending_per_replica: float = 8.0
-    upscale_delay_s: float = 5.0
-    downscale_delay_s: float = 60.0
-    metrics_interval_s: float = 1.0  # how often replicas push their pending count
-    look_back_period_s: float = 3.0  # the window the pending count is averaged over
-    initial_replicas: int | None = None
-
-
-@dataclass(frozen=True)
-class PoolSpec:
     name: str
     deployment: str
     max_prompt_tokens: int | None
     engine: dict[str, Any]
     num_replicas: int = 1
-    autoscaling: AutoscalingSpec | None = None
+    autoscaling: Autoscaling | None = None
     ray_actor_options: dict[str, Any] | None = None
     max_ongoing_requests: int | None = None  # default: the engine's max_num_seqs
 
 
 @dataclass(frozen=True)
-class ModelSpec:
+class ServedModel:
+    """One model of the serve app, with its pools' deployments (a stack's StackModel, resolved)."""
+
     name: str
     model: str
     tensor_parallel_size: int
-    pools: list[PoolSpec]
+    pools: list[PoolDeployment]
     stream_interval_s: float = DEFAULT_STREAM_INTERVAL_S
     stream_items_per_s: float = DEFAULT_STREAM_ITEMS_PER_S
 
@@ -86,19 +64,11 @@ class RouterSpec:
 
 
 @dataclass(frozen=True)
-class ReplicaSpec:
-    health_check_period_s: float = 5.0
-    health_check_timeout_s: float = 30.0
-    graceful_shutdown_timeout_s: float = 300.0  # a draining replica finishes its generations first
-    graceful_shutdown_wait_loop_s: float = 0.5
-    max_waiting_requests: int = 1024
-
-
-@dataclass(frozen=True)
 class AppSpec:
-    models: list[ModelSpec]
+    models: list[ServedModel]
     router: RouterSpec = RouterSpec()
-    replica: ReplicaSpec = ReplicaSpec()
+    lifecycle: Lifecycle = field(default_factory=Lifecycle)
+    max_waiting_requests: int = DEFAULT_MAX_WAITING_REQUESTS
     ingress_name: str = INGRESS_NAME
     ingress_replicas: int = DEFAULT_INGRESS_REPLICAS
 
@@ -118,15 +88,19 @@ def parse_app_args(args: dict[str, Any]) -> AppSpec:
     if len(set(deployments)) != len(deployments):
         raise ConfigError(f"deployment names must be unique, got {deployments}")
     router = _router(args.get("router") or {})
-    replica = _known(ReplicaSpec, args.get("replica") or {}, "replica")
+    replica = dict(args.get("replica") or {})
+    waiting = int(replica.pop("max_waiting_requests", DEFAULT_MAX_WAITING_REQUESTS))
+    if waiting < 1:
+        raise ConfigError(f"replica.max_waiting_requests must be >= 1, got {waiting}")
+    lifecycle = _validated(Lifecycle, replica, "replica")
     ingress = args.get("ingress") or {}
     replicas = int(ingress.get("num_replicas", DEFAULT_INGRESS_REPLICAS))
     if replicas < 1:
         raise ConfigError(f"ingress.num_replicas must be >= 1, got {replicas}")
-    return AppSpec(models, router, replica, ingress.get("name", INGRESS_NAME), replicas)
+    return AppSpec(models, router, lifecycle, waiting, ingress.get("name", INGRESS_NAME), replicas)
 
 
-def _model(raw: Any, i: int) -> ModelSpec:
+def _model(raw: Any, i: int) -> ServedModel:
     where = f"models[{i}]"
     if not isinstance(raw, dict) or not raw.get("name") or not raw.get("model"):
         raise ConfigError(f"{where} needs 'name' and 'model'")
@@ -135,7 +109,8 @@ def _model(raw: Any, i: int) -> ModelSpec:
     base_engine = dict(raw.get("engine") or {})
     model_auto = raw.get("autoscaling")
     raw_pools = raw.get("pools") or [{"name": "default", "max_prompt_tokens": None,
-                                      "deployment": f"engine-{name}-default"}]
+                                      "deployment": deployment_name(name, None)}]
+    replicas = raw.get("num_replicas", DEFAULT_NUM_REPLICAS)
     pools = []
     for j, p in enumerate(raw_pools):
         pwhere = f"{where}.pools[{j}]"
@@ -151,12 +126,12 @@ def _model(raw: Any, i: int) -> ModelSpec:
                               f"engine options are {', '.join(sorted(_ENGINE_FIELDS))}")
         EngineConfig(**engine)  # validate now, at the edge, not in a replica's constructor
         auto_raw = p.get("autoscaling", model_auto)
-        autoscaling = _autoscaling(auto_raw, pwhere) if auto_raw else None
+        autoscaling = _validated(Autoscaling, auto_raw, f"{pwhere}.autoscaling") if auto_raw else None
         limit = p.get("max_prompt_tokens")
-        pools.append(PoolSpec(str(p["name"]), str(p.get("deployment") or f"engine-{name}-{p['name']}"),
-                              int(limit) if limit is not None else None, engine,
-                              int(p.get("num_replicas", raw.get("num_replicas", 1))), autoscaling,
-                              p.get("ray_actor_options"), p.get("max_ongoing_requests")))
+        pools.append(PoolDeployment(str(p["name"]), str(p.get("deployment") or deployment_name(name, p["name"])),
+                                    int(limit) if limit is not None else None, engine,
+                                    int(p.get("num_replicas", replicas)), autoscaling,
+                                    p.get("ray_actor_options"), p.get("max_ongoing_requests")))
     limits = [p.max_prompt_tokens for p in pools]
     if any(limit is None for limit in limits[:-1]):
         raise ConfigError(f"{where}.pools: only the last pool may omit max_prompt_tokens")
@@ -166,18 +141,7 @@ def _model(raw: Any, i: int) -> ModelSpec:
     budget = float(raw.get("stream_items_per_s", DEFAULT_STREAM_ITEMS_PER_S))
     if budget < 0:
         raise ConfigError(f"{where}.stream_items_per_s must be >= 0, got {budget}")
-    return ModelSpec(name, path, tp, pools, interval, budget)
-
-
-def _autoscaling(raw: Any, where: str) -> AutoscalingSpec:
-    if not isinstance(raw, dict):
-        raise ConfigError(f"{where}.autoscaling must be a mapping")
-    spec = _known(AutoscalingSpec, {k: v for k, v in raw.items() if k in _AUTOSCALING_KEYS}, f"{where}.autoscaling")
-    if spec.max_replicas < spec.min_replicas:
-        raise ConfigError(f"{where}.autoscaling: max_replicas ({spec.max_replicas}) < min_replicas ({spec.min_replicas})")
-    if spec.target_pending_per_replica <= 0:
-        raise ConfigError(f"{where}.autoscaling: target_pending_per_replica must be > 0")
-    return spec
+    return ServedModel(name, path, tp, pools, interval, budget)
 
 
 def _router(raw: dict[str, Any]) -> RouterSpec:
@@ -187,9 +151,13 @@ def _router(raw: dict[str, Any]) -> RouterSpec:
     return RouterSpec(name, dict(raw.get("options") or {}), float(raw.get("stats_period_s", 1.0)))
 
 
-def _known(cls, raw: dict[str, Any], where: str):
-    names = {f.name for f in dataclasses.fields(cls)}
-    unknown = sorted(set(raw) - names)
-    if unknown:
-        raise ConfigError(f"{where}: unknown option(s) {', '.join(unknown)}; known: {', '.join(sorted(names))}")
-    return cls(**raw)
+def _validated(schema, raw: Any, where: str):
+    """`raw` as the stack schema's class (one set of defaults); its first problem is a ConfigError naming the field."""
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{where} must be a mapping")
+    try:
+        return schema.model_validate(raw)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        field_name = ".".join(str(p) for p in err["loc"])
+        raise ConfigError(f"{where}{'.' + field_name if field_name else ''}: {err['msg']}") from None

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 import uvicorn
 
-from railyard.api.app import build_app
+from railyard.api.app import engine_app
 from railyard.engine.client.base import CoreClient
 from railyard.engine.config import EngineConfig
 from railyard.engine.client.inproc import InProcessEngineClient
@@ -52,7 +52,7 @@ class RunningServer:
 @contextmanager
 def serve_in_thread(engine: CoreClient, timeout_keep_alive: float = 60, **app_kwargs) -> Iterator[RunningServer]:
     """uvicorn on 127.0.0.1 (any free port) until the block ends."""
-    app = build_app(engine, served_model_name=MODEL_NAME, **app_kwargs)
+    app = engine_app(engine, served_model_name=MODEL_NAME, **app_kwargs)
     # Client and server share this process (and its GIL): a long keep-alive keeps a loaded test client from
     # reusing a connection uvicorn has just closed as idle.
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning",

@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from railyard.cluster.nodes import parse_nodes
 from railyard.cluster.render import render
-from railyard.cluster.scheduler import Scheduler, static_reason
+from railyard.cluster.scheduler import KubeScheduler, static_reason
 from railyard.cluster.validate import validate_objects
 from railyard.cluster.workload import pods_from_objects
 from railyard.stack import parse_stack
@@ -83,7 +83,7 @@ def test_the_scheduler_never_overcommits_and_respects_static_filters(models, cho
         }
     )
     pods = pods_from_objects(render(_stack(models, chosen), "rayservice"))
-    placements = Scheduler(cluster).schedule_all(pods)
+    placements = KubeScheduler(cluster).schedule_all(pods)
     by_name = {n.name: n for n in cluster}
     for placement in placements:
         if placement.node is not None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from railyard.cluster.nodes import parse_nodes
 from railyard.cluster.plan import plan
-from railyard.cluster.scheduler import Scheduler, fit_error, nodes_to_find
+from railyard.cluster.scheduler import KubeScheduler, fit_error, nodes_to_find
 from railyard.cluster.workload import PodSpec, Term, pods_from_objects
 from railyard.cluster.render import render
 
@@ -124,7 +124,7 @@ def test_hard_topology_spread_rejects_the_crowded_zone():
         {"name": "b", "labels": {"topology.kubernetes.io/zone": "z1"}, "allocatable": {"cpu": "8"}},
         {"name": "c", "labels": {"topology.kubernetes.io/zone": "z2"}, "allocatable": {"cpu": "1"}},
     )
-    placements = Scheduler(cluster).schedule_all([pod(i) for i in range(4)])
+    placements = KubeScheduler(cluster).schedule_all([pod(i) for i in range(4)])
     # b (most free cpu), then c (z1 would be 2 ahead of z2), then b again (zones even), then nothing:
     # a and b would put z1 two ahead, c is full.
     assert [p.node for p in placements[:3]] == ["b", "c", "b"]

@@ -51,7 +51,7 @@ def test_each_pool_is_its_own_deployment_with_the_pool_engine_options_over_the_m
         "engine": pools[0]["engine"],
     }
     assert pools[0]["engine"]["max_num_batched_tokens"] == 2048
-    assert pools[1]["engine"]["max_num_batched_tokens"] == 8192  # the default, pool sets nothing
+    assert "max_num_batched_tokens" not in pools[1]["engine"]  # the pool sets nothing: the engine's own default
 
 
 def test_autoscaling_maps_to_ray_autoscaling_config_on_pending_requests():
@@ -62,17 +62,18 @@ def test_autoscaling_maps_to_ray_autoscaling_config_on_pending_requests():
     assert dep["autoscaling_config"]["target_ongoing_requests"] == 8.0
 
 
-def test_the_autoscaling_windows_pass_to_ray_only_where_the_stack_sets_them():
+def test_the_autoscaling_windows_pass_to_ray_with_the_stacks_defaults_or_its_own():
     stack = make_stack(TWO_MODELS)
-    dep = to_serve_config(stack)["applications"][0]["deployments"][2]
-    assert "look_back_period_s" not in dep["autoscaling_config"]  # Ray's own default
+    auto = to_serve_config(stack)["applications"][0]["deployments"][2]["autoscaling_config"]
+    assert (auto["upscale_delay_s"], auto["downscale_delay_s"]) == (3.0, 600.0)
+    assert (auto["look_back_period_s"], auto["metrics_interval_s"]) == (5.0, 1.0)
     stack.models[1].autoscaling = stack.models[1].autoscaling.model_copy(
-        update={"look_back_period_s": 5.0, "metrics_interval_s": 1.0})
-    dep = to_serve_config(stack)["applications"][0]["deployments"][2]
-    assert (dep["autoscaling_config"]["look_back_period_s"], dep["autoscaling_config"]["metrics_interval_s"]) == (5, 1)
+        update={"look_back_period_s": 20.0, "metrics_interval_s": 2.0})
+    auto = to_serve_config(stack)["applications"][0]["deployments"][2]["autoscaling_config"]
+    assert (auto["look_back_period_s"], auto["metrics_interval_s"]) == (20, 2)
     with pytest.raises(ConfigError, match="look_back_period_s must be longer"):
         parse_stack({"image": "i", "models": [{"name": "m", "model": "/m", "autoscaling": {
-            "max_replicas": 2, "look_back_period_s": 5}}]})
+            "max_replicas": 2, "look_back_period_s": 1}}]})
 
 
 def test_max_ongoing_requests_lets_the_engine_batch_max_num_seqs():

@@ -21,7 +21,7 @@ from railyard.engine.config import SamplingParams
 from railyard.engine.tokenizer import load_tokenizer
 from railyard.model.spec import read_model_spec
 from railyard.serve.app import bind_engine
-from railyard.serve.client import Pool, RayEngineClient
+from railyard.serve.client import PoolHandle, RayEngineClient
 from railyard.serve.spec import parse_app_args
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -92,7 +92,7 @@ def deploy_engines(apps: dict[str, dict]) -> dict[str, RayEngineClient]:
         clients[app_name] = (model, pool)
     handles = serve.run_many(targets, wait_for_applications_running=True)
     for (app_name, (model, pool)), handle in zip(list(clients.items()), handles):
-        clients[app_name] = RayEngineClient(model.name, [Pool(pool.name, None, handle, 1024)],
+        clients[app_name] = RayEngineClient(model.name, [PoolHandle(pool.name, None, handle, 1024)],
                                             load_tokenizer(model.model), max_model_len=1024,
                                             vocab_size=read_model_spec(model.model).vocab_size)
     return clients

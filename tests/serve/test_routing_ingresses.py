@@ -28,12 +28,12 @@ class Ingress:
     def __init__(self, app_name: str, model_dir: str) -> None:
         from railyard.engine.tokenizer import load_tokenizer
         from railyard.model.spec import read_model_spec
-        from railyard.serve.client import Pool, RayEngineClient
+        from railyard.serve.client import PoolHandle, RayEngineClient
         from railyard.serve.spec import parse_app_args
 
         pool = parse_app_args(engine_args(model_dir)).models[0].pools[0]
         handle = serve.get_deployment_handle(pool.deployment, app_name)
-        self.client = RayEngineClient("tiny", [Pool(pool.name, None, handle, 1024)], load_tokenizer(model_dir),
+        self.client = RayEngineClient("tiny", [PoolHandle(pool.name, None, handle, 1024)], load_tokenizer(model_dir),
                                       max_model_len=1024, vocab_size=read_model_spec(model_dir).vocab_size)
 
     async def run(self, token_ids: list[int], max_tokens: int) -> Served:

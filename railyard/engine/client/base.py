@@ -155,11 +155,16 @@ class RequestStream:
             self._client.abort(self.request_id)
 
 
+# Requests allowed to wait for a batch slot before new ones get 503 + Retry-After (`railyard serve`'s
+# --max-waiting-requests and a serve replica's default).
+DEFAULT_MAX_WAITING_REQUESTS = 1024
+
+
 class CoreClient(abc.ABC):
     """An EngineClient over an EngineCore: checks at the door, output processing and streams here;
     subclasses carry requests to the core and its deltas back (a thread, or a process)."""
 
-    def __init__(self, model_info: ModelInfo, tokenizer, *, max_waiting_requests: int = 1024,
+    def __init__(self, model_info: ModelInfo, tokenizer, *, max_waiting_requests: int = DEFAULT_MAX_WAITING_REQUESTS,
                  retry_after_s: int = 1, listener: StepListener | None = None, stream_interval_s: float = 0.0,
                  stream_items_per_s: float = 0.0) -> None:
         """stream_interval_s: the least time between two outputs of one stream (see RequestStream); 0: every step.

@@ -99,7 +99,7 @@ def _per_token_quant_kernel(x_ptr, q_ptr, s_ptr, x_stride, N: tl.constexpr, BLOC
             tl.store(q_row + c, quantize_row(x, inv, ROUND_TO_ODD, FP8_MAX), mask=c < N)
 
 
-def quantize_per_token(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def quantize_per_token_triton(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """x [M, K] (unit last stride) -> (q [M, K] float8_e4m3fn contiguous, scale [M, 1] float32)."""
     if x.dim() != 2 or x.stride(-1) != 1:
         raise ValueError(f"quantize_per_token wants a 2-D input with unit last stride, got {tuple(x.shape)} "
@@ -131,7 +131,7 @@ def _apply_scales_kernel(acc_ptr, xs_ptr, ws_ptr, b_ptr, y_ptr, N, HAS_BIAS: tl.
     tl.store(y_ptr + row * N + cols, y.to(y_ptr.dtype.element_ty), mask=mask)
 
 
-def apply_scales(acc: torch.Tensor, x_scale: torch.Tensor, weight_scale: torch.Tensor, bias: torch.Tensor | None,
+def apply_scales_triton(acc: torch.Tensor, x_scale: torch.Tensor, weight_scale: torch.Tensor, bias: torch.Tensor | None,
                  dtype: torch.dtype) -> torch.Tensor:
     """acc [M, N] (contiguous; float32, or bf16 / fp16) -> dtype((float32(acc) * x_scale[M, 1]) * weight_scale[N]
     (+ bias)), one pass.

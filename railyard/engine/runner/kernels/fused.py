@@ -7,7 +7,7 @@ so results match the unfused layers (up to the order of the RMS reduction).
 
 Before an FP8 linear layer (RMSNorm before qkv and gate_up, SiLU-and-mul before down) the norm and the
 activation can also quantize their output per token (rms_norm_quant, silu_and_mul_quant): e4m3 and one float32
-scale per row, the same bytes kernels/fp8.quantize_per_token makes of the unfused output (the same float32
+scale per row, the same bytes kernels/fp8.quantize_per_token_triton makes of the unfused output (the same float32
 operations on the same values: the output is rounded to the model dtype first, as the unfused kernel stores
 it), without writing and re-reading that output and without a separate launch per linear layer.
 

@@ -102,7 +102,7 @@ def quantize_per_token(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-token activation quantization: one Triton pass on CUDA (when triton imports), else torch."""
     ops = fp8_ops() if x.is_cuda else None
     if ops is not None:
-        return ops.quantize_per_token(x)
+        return ops.quantize_per_token_triton(x)
     return quantize_per_token_ref(x)
 
 
@@ -303,7 +303,7 @@ def apply_scales(acc: torch.Tensor, x_scale: torch.Tensor, weight_scale: torch.T
     """apply_scales_ref in one Triton pass on CUDA (torch's would be three or four kernels over [M, N])."""
     ops = fp8_ops() if acc.is_cuda else None
     if ops is not None:
-        return ops.apply_scales(acc, x_scale, weight_scale, bias, dtype)
+        return ops.apply_scales_triton(acc, x_scale, weight_scale, bias, dtype)
     return apply_scales_ref(acc, x_scale, weight_scale, bias, dtype)
 
 

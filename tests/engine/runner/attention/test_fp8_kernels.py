@@ -44,7 +44,7 @@ def test_per_token_quantization_kernel_is_bit_identical_to_torch(dtype, k):
     x = torch.randn((7, k), generator=g) * torch.logspace(-4, 3, 7)[:, None]  # seven decades of row scales
     x[3] = 0.0  # a padded row
     x = x.to(dtype).to(DEVICE)
-    q, scale = fp8_kernels.quantize_per_token(x)
+    q, scale = fp8_kernels.quantize_per_token_triton(x)
     want_q, want_scale = quantize_per_token_ref(x)
     assert q.dtype == FP8 and q.shape == x.shape and scale.shape == (7, 1) and q.is_contiguous()
     assert torch.equal(scale, want_scale)
@@ -53,7 +53,7 @@ def test_per_token_quantization_kernel_is_bit_identical_to_torch(dtype, k):
 
 def test_per_token_quantization_kernel_reads_strided_rows():
     x = torch.randn((5, 2 * 96), generator=torch.Generator().manual_seed(0)).to(DEVICE)[:, :96]  # row stride 192
-    q, scale = fp8_kernels.quantize_per_token(x)
+    q, scale = fp8_kernels.quantize_per_token_triton(x)
     want_q, want_scale = quantize_per_token_ref(x)
     assert torch.equal(scale, want_scale) and torch.equal(_bits(q), _bits(want_q))
 
@@ -68,7 +68,7 @@ def test_apply_scales_kernel_is_bit_identical_to_torch(out_dtype, n, with_bias, 
     xs = (torch.rand((9, 1), generator=g) * 0.05 + 1e-4).to(DEVICE)
     ws = (torch.rand(n, generator=g) * 1e-4 + 1e-6).to(DEVICE)
     bias = torch.randn(n, generator=g).to(out_dtype).to(DEVICE) if with_bias else None
-    got = fp8_kernels.apply_scales(acc, xs, ws, bias, out_dtype)
+    got = fp8_kernels.apply_scales_triton(acc, xs, ws, bias, out_dtype)
     want = apply_scales_ref(acc, xs, ws, bias, out_dtype)
     assert got.dtype == out_dtype and got.shape == (9, n)
     assert torch.equal(got, want)
@@ -110,7 +110,7 @@ def _kernel_bytes(values: torch.Tensor, round_to_odd: bool, monkeypatch) -> list
     monkeypatch.setattr(fp8_kernels, "casts_through_fp16", lambda device: round_to_odd)
     monkeypatch.setattr(paged_attention, "casts_through_fp16", lambda device: round_to_odd)
     row = torch.cat([values, torch.tensor([448.0])])[None].to(DEVICE)
-    q, scale = fp8_kernels.quantize_per_token(row)
+    q, scale = fp8_kernels.quantize_per_token_triton(row)
     assert scale.item() == 1.0
     n = values.numel()
     kv = values.reshape(n, 1, 1).to(DEVICE)

@@ -56,25 +56,25 @@ def test_rms_norm_quant_is_the_per_token_quantization_of_rms_norm(dtype, d, with
     if with_residual:
         assert torch.equal(got[1], want[1])  # the new residual, as rms_norm returns it
         got, want = got[0], want[0]
-    assert _same(got, fp8_kernels.quantize_per_token(want))
+    assert _same(got, fp8_kernels.quantize_per_token_triton(want))
 
 
 def test_rms_norm_quant_reads_strided_rows():
     x = _rows(5, 2 * 96, torch.float32, seed=3)[:, :96]  # row stride 192, as a view into a wider activation
     w = _weight(96, torch.float32, seed=4)
-    assert _same(fused.rms_norm_quant(x, w, 1e-5), fp8_kernels.quantize_per_token(fused.rms_norm(x, w, 1e-5)))
+    assert _same(fused.rms_norm_quant(x, w, 1e-5), fp8_kernels.quantize_per_token_triton(fused.rms_norm(x, w, 1e-5)))
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("n", [96, 5000, fused.SILU_QUANT_ONE_PASS_MAX + 100])  # one pass, and two over blocks
 def test_silu_and_mul_quant_is_the_per_token_quantization_of_silu_and_mul(dtype, n):
     x = _rows(5, 2 * n, dtype, seed=n)
-    assert _same(fused.silu_and_mul_quant(x), fp8_kernels.quantize_per_token(fused.silu_and_mul(x)))
+    assert _same(fused.silu_and_mul_quant(x), fp8_kernels.quantize_per_token_triton(fused.silu_and_mul(x)))
 
 
 def test_silu_and_mul_quant_reads_strided_rows():
     x = _rows(4, 3 * 200, torch.float32, seed=5)[:, :400]  # gate | up inside a wider row
-    assert _same(fused.silu_and_mul_quant(x), fp8_kernels.quantize_per_token(fused.silu_and_mul(x)))
+    assert _same(fused.silu_and_mul_quant(x), fp8_kernels.quantize_per_token_triton(fused.silu_and_mul(x)))
 
 
 def test_fused_quantization_of_no_tokens():
