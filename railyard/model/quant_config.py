@@ -5,9 +5,12 @@ Two FP8 formats that vLLM loads, both as float8_e4m3fn weights with float32 `wei
   weight tensor (q, k and v each their own), `activation_scheme` dynamic or static;
 - compressed-tensors (`quant_method: "compressed-tensors"`, format float-quantized): FP8 weights with
   `strategy` channel (scale [out, 1]) or tensor, activations FP8 per token (dynamic) or per tensor (static).
+Both may instead carry block-wise scales, one per 128 x 128 block of a weight (`weight_block_size: [128, 128]`
+with `weight_scale_inv` tensors, as Qwen3-30B-A3B-FP8 and DeepSeek-V3 ship; compressed-tensors `strategy: block`
+with `block_structure: [128, 128]`): experts keep them as shipped (layers/fp8_block.py), other layers' weights are
+converted to per-channel scales as they load. Other block sizes are refused.
 Static activation scales (`input_scale`) are not used: activations are always quantized per token on the
-fly, which is at least as accurate. Block-wise scales (`weight_block_size`, strategy block) and every
-non-FP8 scheme are refused with a clear error. Torch-free: ModelSpec.from_hf_config calls it, so the
+fly, which is at least as accurate. Every non-FP8 scheme is refused with a clear error. Torch-free: ModelSpec.from_hf_config calls it, so the
 planner refuses what the engine refuses.
 """
 
@@ -16,6 +19,8 @@ from __future__ import annotations
 import logging
 
 from railyard.errors import ModelLoadError
+
+BLOCK = [128, 128]  # the one FP8 block shape loaded: model/spec.py's EXPERT_BLOCK
 
 log = logging.getLogger("railyard.model")
 
@@ -42,10 +47,21 @@ def checkpoint_quantization(cfg: dict) -> str | None:
     return "fp8"
 
 
+def checkpoint_block_scales(cfg: dict) -> bool:
+    """Whether an FP8 checkpoint's weights carry block-wise scales (checked by checkpoint_quantization)."""
+    qc = cfg.get("quantization_config") or {}
+    if qc.get("quant_method") == "fp8":
+        return bool(qc.get("weight_block_size"))
+    if qc.get("quant_method") == "compressed-tensors":
+        return any((g.get("weights") or {}).get("strategy") == "block" for g in (qc.get("config_groups") or {}).values())
+    return False
+
+
 def _check_fp8_method(qc: dict) -> None:
-    if qc.get("weight_block_size"):
-        raise ModelLoadError(f"block-wise FP8 scales (weight_block_size {qc['weight_block_size']}) are not "
-                             "supported; railyard loads per-tensor or per-channel FP8 scales")
+    block = qc.get("weight_block_size")
+    if block and list(block) != BLOCK:
+        raise ModelLoadError(f"block-wise FP8 scales of weight_block_size {block} are not supported; railyard loads "
+                             f"per-tensor, per-channel or {BLOCK[0]}x{BLOCK[1]} block scales")
     scheme = qc.get("activation_scheme", "dynamic")
     if scheme not in ("dynamic", "static"):
         raise ModelLoadError(f"unknown FP8 activation_scheme {scheme!r} (expected dynamic or static)")
@@ -64,11 +80,12 @@ def _check_compressed_tensors(qc: dict) -> None:
             raise ModelLoadError(f"compressed-tensors group {name!r}: format {group_fmt!r} is not supported "
                                  f"(supported: {', '.join(_FORMATS)} FP8)")
         w = group.get("weights") or {}
-        if not (w.get("num_bits") == 8 and w.get("type") == "float" and w.get("strategy") in ("channel", "tensor")
-                and w.get("symmetric", True)):
+        block = w.get("strategy") == "block" and list(w.get("block_structure") or []) == BLOCK
+        if not (w.get("num_bits") == 8 and w.get("type") == "float"
+                and (w.get("strategy") in ("channel", "tensor") or block) and w.get("symmetric", True)):
             raise ModelLoadError(
                 f"compressed-tensors group {name!r}: weights {_describe(w)} are not supported; railyard loads "
-                "symmetric 8-bit float weights with channel or tensor scales")
+                f"symmetric 8-bit float weights with channel, tensor or {BLOCK[0]}x{BLOCK[1]} block scales")
         a = group.get("input_activations")
         if a and not (a.get("num_bits") == 8 and a.get("type") == "float"):
             raise ModelLoadError(f"compressed-tensors group {name!r}: input activations {_describe(a)} are not "
@@ -79,5 +96,5 @@ def _check_compressed_tensors(qc: dict) -> None:
 
 
 def _describe(args: dict) -> str:
-    keys = ("num_bits", "type", "strategy", "symmetric")
+    keys = ("num_bits", "type", "strategy", "block_structure", "symmetric")
     return "(" + ", ".join(f"{k}={args.get(k)!r}" for k in keys if k in args) + ")"

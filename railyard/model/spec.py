@@ -17,7 +17,7 @@ from typing import Any
 from railyard.errors import ConfigError, ModelLoadError
 from railyard.model.precision import (DTYPE_BYTES, KV_CACHE_DTYPE_BYTES, QUANTIZATION_BYTES, QUANTIZATION_SCALE_BYTES,
                                       check_kv_cache_dtype, check_quantization, resolve_dtype)
-from railyard.model.quant_config import checkpoint_quantization
+from railyard.model.quant_config import checkpoint_block_scales, checkpoint_quantization
 
 # architecture name -> (qkv bias, per-head q/k RMSNorm)
 ARCHITECTURES = {
@@ -61,6 +61,9 @@ class ModelSpec:
     # Quantized linear-layer weights (None: unquantized); "fp8": float8 weights with float32 per-channel scales,
     # from an FP8 checkpoint's quantization_config (model/quant_config.py) or quantized as the engine loads.
     quantization: str | None = None
+    # The FP8 checkpoint's weights carry one scale per EXPERT_BLOCK (model/quant_config.py): experts keep them, other
+    # layers' weights are converted to per-channel scales as they load.
+    block_scaled_checkpoint: bool = False
     # Mixture of experts (num_experts 0: every layer's MLP is dense). A token's MLP in an MoE layer is the
     # routing-weighted sum of num_experts_per_tok experts of width moe_intermediate_size, chosen by a router
     # (softmax over the experts' logits, top-k, renormalised to sum 1 when norm_topk_prob).
@@ -112,6 +115,7 @@ class ModelSpec:
                 eos_token_ids=_token_ids(eos),
                 dtype=resolve_dtype("auto", torch_dtype, "cuda"),
                 quantization=checkpoint_quantization(cfg),
+                block_scaled_checkpoint=checkpoint_block_scales(cfg),
                 **_moe_fields(cfg),
             )
         except KeyError as exc:

@@ -39,7 +39,7 @@ MALFORMED = [
     (dict(eos_token_id="</s>"), "'eos_token_id' must be a token id or a list of them"),
     (dict(quantization_config={"quant_method": "awq", "bits": 4}), "quantization method 'awq' is not supported"),
     (dict(quantization_config={"bits": 4}), "quantization_config must name its quant_method"),
-    (dict(quantization_config={"quant_method": "fp8", "weight_block_size": [128, 128]}), "block-wise FP8 scales"),
+    (dict(quantization_config={"quant_method": "fp8", "weight_block_size": [64, 64]}), "block-wise FP8 scales of"),
 ]
 
 

@@ -20,6 +20,7 @@ from railyard.engine.runner.layers.linear import MergedColumnParallelLinear, QKV
 from railyard.engine.runner.layers.norm import RMSNorm
 from railyard.engine.runner.layers.rotary import RotaryEmbedding
 from railyard.engine.runner.layers.parallel import SINGLE, ParallelState
+from railyard.engine.runner.models.block_scales import per_channel_except_experts
 from railyard.engine.runner.models.moe_mlp import MoEMLP, expert_target
 from railyard.errors import ModelLoadError
 from railyard.model.spec import ModelSpec
@@ -177,6 +178,8 @@ class CausalLM(nn.Module):
         """Copy (name, tensor) pairs in; returns the parameter names that were filled."""
         params = dict(self.named_parameters(remove_duplicate=False))
         loaded: set[str] = set()
+        if self.spec.block_scaled_checkpoint:
+            weights = per_channel_except_experts(weights)
         for name, tensor in weights:
             if "rotary_emb.inv_freq" in name:
                 continue

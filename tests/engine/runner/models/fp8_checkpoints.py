@@ -4,6 +4,8 @@
   `weight_scale` [out, 1] (one per output channel), activations FP8 per token, dynamic.
 - "fp8": vLLM's Fp8Config (AutoFP8): one float32 `weight_scale` per weight tensor, static activation
   scales (`input_scale`), optional per-layer KV-cache scales (`self_attn.k_scale` / `v_scale`).
+- "fp8-block": Fp8Config with `weight_block_size: [128, 128]` (Qwen3-30B-A3B-FP8): every linear weight, experts'
+  too, with one float32 `weight_scale_inv` per 128 x 128 block; the router and the LM head unquantized.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from railyard.engine.runner.layers.fp8 import FP8_MAX, quantize_rows, to_fp8
+from railyard.engine.runner.layers.fp8_block import quantize_blocks
 
 _LINEAR = re.compile(r"\.(q|k|v|o|gate|up|down)_proj\.weight$")
 
@@ -31,6 +34,8 @@ COMPRESSED_TENSORS_CONFIG = {
     "ignore": ["lm_head"], "kv_cache_scheme": None,
 }
 FP8_METHOD_CONFIG = {"quant_method": "fp8", "activation_scheme": "static", "ignored_layers": ["lm_head"]}
+FP8_BLOCK_CONFIG = {"quant_method": "fp8", "activation_scheme": "dynamic", "fmt": "e4m3",
+                    "weight_block_size": [128, 128]}
 
 
 def write_fp8_checkpoint(src: str | Path, dst: str | Path, fmt: str,
@@ -48,6 +53,8 @@ def write_fp8_checkpoint(src: str | Path, dst: str | Path, fmt: str,
         if fmt == "compressed-tensors":
             q, scale = quantize_rows(tensor)
             out[name], out[stem + "weight_scale"] = q, scale[:, None].contiguous()
+        elif fmt == "fp8-block":
+            out[name], out[stem + "weight_scale_inv"] = quantize_blocks(tensor)
         elif fmt == "fp8":
             scale = tensor.abs().max().float() / FP8_MAX
             out[name], out[stem + "weight_scale"] = to_fp8(tensor.float() / scale), scale.reshape(())
@@ -59,7 +66,7 @@ def write_fp8_checkpoint(src: str | Path, dst: str | Path, fmt: str,
         out[f"model.layers.{layer}.self_attn.v_scale"] = torch.tensor(v)
     save_file(out, str(dst / "model.safetensors"), metadata={"format": "pt"})
     cfg = json.loads((src / "config.json").read_text())
-    cfg["quantization_config"] = quantization_config or (COMPRESSED_TENSORS_CONFIG if fmt == "compressed-tensors"
-                                                         else FP8_METHOD_CONFIG)
+    cfg["quantization_config"] = quantization_config or {"compressed-tensors": COMPRESSED_TENSORS_CONFIG,
+                                                         "fp8": FP8_METHOD_CONFIG, "fp8-block": FP8_BLOCK_CONFIG}[fmt]
     (dst / "config.json").write_text(json.dumps(cfg, indent=1))
     return dst
