@@ -5,6 +5,10 @@ Slow but obviously right; the oracle for the Triton kernels. The cache may be na
 them and read back exactly (e4m3 and bf16 widen to the query dtype without rounding). An FP8 cache's
 per-layer scales are applied where the Triton kernels apply them: k_scale folded into the softmax
 scale, v_scale on the output.
+
+A sliding window masks keys more than `sliding_window - 1` positions before each query (HF's mask); learned
+sinks (gpt-oss) add one logit per head to each softmax denominator, as HF's eager attention does.
+Block-table entries before a window may be freed (-1): they are read as block 0 and masked.
 """
 
 from __future__ import annotations
@@ -37,9 +41,12 @@ class TorchAttentionBackend:
 
     name = "torch"
 
-    def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, scale: float) -> None:
+    def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, scale: float,
+                 sliding_window: int | None = None) -> None:
         self.num_heads, self.num_kv_heads, self.head_dim, self.scale = num_heads, num_kv_heads, head_dim, scale
         self.k_scale = self.v_scale = 1.0  # an FP8 cache's per-layer scales (a checkpoint may set them)
+        self.window = sliding_window or 0  # a query sees this many tokens up to itself (0: all)
+        self.sinks: torch.Tensor | None = None  # [num_heads] learned logits in each softmax denominator (gpt-oss)
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor,
                 meta: AttentionMetadata, out: torch.Tensor | None = None) -> torch.Tensor:
@@ -64,7 +71,10 @@ class TorchAttentionBackend:
                 s, e = starts[i], starts[i + 1]
                 keys, values = self._gather(kv_cache, meta.block_tables[i], seq_len, q.dtype)
                 q_pos = torch.arange(seq_len - (e - s), seq_len, device=q.device)
-                mask = torch.arange(seq_len, device=q.device)[None, :] <= q_pos[:, None]
+                k_pos = torch.arange(seq_len, device=q.device)[None, :]
+                mask = k_pos <= q_pos[:, None]
+                if self.window:
+                    mask &= k_pos > q_pos[:, None] - self.window
                 out[s:e] = self._attend(q[s:e], keys, values, mask, scale)
         return out * self.v_scale if fp8 and self.v_scale != 1.0 else out
 
@@ -73,21 +83,24 @@ class TorchAttentionBackend:
         b, max_len = meta.num_seqs, meta.max_seq_len
         _, nb, bs, hk, d = kv_cache.shape
         n_blocks = -(-max_len // bs)
-        table = meta.block_tables[:, :n_blocks].long()
+        table = meta.block_tables[:, :n_blocks].long().clamp(min=0)
         keys = _read(key_blocks(kv_cache), table, kv_cache.dtype, q.dtype).reshape(b, n_blocks * bs, hk, d)
         values = _read(value_blocks(kv_cache), table, kv_cache.dtype, q.dtype).reshape(b, n_blocks * bs, hk, d)
         keys, values = keys[:, :max_len], values[:, :max_len]
-        mask = torch.arange(max_len, device=q.device)[None, :] < meta.seq_lens[:, None]
+        k_pos = torch.arange(max_len, device=q.device)[None, :]
+        mask = k_pos < meta.seq_lens[:, None]
+        if self.window:
+            mask &= k_pos >= meta.seq_lens[:, None] - self.window
         groups = self.num_heads // hk
         qh = q.view(b, self.num_heads, 1, d)
         kh = keys.permute(0, 2, 1, 3).repeat_interleave(groups, dim=1)
         vh = values.permute(0, 2, 1, 3).repeat_interleave(groups, dim=1)
-        out = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=mask[:, None, None, :], scale=scale)
+        out = self._softmax_v(qh, kh, vh, mask[:, None, None, :], scale)
         return out.view(b, self.num_heads, d)
 
     def _gather(self, kv_cache: torch.Tensor, table: torch.Tensor, seq_len: int, dtype: torch.dtype):
         bs = kv_cache.shape[2]
-        blocks = table[: -(-seq_len // bs)].long()
+        blocks = table[: -(-seq_len // bs)].long().clamp(min=0)
         keys = _read(key_blocks(kv_cache), blocks, kv_cache.dtype, dtype).flatten(0, 1)[:seq_len]
         values = _read(value_blocks(kv_cache), blocks, kv_cache.dtype, dtype).flatten(0, 1)[:seq_len]
         return keys, values
@@ -98,5 +111,18 @@ class TorchAttentionBackend:
         qh = q.transpose(0, 1)  # [H, n, d]
         kh = keys.transpose(0, 1).repeat_interleave(groups, dim=0)
         vh = values.transpose(0, 1).repeat_interleave(groups, dim=0)
-        out = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=mask[None], scale=scale)
+        out = self._softmax_v(qh, kh, vh, mask[None], scale)
         return out.transpose(0, 1)
+
+    def _softmax_v(self, qh: torch.Tensor, kh: torch.Tensor, vh: torch.Tensor, mask: torch.Tensor,
+                   scale: float) -> torch.Tensor:
+        """softmax(q k^T * scale, masked) v over [..., heads, queries, keys]; with sinks, HF's eager attention:
+        each head's sink logit joins the scores before the softmax, and its weight is dropped after."""
+        if self.sinks is None:
+            return F.scaled_dot_product_attention(qh, kh, vh, attn_mask=mask, scale=scale)
+        scores = (qh @ kh.transpose(-1, -2) * scale).masked_fill(~mask, float("-inf"))
+        sinks = self.sinks.to(scores.dtype).view(-1, 1, 1).expand(*scores.shape[:-1], 1)
+        combined = torch.cat([scores, sinks], dim=-1)
+        combined = combined - combined.max(dim=-1, keepdim=True).values
+        probs = torch.softmax(combined, dim=-1)[..., :-1]
+        return probs.to(vh.dtype) @ vh

@@ -35,26 +35,35 @@ class TritonAttentionBackend:
 
     name = "triton"
 
-    def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, scale: float) -> None:
+    def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, scale: float,
+                 sliding_window: int | None = None) -> None:
         self.num_heads, self.num_kv_heads, self.head_dim, self.scale = num_heads, num_kv_heads, head_dim, scale
         self.k_scale = self.v_scale = 1.0  # an FP8 cache's per-layer scales (a checkpoint may set them)
+        self.window = sliding_window or 0  # a query sees this many tokens up to itself (0: all)
+        self.sinks: torch.Tensor | None = None  # [num_heads] learned logits in each softmax denominator (gpt-oss)
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor,
                 meta: AttentionMetadata, out: torch.Tensor | None = None) -> torch.Tensor:
         """out: where to write the result [T, H, D] (a static buffer of piecewise CUDA graphs), else a new tensor."""
         scales = dict(k_scale=self.k_scale, v_scale=self.v_scale)
         store_kv(kv_cache, k, v, meta.slot_mapping, **scales)
+        scales.update(window=self.window, sinks=self.sinks)
         if meta.decode_only:
-            splits = decode_splits(q.shape[0], self.num_kv_heads, meta.max_seq_len,
+            splits = decode_splits(q.shape[0], self.num_kv_heads, self._seen(meta.max_seq_len),
                                    _num_sms(q.device.index or 0))
             return paged_decode(q, kv_cache, meta.block_tables, meta.seq_lens, self.scale, splits, out, **scales)
         if SPLIT_MIXED_STEPS and (nd := meta.num_decodes):
             # The leading decodes apart; the prefill kernel's grid covers the sequences after them only.
             (decode_tables, decode_lens), (tables, lens, starts) = meta.split
             out = torch.empty_like(q) if out is None else out
-            splits = decode_splits(nd, self.num_kv_heads, meta.decode_max_seq_len, _num_sms(q.device.index or 0))
+            splits = decode_splits(nd, self.num_kv_heads, self._seen(meta.decode_max_seq_len),
+                                   _num_sms(q.device.index or 0))
             paged_decode(q[:nd], kv_cache, decode_tables, decode_lens, self.scale, splits, out[:nd], **scales)
             # starts are offsets into the whole batch: the prefill kernel reads and writes q and out there.
             return paged_prefill(q, kv_cache, tables, lens, starts, meta.max_query_len, self.scale, out, **scales)
         return paged_prefill(q, kv_cache, meta.block_tables, meta.seq_lens, meta.query_start_loc,
                              meta.max_query_len, self.scale, out, **scales)
+
+    def _seen(self, context_len: int) -> int:
+        """How many tokens a decode query reads from a context this long (what sizes its context splits)."""
+        return min(context_len, self.window) if self.window else context_len

@@ -151,6 +151,26 @@ def _f16_queries(q, qk_scale):
 
 
 @triton.jit
+def _window_start(last_pos, WINDOW: tl.constexpr):
+    """The first token a query at position last_pos sees: last_pos - WINDOW + 1 under a sliding window of WINDOW
+    tokens (HF's kv_idx > q_idx - sliding_window), else 0."""
+    lo = last_pos * 0
+    if WINDOW > 0:
+        lo = tl.maximum(last_pos - WINDOW + 1, 0)
+    return lo
+
+
+@triton.jit
+def _fold_sinks(acc, m, l, sinks_ptr, heads, hmask):
+    """A learned sink logit per head (natural-log units, as the model adds it beside the scaled scores) joins the
+    softmax denominator: (acc, l) of rows `heads` rescaled to the new running maximum, l plus the sink's weight."""
+    sink = tl.load(sinks_ptr + heads, mask=hmask, other=0.0).to(tl.float32) * 1.4426950408889634
+    m_new = tl.maximum(m, sink)
+    alpha = tl.exp2(m - m_new)
+    return acc * alpha[:, None], l * alpha + tl.exp2(sink - m_new)
+
+
+@triton.jit
 def _value_tile(cache_ptr, plane_stride, bt_row, start, end, valid, d, dmask, kvh, HEAD_DIM: tl.constexpr,
                 NUM_KV_HEADS: tl.constexpr, PAGE: tl.constexpr, BLOCK_N: tl.constexpr):
     """The values of tokens start .. start + BLOCK_N (a whole number of pages from a page boundary) as
@@ -213,14 +233,17 @@ def _decode_split_kernel(q_ptr, cache_ptr, block_tables_ptr, seq_lens_ptr, part_
                          G_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr,
                          PAGE: tl.constexpr, BLOCK_N: tl.constexpr, IEEE: tl.constexpr, DIRECT: tl.constexpr,
                          SCALE_V: tl.constexpr, F16_DOTS: tl.constexpr = False,
-                         V_TOKENS_INNER: tl.constexpr = False):
+                         V_TOKENS_INNER: tl.constexpr = False, sinks_ptr=None, WINDOW: tl.constexpr = 0,
+                         HAS_SINKS: tl.constexpr = False):
     b = tl.program_id(0)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
     seq_len = tl.load(seq_lens_ptr + b)
-    n_pages = tl.cdiv(seq_len, PAGE)
-    pages_per_split = tl.cdiv(n_pages, num_splits)
-    tok_start = split * pages_per_split * PAGE
+    # A sliding window splits only the pages it sees (those before it may be freed: their table entries unread).
+    lo = _window_start(seq_len - 1, WINDOW)
+    first_page = lo // PAGE
+    pages_per_split = tl.cdiv(tl.cdiv(seq_len, PAGE) - first_page, num_splits)
+    tok_start = (first_page + split * pages_per_split) * PAGE
     tok_end = tl.minimum(seq_len, tok_start + pages_per_split * PAGE)
 
     g = tl.arange(0, G_PAD)
@@ -238,13 +261,15 @@ def _decode_split_kernel(q_ptr, cache_ptr, block_tables_ptr, seq_lens_ptr, part_
     bt_row = block_tables_ptr + b.to(tl.int64) * bt_stride
     for start in range(tok_start, tok_end, BLOCK_N):
         toks = start + tl.arange(0, BLOCK_N)
-        valid = toks < tok_end
+        valid = (toks < tok_end) & (toks >= lo)
         acc, m, l = _attend_tile(q, acc, m, l, cache_ptr, bt_row, start, tok_end, toks, valid, valid[None, :], d,
                                  dmask, kvh, qk_scale, plane_stride, HEAD_DIM, NUM_KV_HEADS, PAGE, IEEE, BLOCK_N,
                                  V_TOKENS_INNER)
     if SCALE_V:  # an FP8 cache's V scale: the partials are linear in acc, so scaling here is scaling the output
         acc = acc * v_scale
     if DIRECT:  # one split: normalise here, as the merge would (same operations, same result)
+        if HAS_SINKS:
+            acc, l = _fold_sinks(acc, m, l, sinks_ptr, heads, gmask)
         out = acc / tl.maximum(l, 1e-30)[:, None]
         tl.store(out_ptr + b * out_stride_t + heads[:, None] * out_stride_h + d[None, :],
                  out.to(out_ptr.dtype.element_ty), mask=gmask[:, None] & dmask[None, :])
@@ -262,7 +287,8 @@ def _decode_fp8_dots_kernel(q_ptr, cache_ptr, block_tables_ptr, seq_lens_ptr, pa
                             bt_stride, plane_stride, num_splits,
                             NUM_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr, GROUP: tl.constexpr,
                             G_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE: tl.constexpr, BLOCK_N: tl.constexpr,
-                            DIRECT: tl.constexpr):
+                            DIRECT: tl.constexpr, sinks_ptr=None, WINDOW: tl.constexpr = 0,
+                            HAS_SINKS: tl.constexpr = False):
     """Decode over an FP8 cache with both products on FP8 tensor cores (FP8_DOTS; the module docstring says why):
     the tokens are the MMA's 64-row side, S^T = K q^T and O^T = V^T P^T, so K and V enter as the cache's bytes.
     q is scaled per program so its largest element is 256 and cast to e4m3; P (in [0, 1]) is cast as P * 256;
@@ -274,8 +300,12 @@ def _decode_fp8_dots_kernel(q_ptr, cache_ptr, block_tables_ptr, seq_lens_ptr, pa
     seq_len = tl.load(seq_lens_ptr + b)
     # Splits of whole tiles: each tile starts at a multiple of BLOCK_N (so of PAGE), which the compiler sees, so it
     # copies each page's 16-byte runs of keys and values as such, asynchronously, a few tiles ahead.
-    tiles_per_split = tl.cdiv(tl.cdiv(seq_len, BLOCK_N), num_splits)
-    tile_start = split * tiles_per_split
+    # A sliding window: only the tiles it reaches, and within them only its tokens (masked loads, so the table
+    # entries of pages before it, which may be freed, are not read).
+    lo = _window_start(seq_len - 1, WINDOW)
+    first_tile = lo // BLOCK_N
+    tiles_per_split = tl.cdiv(tl.cdiv(seq_len, BLOCK_N) - first_tile, num_splits)
+    tile_start = first_tile + split * tiles_per_split
     tile_end = tl.minimum(tl.cdiv(seq_len, BLOCK_N), tile_start + tiles_per_split)
 
     g = tl.arange(0, G_PAD)
@@ -294,7 +324,7 @@ def _decode_fp8_dots_kernel(q_ptr, cache_ptr, block_tables_ptr, seq_lens_ptr, pa
     n = tl.arange(0, BLOCK_N)
     for tile in range(tile_start, tile_end):
         toks = tile * BLOCK_N + n
-        valid = toks < seq_len
+        valid = (toks < seq_len) & (toks >= lo)
         page = tl.load(bt_row + toks // PAGE, mask=valid, other=0).to(tl.int64)
         # Tokens past the end read finite bytes (a stale or zeroed block: store_kv stores NaN as 0, so an FP8 cache
         # holds no NaN) whose scores are masked to -inf and whose weights are 0.
@@ -316,6 +346,9 @@ def _decode_fp8_dots_kernel(q_ptr, cache_ptr, block_tables_ptr, seq_lens_ptr, pa
         m = m_new
     acc_t = acc_t * (v_scale / 256.0)
     if DIRECT:
+        if HAS_SINKS:
+            acc, l = _fold_sinks(tl.trans(acc_t), m, l, sinks_ptr, heads, gmask)
+            acc_t = tl.trans(acc)
         out_t = acc_t / tl.maximum(l, 1e-30)[None, :]
         tl.store(out_ptr + b * out_stride_t + heads[None, :] * out_stride_h + d[:, None],
                  out_t.to(out_ptr.dtype.element_ty), mask=gmask[None, :])
@@ -329,7 +362,7 @@ def _decode_fp8_dots_kernel(q_ptr, cache_ptr, block_tables_ptr, seq_lens_ptr, pa
 @triton.jit(do_not_specialize=["num_splits"])
 def _merge_splits_kernel(part_acc_ptr, part_ml_ptr, out_ptr, out_stride_t, out_stride_h, num_splits,
                          NUM_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr,
-                         S_PAD: tl.constexpr):
+                         S_PAD: tl.constexpr, sinks_ptr=None, HAS_SINKS: tl.constexpr = False):
     b = tl.program_id(0)
     h = tl.program_id(1)
     s = tl.arange(0, S_PAD)
@@ -339,10 +372,15 @@ def _merge_splits_kernel(part_acc_ptr, part_ml_ptr, out_ptr, out_stride_t, out_s
     m = tl.load(part_ml_ptr + row * 2, mask=smask, other=float("-inf"))
     l = tl.load(part_ml_ptr + row * 2 + 1, mask=smask, other=0.0)
     m_max = tl.max(m, 0)
+    if HAS_SINKS:  # the head's sink logit joins the denominator (as _fold_sinks)
+        sink = tl.load(sinks_ptr + h).to(tl.float32) * 1.4426950408889634
+        m_max = tl.maximum(m_max, sink)
     m_max = tl.where(m_max == float("-inf"), 0.0, m_max)  # empty sequence (a padded graph row)
     w = tl.exp2(m - m_max)
     acc = tl.load(part_acc_ptr + row[:, None] * D_PAD + d[None, :], mask=smask[:, None], other=0.0)
     total = tl.sum(l * w, 0)
+    if HAS_SINKS:
+        total += tl.exp2(sink - m_max)
     out = tl.sum(acc * w[:, None], 0) / tl.maximum(total, 1e-30)
     tl.store(out_ptr + b * out_stride_t + h * out_stride_h + d, out.to(out_ptr.dtype.element_ty), mask=d < HEAD_DIM)
 
@@ -370,8 +408,12 @@ def decode_stages(kv_cache: torch.Tensor) -> int:
 def paged_decode(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Tensor, seq_lens: torch.Tensor,
                  scale: float, num_splits: int, out: torch.Tensor | None = None, *, block_n: int | None = None,
                  num_warps: int = 4, num_stages: int | None = None, maxnreg: int | None = None,
-                 k_scale: float = 1.0, v_scale: float = 1.0, use_fp8_dots: bool | None = None) -> torch.Tensor:
+                 k_scale: float = 1.0, v_scale: float = 1.0, use_fp8_dots: bool | None = None,
+                 window: int = 0, sinks: torch.Tensor | None = None) -> torch.Tensor:
     """q [B, H, d] -> out [B, H, d]; one new token per sequence whose KV is already in the cache.
+
+    window: a sliding window of that many tokens (the query's own included; 0: the whole context), whose block
+    table entries before it are never read. sinks: [H] learned logits that join each head's softmax denominator.
 
     block_n / num_warps / num_stages / maxnreg: launch configuration (scripts/dev/tune_decode.py sweeps them;
     num_stages None: decode_stages(kv_cache); maxnreg None: ptxas's choice; a register cap lets more
@@ -388,13 +430,14 @@ def paged_decode(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Te
     direct = num_splits == 1  # no partials to merge: the kernel writes the output itself
     part_acc = torch.empty((b, num_heads, 1 if direct else num_splits, d_pad), dtype=torch.float32, device=q.device)
     part_ml = torch.empty((b, num_heads, 1 if direct else num_splits, 2), dtype=torch.float32, device=q.device)
+    attn_kw = dict(sinks_ptr=sinks, WINDOW=window, HAS_SINKS=sinks is not None)
     if fp8_dots(q, kv_cache) if use_fp8_dots is None else use_fp8_dots:
         _decode_fp8_dots_kernel[(b, hk, num_splits)](
             q, kv_cache, block_tables, seq_lens, part_acc, part_ml, out, qk_scale, v_scale,
             q.stride(0), q.stride(1), out.stride(0), out.stride(1), block_tables.stride(0), kv_cache.stride(0),
             num_splits, NUM_HEADS=num_heads, NUM_KV_HEADS=hk, GROUP=group,
             G_PAD=max(16, triton.next_power_of_2(group)), HEAD_DIM=d, PAGE=page, BLOCK_N=_tile(block_n or 64, kv_cache),
-            DIRECT=direct, num_warps=num_warps, num_stages=num_stages or 2,
+            DIRECT=direct, num_warps=num_warps, num_stages=num_stages or 2, **attn_kw,
             **({} if maxnreg is None else {"maxnreg": maxnreg}))
     else:
         _decode_split_kernel[(b, hk, num_splits)](
@@ -404,7 +447,7 @@ def paged_decode(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Te
             NUM_HEADS=num_heads, NUM_KV_HEADS=hk, GROUP=group, G_PAD=max(16, triton.next_power_of_2(group)),
             HEAD_DIM=d, D_PAD=d_pad, PAGE=page, BLOCK_N=_tile(block_n or (64 if d_pad <= 128 else 32), kv_cache),
             IEEE=q.dtype == torch.float32, DIRECT=direct, SCALE_V=scale_v, F16_DOTS=_f16_dots(q, kv_cache),
-            V_TOKENS_INNER=values_tokens_inner(kv_cache),
+            V_TOKENS_INNER=values_tokens_inner(kv_cache), **attn_kw,
             num_warps=num_warps, num_stages=num_stages or decode_stages(kv_cache),
             **({} if maxnreg is None else {"maxnreg": maxnreg}))
     if direct:
@@ -412,7 +455,7 @@ def paged_decode(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Te
     _merge_splits_kernel[(b, num_heads)](
         part_acc, part_ml, out, out.stride(0), out.stride(1), num_splits,
         NUM_HEADS=num_heads, HEAD_DIM=d, D_PAD=d_pad, S_PAD=max(2, triton.next_power_of_2(num_splits)),
-        num_warps=1 if d_pad <= 64 else 2)
+        sinks_ptr=sinks, HAS_SINKS=sinks is not None, num_warps=1 if d_pad <= 64 else 2)
     return out
 
 
@@ -422,7 +465,8 @@ def _prefill_kernel(q_ptr, cache_ptr, block_tables_ptr, seq_lens_ptr, query_star
                     NUM_KV_HEADS: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr,
                     D_PAD: tl.constexpr, PAGE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                     IEEE: tl.constexpr, SCALE_V: tl.constexpr, F16_DOTS: tl.constexpr = False,
-                    V_TOKENS_INNER: tl.constexpr = False):
+                    V_TOKENS_INNER: tl.constexpr = False, sinks_ptr=None, WINDOW: tl.constexpr = 0,
+                    HAS_SINKS: tl.constexpr = False):
     q_block = tl.program_id(0)
     b = tl.program_id(1)
     h = tl.program_id(2)
@@ -446,15 +490,21 @@ def _prefill_kernel(q_ptr, cache_ptr, block_tables_ptr, seq_lens_ptr, query_star
         acc = tl.zeros([BLOCK_M, D_PAD], tl.float32)
         bt_row = block_tables_ptr + b.to(tl.int64) * bt_stride
         end = tl.minimum(seq_len, ctx + (q_block + 1) * BLOCK_M)
-        for start in range(0, end, BLOCK_N):
+        # A sliding window: from the page where the first row's window starts (pages before it may be freed).
+        lo = _window_start(ctx + q_block * BLOCK_M, WINDOW)
+        for start in range(lo // PAGE * PAGE, end, BLOCK_N):
             toks = start + tl.arange(0, BLOCK_N)
-            valid = toks < end
+            valid = (toks < end) & (toks >= lo)
             causal = valid[None, :] & (toks[None, :] <= q_pos[:, None])
+            if WINDOW > 0:
+                causal = causal & (toks[None, :] > q_pos[:, None] - WINDOW)
             acc, m, l = _attend_tile(q, acc, m, l, cache_ptr, bt_row, start, end, toks, valid, causal, d, dmask,
                                      kvh, qk_scale, plane_stride, HEAD_DIM, NUM_KV_HEADS, PAGE, IEEE, BLOCK_N,
                                      V_TOKENS_INNER)
         if SCALE_V:
             acc = acc * v_scale
+        if HAS_SINKS:
+            acc, l = _fold_sinks(acc, m, l, sinks_ptr, h + rows * 0, rmask)
         out = acc / tl.maximum(l, 1e-30)[:, None]
         tl.store(out_ptr + (q_start + rows)[:, None].to(tl.int64) * out_stride_t + h * out_stride_h + d[None, :],
                  out.to(out_ptr.dtype.element_ty), mask=rmask[:, None] & dmask[None, :])
@@ -462,8 +512,11 @@ def _prefill_kernel(q_ptr, cache_ptr, block_tables_ptr, seq_lens_ptr, query_star
 
 def paged_prefill(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Tensor, seq_lens: torch.Tensor,
                   query_start_loc: torch.Tensor, max_query_len: int, scale: float,
-                  out: torch.Tensor | None = None, *, k_scale: float = 1.0, v_scale: float = 1.0) -> torch.Tensor:
-    """q [T, H, d] (sequences' new tokens back to back) -> out [T, H, d], causal over the paged context."""
+                  out: torch.Tensor | None = None, *, k_scale: float = 1.0, v_scale: float = 1.0, window: int = 0,
+                  sinks: torch.Tensor | None = None) -> torch.Tensor:
+    """q [T, H, d] (sequences' new tokens back to back) -> out [T, H, d], causal over the paged context.
+
+    window, sinks: as paged_decode's (a query sees the window's tokens up to itself)."""
     t, num_heads, d = q.shape
     _, _, page, hk, _ = kv_cache.shape
     _check_cache(kv_cache, hk, d)
@@ -478,5 +531,6 @@ def paged_prefill(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.T
         q.stride(0), q.stride(1), out.stride(0), out.stride(1), block_tables.stride(0), kv_cache.stride(0),
         NUM_KV_HEADS=hk, GROUP=num_heads // hk, HEAD_DIM=d, D_PAD=d_pad, PAGE=page, BLOCK_M=block_m,
         BLOCK_N=_tile(64 if d_pad <= 128 else 32, kv_cache), IEEE=q.dtype == torch.float32, SCALE_V=scale_v,
-        F16_DOTS=_f16_dots(q, kv_cache), V_TOKENS_INNER=values_tokens_inner(kv_cache), num_warps=4, num_stages=2)
+        F16_DOTS=_f16_dots(q, kv_cache), V_TOKENS_INNER=values_tokens_inner(kv_cache), sinks_ptr=sinks, WINDOW=window,
+        HAS_SINKS=sinks is not None, num_warps=4, num_stages=2)
     return out
