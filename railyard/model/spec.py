@@ -31,7 +31,8 @@ ARCHITECTURES = {
 # Qwen3-30B-A3B-FP8 ship them, and as --quantization fp8 quantizes a bf16 checkpoint's experts).
 EXPERT_BLOCK = (128, 128)
 # rope scaling type -> the keys it needs (besides rope_type)
-ROPE_TYPES: dict[str, tuple[str, ...]] = {"default": (), "linear": ("factor",), "llama3": ("factor",)}
+ROPE_TYPES: dict[str, tuple[str, ...]] = {"default": (), "linear": ("factor",), "llama3": ("factor",),
+                                          "yarn": ("factor", "original_max_position_embeddings")}
 
 
 @dataclass(frozen=True)
