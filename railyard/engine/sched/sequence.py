@@ -41,6 +41,10 @@ class Sequence:
     # KV bookkeeping, owned by the block manager.
     block_table: list[int] = field(default_factory=list)
     cpu_block_table: list[int] = field(default_factory=list)
+    # The sliding-window layers' blocks, when the model keeps them apart (block_manager.py): NO_BLOCK (-1) where
+    # the window has moved past a block.
+    sliding_table: list[int] = field(default_factory=list)
+    cpu_sliding_table: list[int] = field(default_factory=list)
     block_hashes: list[int] = field(default_factory=list)
     num_computed_tokens: int = 0
     num_cached_prompt_tokens: int = 0  # tokens served from the prefix cache at first admission
