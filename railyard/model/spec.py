@@ -73,6 +73,14 @@ class ModelSpec:
     moe_intermediate_size: int = 0
     norm_topk_prob: bool = False
     moe_layers: tuple[int, ...] = ()  # the layers whose MLP is the experts (HF's decoder_sparse_step, mlp_only_layers)
+    # Sliding-window attention (gpt-oss alternates it with full attention by layer): the layers in sliding_layers
+    # see the last sliding_window tokens (the query's own included). Their KV blocks are kept apart from the full
+    # layers' and freed once the window has passed them (engine/sched/block_manager.py); each shares a cache tensor
+    # with a full-attention layer (kv_tensor_of).
+    sliding_window: int | None = None
+    sliding_layers: tuple[int, ...] = ()
+    attention_sinks: bool = False  # a learned logit per head in each attention softmax's denominator (gpt-oss)
+    o_proj_bias: bool = False  # the attention output projection has a bias (gpt-oss)
 
     @classmethod
     def from_hf_config(cls, cfg: dict[str, Any]) -> "ModelSpec":
@@ -167,8 +175,38 @@ class ModelSpec:
         return 2 * self.num_layers * self.kv_heads_per_rank(tp) * self.head_dim * self.kv_element_bytes
 
     def kv_bytes_per_block(self, block_size: int, tp: int = 1) -> int:
-        """One KV-cache block across all layers on one rank: 2 (K and V) * layers * kv_heads * head_dim * block."""
-        return self.kv_bytes_per_token(tp) * block_size
+        """One KV-cache block on one rank: 2 (K and V) * cache tensors * kv_heads * head_dim * block. A sliding-window
+        layer shares its tensor with a full-attention one, so a block is one layer of each kind."""
+        return 2 * self.num_kv_tensors * self.kv_heads_per_rank(tp) * self.head_dim * self.kv_element_bytes * block_size
+
+    # -- sliding-window layers -------------------------------------------------------------------------
+    @property
+    def num_kv_tensors(self) -> int:
+        """KV-cache tensors: one per layer, except that the i-th sliding-window layer shares the i-th full-attention
+        layer's (a block serves one of them at a time: engine/sched/block_manager.py)."""
+        sliding = len(self.sliding_layers)
+        return max(sliding, self.num_layers - sliding) if sliding else self.num_layers
+
+    def kv_tensor_of(self, layer: int) -> int:
+        """The cache tensor a layer keeps its KV in: its index among the layers of its kind."""
+        sliding = layer in self.sliding_layers
+        return sum(1 for i in range(layer) if (i in self.sliding_layers) == sliding)
+
+    def kv_blocks_per_sequence(self, num_tokens: int, block_size: int) -> int:
+        """KV blocks a decoding sequence of num_tokens holds: all of its full layers', and in the sliding layers those
+        the next token's window sees (with the block it is written to)."""
+        full = -(-num_tokens // block_size)
+        if not self.sliding_layers:
+            return full
+        return full + min(full, -(-(self.sliding_window - 1) // block_size) + 1)
+
+    def kv_bytes_read(self, context_len: int, tp: int = 1) -> int:
+        """K and V bytes one decode query reads on one rank over a context of context_len tokens: every token in the
+        full layers, the window's in the sliding ones."""
+        per_layer_token = 2 * self.kv_heads_per_rank(tp) * self.head_dim * self.kv_element_bytes
+        sliding = len(self.sliding_layers)
+        seen = min(context_len, self.sliding_window) if sliding else 0
+        return per_layer_token * ((self.num_layers - sliding) * context_len + sliding * seen)
 
     # -- mixture of experts -------------------------------------------------------------------------------
     @property

@@ -106,12 +106,14 @@ class EngineCore:
             self.startup.add("executor", time.perf_counter() - executor_started - (timed.total_s if timed else 0.0))
         self.executor = executor
         bm = BlockManager(self.executor.num_gpu_blocks, self.executor.num_cpu_blocks, config.block_size,
-                          config.enable_prefix_caching)
-        if bm.gpu.num_blocks * config.block_size < config.max_model_len:
+                          config.enable_prefix_caching, sliding_window=spec.sliding_window if spec.sliding_layers
+                          else None)
+        if bm.gpu.num_blocks < bm.blocks_to_hold(config.max_model_len, config.max_num_batched_tokens):
             self.executor.shutdown()  # no engine: don't leave tensor-parallel workers behind
+            sliding = " (with its sliding-window layers' blocks)" if bm.sliding_window is not None else ""
             raise ConfigError(
                 f"the KV cache holds {bm.gpu.num_blocks * config.block_size} tokens, fewer than max_model_len "
-                f"{config.max_model_len}; lower max_model_len or give the cache more memory"
+                f"{config.max_model_len}{sliding}; lower max_model_len or give the cache more memory"
             )
         self.block_manager = bm
         self.scheduler = Scheduler(config, bm)

@@ -4,11 +4,13 @@ A decode step of a 7B model is ~30 kernels per layer; launched one by one from P
 cost as much as the GPU work. A captured graph replays them in one call. Inputs live in static
 buffers: one pinned host staging area and one host-to-device copy per step for ids, positions,
 slots and lengths, one more for the block tables. Padded rows write no KV (slot -1) and attend to
-nothing (length 0).
+nothing (length 0). Where sliding-window layers keep blocks of their own, their slots and block tables ride
+in the same copies.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 
@@ -33,21 +35,24 @@ class DecodeGraphs:
     """Captured decode steps for a ladder of batch sizes; `run` pads a step to the next captured size."""
 
     def __init__(self, model, kv_caches: list[torch.Tensor], max_batch: int, max_model_len: int,
-                 block_size: int, device: torch.device) -> None:
+                 block_size: int, device: torch.device, sliding: bool = False) -> None:
         self.model, self.kv_caches, self.device = model, kv_caches, device
         self.sizes = graph_batch_sizes(max_batch)
         self.max_batch = self.sizes[-1]
         self.max_model_len = max_model_len
         self.max_blocks = -(-max_model_len // block_size)
         mb = self.max_batch
-        # ids | positions | slots | seq_lens, as one int64 staging area (one copy per step)
-        self.host_ints = torch.zeros(4 * mb, dtype=torch.long, pin_memory=True)
+        self.sliding = sliding
+        rows = 2 if sliding else 1  # block tables: the full layers' (and the sliding layers' below them)
+        # ids | positions | slots | seq_lens (| sliding slots), as one int64 staging area (one copy per step)
+        self.host_ints = torch.zeros((5 if sliding else 4) * mb, dtype=torch.long, pin_memory=True)
         self.host_ints_np = self.host_ints.numpy()
-        self.host_tables = torch.zeros((mb, self.max_blocks), dtype=torch.int32, pin_memory=True)
+        self.host_tables = torch.zeros((rows * mb, self.max_blocks), dtype=torch.int32, pin_memory=True)
         self.host_tables_np = self.host_tables.numpy()
-        self.ints = torch.zeros(4 * mb, dtype=torch.long, device=device)
+        self.ints = torch.zeros(self.host_ints.shape[0], dtype=torch.long, device=device)
         self.ints[2 * mb:3 * mb] = -1
-        self.block_tables = torch.zeros((mb, self.max_blocks), dtype=torch.int32, device=device)
+        self.ints[4 * mb:] = -1
+        self.block_tables = torch.zeros((rows * mb, self.max_blocks), dtype=torch.int32, device=device)
         self.query_start = torch.arange(mb + 1, dtype=torch.int32, device=device)
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.warmed_up: list[int] = []  # the sizes run eagerly before their capture (graph_capture.capture_each)
@@ -64,6 +69,9 @@ class DecodeGraphs:
             seq_lens=self.ints[3 * mb:3 * mb + bs], block_tables=self.block_tables[:bs],
             max_query_len=1, max_seq_len=self.max_model_len,  # fixes the decode kernel's context splits
             query_start_loc_cpu=list(range(bs + 1)), seq_lens_cpu=[self.max_model_len] * bs)
+        if self.sliding:
+            meta.sliding = dataclasses.replace(meta, slot_mapping=self.ints[4 * mb:4 * mb + bs],
+                                               block_tables=self.block_tables[mb:mb + bs])
         return ids, pos, meta
 
     @torch.inference_mode()
@@ -98,11 +106,13 @@ class DecodeGraphs:
         return padded_size(self.sizes, n)
 
     def run(self, input_ids: list[int], positions: list[int], slots: list[int], seq_lens: list[int],
-            block_tables: list[list[int]], feed: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+            block_tables: list[list[int]], feed: tuple[torch.Tensor, torch.Tensor] | None = None,
+            sliding_slots: list[int] | None = None, sliding_tables: list[list[int]] | None = None) -> torch.Tensor:
         """Logits [n, vocab] of one decode step of n <= max_batch sequences (one new token each).
 
         feed: (rows, ids) on the device, ids that overwrite input_ids[rows] (tokens the previous step
-        sampled, still on the device under asynchronous scheduling)."""
+        sampled, still on the device under asynchronous scheduling). sliding_slots / sliding_tables: the
+        sliding-window layers' (when they keep blocks of their own)."""
         n = len(input_ids)
         bs = self.padded_size(n)
         mb = self.max_batch
@@ -121,8 +131,14 @@ class DecodeGraphs:
         tables = self.host_tables_np
         for i, t in enumerate(block_tables):
             tables[i, :len(t)] = t
-        upload(self.copied, (self.ints, self.host_ints),
-               (self.block_tables[:n, :width], self.host_tables[:n, :width]))
+        copies = [(self.ints, self.host_ints), (self.block_tables[:n, :width], self.host_tables[:n, :width])]
+        if self.sliding:
+            h[4 * mb:4 * mb + n] = sliding_slots
+            h[4 * mb + n:4 * mb + bs] = -1
+            for i, t in enumerate(sliding_tables):
+                tables[mb + i, :len(t)] = t
+            copies.append((self.block_tables[mb:mb + n, :width], self.host_tables[mb:mb + n, :width]))
+        upload(self.copied, *copies)
         if feed is not None:
             self.ints[feed[0]] = feed[1]
         self.graphs[bs].replay()

@@ -8,6 +8,7 @@ to 2,048 tokens as graphed pieces around eager attention (piecewise_graphs.py).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -96,6 +97,9 @@ class StepPlan:
     # previous step sampled in its row feed_src[i]; the host list holds a placeholder there.
     feed_dst: list[int] = field(default_factory=list)
     feed_src: list[int] = field(default_factory=list)
+    # The sliding-window layers' slots and block tables, when their blocks are their own (else empty).
+    sliding_slot_mapping: list[int] = field(default_factory=list)
+    sliding_block_tables: list[list[int]] = field(default_factory=list)
 
 
 @dataclass
@@ -183,12 +187,15 @@ class ModelRunner:
             with timed("kv_allocation"):
                 self.num_cpu_blocks = self._num_cpu_blocks()
                 shape = (2, self.num_gpu_blocks, self.block_size, self.num_kv_heads, self.head_dim)
-                self.kv_caches = [torch.zeros(shape, dtype=self.kv_dtype, device=self.device)
-                                  for _ in range(spec.num_layers)]
+                # One tensor per layer, but a sliding-window layer shares one with a full-attention layer (their
+                # blocks are never the same: sched/block_manager.py); kv_caches is the model's per-layer view.
+                self.kv_tensors = [torch.zeros(shape, dtype=self.kv_dtype, device=self.device)
+                                   for _ in range(spec.num_kv_tensors)]
+                self.kv_caches = [self.kv_tensors[spec.kv_tensor_of(i)] for i in range(spec.num_layers)]
                 cpu_shape = (2, self.num_cpu_blocks, self.block_size, self.num_kv_heads, self.head_dim)
                 pin = self.device.type == "cuda"
                 self.cpu_caches = [torch.zeros(cpu_shape, dtype=self.kv_dtype, pin_memory=pin)
-                                   for _ in range(spec.num_layers)] if self.num_cpu_blocks else []
+                                   for _ in range(spec.num_kv_tensors)] if self.num_cpu_blocks else []
                 _synchronize(self.device)
             self._rows: dict[int, SamplingRow] = {}  # per live sequence
             self._fed: torch.Tensor | None = None  # the last launched step's sampled ids, on the device
@@ -207,7 +214,8 @@ class ModelRunner:
             return None
         c = self.config
         max_batch = min(c.cuda_graph_max_batch_size, c.max_num_seqs)
-        return DecodeGraphs(self.model, self.kv_caches, max_batch, c.max_model_len, self.block_size, self.device)
+        return DecodeGraphs(self.model, self.kv_caches, max_batch, c.max_model_len, self.block_size, self.device,
+                            sliding=self.sliding_blocks)
 
     def _piecewise_allowed(self) -> bool:
         return self.config.piecewise_cuda_graphs and self._graphs_allowed()
@@ -236,6 +244,11 @@ class ModelRunner:
                  self.piecewise_bytes / GIB, graphs.static_bytes / GIB)
 
     # -- sizing ----------------------------------------------------------------------------------
+    @property
+    def sliding_blocks(self) -> bool:
+        """Whether the sliding-window layers keep their KV in blocks of their own (sequence.sliding_table)."""
+        return bool(self.spec.sliding_layers)
+
     @property
     def block_bytes(self) -> int:
         """One KV block on this rank at the cache's element size (1 byte for FP8), from the model description
@@ -281,7 +294,8 @@ class ModelRunner:
         dev, bs = self.device, self.block_size
         n_blocks = -(-num_tokens // bs)
         scratch = [torch.zeros((2, n_blocks, bs, self.num_kv_heads, self.head_dim), dtype=self.kv_dtype, device=dev)
-                   for _ in range(self.spec.num_layers)]
+                   for _ in range(self.spec.num_kv_tensors)]  # (the sliding layers read the same block tables)
+        scratch = [scratch[self.spec.kv_tensor_of(i)] for i in range(self.spec.num_layers)]
         ids = torch.zeros(num_tokens, dtype=torch.long, device=dev)
         pos = torch.arange(num_tokens, device=dev) % self.spec.max_position_embeddings
         meta = AttentionMetadata(
@@ -294,7 +308,7 @@ class ModelRunner:
         with torch.inference_mode():
             hidden = self.model(ids, pos, scratch, meta)
             self.model.compute_logits(hidden[-min(num_tokens, self.config.max_num_seqs):]).float()
-        scratch_bytes = sum(t.numel() * t.element_size() for t in scratch)
+        scratch_bytes = sum(t.numel() * t.element_size() for t in {id(t): t for t in scratch}.values())
         del scratch
         return scratch_bytes
 
@@ -310,7 +324,8 @@ class ModelRunner:
         """Flatten the scheduled sequences into host lists (no device work)."""
         bs = self.block_size
         ids, positions, slots, starts, seq_lens, tables, sample_idx = [], [], [], [0], [], [], []
-        feed_dst, feed_src = [], []
+        feed_dst, feed_src, sliding_slots, sliding_tables = [], [], [], []
+        sliding = self.sliding_blocks
         for item in out.scheduled:
             seq, n = item.seq, item.num_new_tokens
             start = seq.num_computed_tokens
@@ -323,6 +338,10 @@ class ModelRunner:
                 ids.extend(seq.token_at(i) for i in range(start, start + n))
                 positions.extend(range(start, start + n))
                 slots.extend(table[p // bs] * bs + p % bs for p in range(start, start + n))
+            if sliding:
+                window_table = seq.sliding_table
+                sliding_slots.extend(window_table[p // bs] * bs + p % bs for p in range(start, start + n))
+                sliding_tables.append(window_table)
             if ids[-1] == PLACEHOLDER:  # sampled by the step still in flight: only its last token can be
                 feed_dst.append(len(ids) - 1)
                 feed_src.append(seq.pending_row)
@@ -332,7 +351,7 @@ class ModelRunner:
             if item.sample:
                 sample_idx.append(starts[-1] - 1)
         return StepPlan(ids, positions, slots, starts, seq_lens, tables, sample_idx, out.swap_out, out.swap_in,
-                        feed_dst, feed_src)
+                        feed_dst, feed_src, sliding_slots, sliding_tables)
 
     def sampling_rows(self, out: SchedulerOutput) -> list[SamplingRow]:
         return [self._row(item.seq) for item in out.scheduled if item.sample]
@@ -340,7 +359,7 @@ class ModelRunner:
     def to_metadata(self, plan: StepPlan) -> AttentionMetadata:
         dev = self.device
         starts = plan.query_start_loc
-        return AttentionMetadata(
+        meta = AttentionMetadata(
             slot_mapping=host_tensor(plan.slot_mapping, torch.long, dev),
             query_start_loc=host_tensor(starts, torch.int32, dev),
             seq_lens=host_tensor(plan.seq_lens, torch.int32, dev),
@@ -350,6 +369,11 @@ class ModelRunner:
             query_start_loc_cpu=starts,
             seq_lens_cpu=plan.seq_lens,
         )
+        if plan.sliding_block_tables:
+            meta.sliding = dataclasses.replace(
+                meta, slot_mapping=host_tensor(plan.sliding_slot_mapping, torch.long, dev),
+                block_tables=to_device(torch.from_numpy(padded_block_tables(plan.sliding_block_tables)), dev))
+        return meta
 
     def _row(self, seq) -> SamplingRow:
         """The sequence's sampling row, built once (its token lists are the sequence's own, live)."""
@@ -374,12 +398,12 @@ class ModelRunner:
         if plan.swap_out:
             src = torch.tensor([g for g, _ in plan.swap_out], device=self.device)
             dst = torch.tensor([c for _, c in plan.swap_out])
-            for gpu, cpu in zip(self.kv_caches, self.cpu_caches):
+            for gpu, cpu in zip(self.kv_tensors, self.cpu_caches):
                 cache_bits(cpu)[:, dst] = cache_bits(gpu)[:, src].to("cpu")
         if plan.swap_in:
             src = torch.tensor([c for c, _ in plan.swap_in])
             dst = torch.tensor([g for _, g in plan.swap_in], device=self.device)
-            for gpu, cpu in zip(self.kv_caches, self.cpu_caches):
+            for gpu, cpu in zip(self.kv_tensors, self.cpu_caches):
                 cache_bits(gpu)[:, dst] = cache_bits(cpu)[:, src].to(self.device, non_blocking=True)
 
     @torch.inference_mode()
@@ -402,7 +426,7 @@ class ModelRunner:
         if (self.graphs is not None and n == len(plan.seq_lens) == len(plan.sample_indices)
                 and n <= self.graphs.max_batch):  # decode only: one new token per sequence, each sampled
             return self.graphs.run(plan.input_ids, plan.positions, plan.slot_mapping, plan.seq_lens,
-                                   plan.block_tables, feed)
+                                   plan.block_tables, feed, plan.sliding_slot_mapping, plan.sliding_block_tables)
         meta = self.to_metadata(plan)
         if self.piecewise is not None and n <= self.piecewise.max_tokens:  # graphs around eager attention
             hidden = self.piecewise.run(plan.input_ids, plan.positions, self.kv_caches, meta, feed)

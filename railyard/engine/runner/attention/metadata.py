@@ -20,6 +20,9 @@ class AttentionMetadata:
     max_seq_len: int
     query_start_loc_cpu: list[int]
     seq_lens_cpu: list[int]
+    # The same step as the sliding-window layers see it, when their KV sits in blocks of their own (their slots and
+    # block tables; engine/sched/block_manager.py); None: they use these. Backends with a window switch to it.
+    sliding: AttentionMetadata | None = None
 
     @property
     def num_seqs(self) -> int:

@@ -51,6 +51,8 @@ class TorchAttentionBackend:
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor,
                 meta: AttentionMetadata, out: torch.Tensor | None = None) -> torch.Tensor:
         """out: where to write the result [T, H, D] (as the Triton backend takes it), else a new tensor."""
+        if self.window and meta.sliding is not None:
+            meta = meta.sliding
         result = self._forward(q, k, v, kv_cache, meta)
         if out is None:
             return result

@@ -45,6 +45,8 @@ class TritonAttentionBackend:
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor,
                 meta: AttentionMetadata, out: torch.Tensor | None = None) -> torch.Tensor:
         """out: where to write the result [T, H, D] (a static buffer of piecewise CUDA graphs), else a new tensor."""
+        if self.window and meta.sliding is not None:
+            meta = meta.sliding
         scales = dict(k_scale=self.k_scale, v_scale=self.v_scale)
         store_kv(kv_cache, k, v, meta.slot_mapping, **scales)
         scales.update(window=self.window, sinks=self.sinks)
