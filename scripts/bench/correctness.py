@@ -2,7 +2,7 @@
 
 1. Kernels: Triton vs torch backend on bf16 batches of the 7B / 0.6B head shapes (decode, prefill,
    prefix hits / chunks), max abs diff.
-2. Greedy tokens identical to HF generate, fp32 tiny models (qwen2 / qwen3 / llama), Triton backend
+2. Greedy tokens identical to HF generate, fp32 tiny models (qwen2 / qwen3 / llama / qwen3moe), Triton backend
    with CUDA graphs, through prefix-cache hits (a second pass) and chunked prefill (16-token budget);
    and a 0.6B-shape fp32 random model, greedy vs HF on the GPU.
 3. bf16 first-token logits of the Qwen2-7B shape vs HF (same random weights), max abs diff.
@@ -78,7 +78,7 @@ def tiny_greedy():
                 "chunked prefill (16-token budget) bs8": dict(block_size=8, max_num_batched_tokens=16, max_num_seqs=16),
                 "eager (no graphs)": dict(enforce_eager=True)}
     rows = []
-    for arch in ("qwen2", "qwen3", "llama"):
+    for arch in ("qwen2", "qwen3", "llama", "qwen3moe"):  # qwen3moe: the fused-MoE kernel in the decode graphs
         path = str(write_tiny_checkpoint(f"/tmp/tiny-{arch}", arch, seed=0))
         expected = hf_greedy(path, prompts, 24)
         for vname, kw in variants.items():

@@ -12,7 +12,7 @@ source "$(dirname "$0")/common.sh"
 . scripts/device/wheels.sh; carried_wheels .whl || exit 1  # the engine needs msgspec: carry .whl where the machine lacks it
 
 log "kernel tests"
-timeout 150 python3 -m pytest -q tests/engine/runner/attention -p no:cacheprovider > "$OUT/kernel_tests.txt" 2>&1
+timeout 150 python3 -m pytest -q tests/engine/runner/attention tests/engine/runner/kernels -p no:cacheprovider > "$OUT/kernel_tests.txt" 2>&1
 tail -n 1 "$OUT/kernel_tests.txt" | tee "$OUT/kernel_tests_summary.txt" >&2
 log "correctness against HF transformers"
 OUT="$OUT" timeout 240 python3 scripts/bench/correctness.py > "$OUT/correctness.log" 2>&1

@@ -10,6 +10,7 @@
 #   bash scripts/bench/offline-vs-hf.sh                 # carry .peers (a copy of /work/shared/peers) for HF
 #   SHAPES=qwen2-7b HF=0 bash scripts/bench/offline-vs-hf.sh    # railyard's 7B run only
 #   SMOKE=1 bash scripts/bench/offline-vs-hf.sh         # the script's plumbing on a CPU: tiny model, 8 prompts
+#   SHAPES=qwen3-30b-a3b bash scripts/bench/offline-vs-hf.sh   # mixtures of experts (HF: its own MoE code)
 source "$(dirname "$0")/common.sh"
 . scripts/device/wheels.sh; carried_wheels .whl || exit 1  # the engine needs msgspec: carry .whl where the machine lacks it
 SHAPES=${SHAPES:-qwen3-0.6b qwen2-7b}
@@ -28,7 +29,7 @@ python3 -c "import json, torch, transformers; print(json.dumps({'torch': torch._
 'transformers': transformers.__version__, 'cuda': torch.version.cuda}))" > "$OUT/versions.json" 2>> "$OUT/log.txt"
 if [ -z "${SMOKE:-}" ]; then
   log "kernel tests"
-  timeout 150 python3 -m pytest -q tests/engine/runner/attention -p no:cacheprovider > "$OUT/kernel_tests.txt" 2>&1
+  timeout 150 python3 -m pytest -q tests/engine/runner/attention tests/engine/runner/kernels -p no:cacheprovider > "$OUT/kernel_tests.txt" 2>&1
   tail -n 1 "$OUT/kernel_tests.txt" > "$OUT/kernel_tests_summary.txt"
 fi
 
@@ -45,7 +46,7 @@ done
 
 if [ "$HF" = 1 ] && [ -n "$PEER" ]; then
   log "HF transformers ($PEER, budget ${HF_BUDGET_S}s)"
-  OUT="$OUT" BUDGET_S=$HF_BUDGET_S timeout $((HF_BUDGET_S + 30)) python3 "$PEER" > "$OUT/hf_baseline.log" 2>&1
+  SHAPES=$(echo $SHAPES | tr ' ' ',') OUT="$OUT" BUDGET_S=$HF_BUDGET_S timeout $((HF_BUDGET_S + 30)) python3 "$PEER" > "$OUT/hf_baseline.log" 2>&1
   echo "rc=$?" | tee -a "$OUT/log.txt" >&2
   ARGS+=("hf@=$OUT/hf_baseline.json")
 else

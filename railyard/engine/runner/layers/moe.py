@@ -23,6 +23,7 @@ projection, as FP8 MoE checkpoints ship them (layers/fp8_block.py).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 
 import torch
@@ -179,6 +180,7 @@ def quantize_experts(full: torch.Tensor, param: torch.Tensor, scale: torch.Tenso
             scale.data[e, half * s.shape[0]:(half + 1) * s.shape[0]].copy_(s)
 
 
+@functools.cache  # asked once per MoE layer of every step
 def moe_ops():
     """The fused-MoE Triton module, None when triton does not import (the reference path runs)."""
     try:
