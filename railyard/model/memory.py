@@ -49,11 +49,13 @@ def piecewise_graph_bytes(spec: ModelSpec, num_tokens: int) -> int:
 
 
 def mlp_temporaries(spec: ModelSpec, tp: int = 1) -> int:
-    """Elements per token of an MLP's temporaries on one rank: a dense MLP's gate/up output and SiLU product; an MoE
-    layer's, for each of its top-k experts, those and the expert's down output (fused kernel: kernels/fused_moe.py),
-    whichever layer kind is larger."""
+    """Elements (of the model dtype) per token of an MLP's temporaries on one rank: a dense MLP's gate/up output and
+    SiLU product; an MoE layer's, for each of its top-k experts, those and the expert's down output, and the two
+    int32 [slots, experts] tables that sort its slots by expert (kernels/fused_moe.py); whichever kind is larger."""
     dense = 3 * (spec.intermediate_size // tp) if spec.num_dense_layers else 0
-    moe = spec.num_experts_per_tok * (3 * (spec.moe_intermediate_size // tp) + spec.hidden_size) if spec.is_moe else 0
+    k = spec.num_experts_per_tok
+    moe = k * (3 * (spec.moe_intermediate_size // tp) + spec.hidden_size + 8 * spec.num_experts // spec.dtype_bytes) \
+        if spec.is_moe else 0
     return max(dense, moe)
 
 

@@ -48,22 +48,25 @@ def align_by_expert(topk_ids: torch.Tensor, num_experts: int, block_m: int):
     sorted_slots lists the slots t * k + j grouped by expert, ascending expert, each expert's run padded to a
     multiple of block_m with the sentinel T * k; block_experts[b] is the expert of rows b * block_m..; padded_len
     the rows in use. P = T * k + min(E, T * k) * (block_m - 1), rounded up to block_m: a bound that depends on T
-    only. Plain torch ops of fixed shapes: no host sync, capturable."""
+    only. Plain torch ops of fixed shapes (a scatter, two scans, a gather, a search): no host sync, capturable."""
     slots = topk_ids.numel()
-    flat = topk_ids.reshape(-1).to(torch.int64)
+    flat = topk_ids.reshape(-1, 1).to(torch.int64)
     device = flat.device
-    counts = torch.zeros(num_experts, dtype=torch.int64, device=device).scatter_add_(0, flat, torch.ones_like(flat))
+    # A slot's rank among its expert's slots, in slot order, from a running count per expert (a scan, not a sort:
+    # CUB's stable sorts are not all capturable, a scan is): S x E int32, 64 MB at 16,384 tokens x top-8 x 128.
+    hits = torch.zeros(slots, num_experts, dtype=torch.int32, device=device).scatter_(1, flat, 1)
+    running = torch.cumsum(hits, 0, dtype=torch.int32)
+    counts = running[-1]
+    rank = running.gather(1, flat).squeeze(1) - 1
     padded = (counts + block_m - 1) // block_m * block_m
-    ends = torch.cumsum(padded, 0)
-    order = torch.argsort(flat, stable=True)
-    experts = flat[order]
-    rank = torch.arange(slots, device=device) - (torch.cumsum(counts, 0) - counts)[experts]
+    ends = torch.cumsum(padded, 0, dtype=torch.int32)
     size = -(-(slots + min(num_experts, slots) * (block_m - 1)) // block_m) * block_m
     sorted_slots = torch.full((size,), slots, dtype=torch.int32, device=device)
-    sorted_slots.scatter_(0, (ends - padded)[experts] + rank, order.to(torch.int32))
-    block_starts = torch.arange(0, size, block_m, device=device)
+    slot_ids = torch.arange(slots, dtype=torch.int32, device=device)
+    sorted_slots.scatter_(0, ((ends - padded)[flat.squeeze(1)] + rank).to(torch.int64), slot_ids)
+    block_starts = torch.arange(0, size, block_m, dtype=torch.int32, device=device)
     block_experts = torch.searchsorted(ends, block_starts, right=True).clamp_(max=num_experts - 1).to(torch.int32)
-    return sorted_slots, block_experts, ends[-1:].to(torch.int32)
+    return sorted_slots, block_experts, ends[-1:]
 
 
 @triton.jit(do_not_specialize=["num_slots"])  # one compiled kernel for every token count
