@@ -68,9 +68,21 @@ def command(args: argparse.Namespace):
     return args.func
 
 
+def chosen_parser(parser: argparse.ArgumentParser, args: argparse.Namespace) -> argparse.ArgumentParser:
+    """The parser of the (deepest) sub-command a parsed command line chose, e.g. `cluster up`'s."""
+    while True:
+        subs = next((a for a in parser._actions if isinstance(a, argparse._SubParsersAction)), None)
+        name = getattr(args, subs.dest, None) if subs is not None else None
+        if name not in getattr(subs, "choices", {}):
+            return parser
+        parser = subs.choices[name]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:  # told by the sub-command's parser, with its usage (argparse's own says the top level's)
+        chosen_parser(parser, args).error(f"unrecognized arguments: {' '.join(unknown)}")
     args.started_at = STARTED_AT
     try:
         return int(command(args)(args) or 0)

@@ -25,7 +25,7 @@ def register_burst(kinds: argparse._SubParsersAction) -> None:
     p.add_argument("--deployment", default=None, help="its engine deployment, e.g. engine-tiny-default")
     p.add_argument("--ray-address", default="auto", help="the Ray cluster to read serve.status() from")
     p.add_argument("--sample-period", type=float, default=1.0, help="seconds between samples of the fleet")
-    p.add_argument("--api-key", default=None)
+    p.add_argument("--api-key", default=None, help="sent as 'Authorization: Bearer KEY' (default: none)")
     p.add_argument("--plot", default=None, help="write the timeline (rate, replicas, TTFT p50/p99) to this PNG")
     p.add_argument("--output", default=None, help="also write the JSON (with per-request results) here")
     p.set_defaults(func=run_burst_cmd)

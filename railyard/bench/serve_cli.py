@@ -14,25 +14,27 @@ def register_serve(kinds: argparse._SubParsersAction) -> None:
     p = kinds.add_parser("serve", help="load an OpenAI-compatible server; TTFT/TPOT/ITL/latency percentiles")
     p.add_argument("--url", default="http://127.0.0.1:8000", help="the server's base URL (without /v1)")
     p.add_argument("--model", required=True, help="the served model name")
-    p.add_argument("--num-prompts", type=int, default=200)
+    p.add_argument("--num-prompts", type=int, default=200, help="requests to send")
     p.add_argument("--input-len", default="128", help="N or LOW-HIGH prompt tokens (seeded uniform)")
     p.add_argument("--output-len", default="128", help="N or LOW-HIGH output tokens (EOS ignored)")
     p.add_argument("--request-rate", type=float, default=math.inf,
                    help="Poisson arrival rate in requests/s (default: all at once)")
-    p.add_argument("--max-concurrency", type=int, default=None, help="most requests in flight at once")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--max-concurrency", type=int, default=None, help="most requests in flight at once (default: no limit)")
+    p.add_argument("--seed", type=int, default=0,
+                   help="seeds the prompts, lengths and arrivals: the same seed sends the same prompts, which a server's "
+                        "prefix cache then serves from memory (give each run of an A/B comparison its own)")
     p.add_argument("--prefix-groups", type=int, default=0,
                    help="prompts start with one of this many shared prefixes (0: none), e.g. system prompts")
     p.add_argument("--shared-prefix-len", type=int, default=0, help="tokens of each shared prefix")
     p.add_argument("--structured-outputs", default=None, metavar="JSON|@FILE",
                    help="constrain every request: a JSON object sent as its `structured_outputs` (vLLM's field), e.g. "
-                        "'{\"json\": {...schema...}}'; the constraint must outlast --output-len")
+                        "'{\"json\": {...schema...}}'; the constraint must outlast --output-len (default: none)")
     p.add_argument("--unique-schemas", action="store_true",
                    help="with a JSON schema: vary each request's schema (its description) so every one is first-seen "
                         "by the server's grammar cache")
-    p.add_argument("--api-key", default=None)
-    p.add_argument("--plot", default=None, help="write latency percentiles over time to this PNG")
-    p.add_argument("--output", default=None, help="also write the JSON (with per-request results) here")
+    p.add_argument("--api-key", default=None, help="sent as 'Authorization: Bearer KEY' (default: none)")
+    p.add_argument("--plot", default=None, help="write latency percentiles over time to this PNG (default: no plot)")
+    p.add_argument("--output", default=None, help="also write the JSON (with per-request results) here (default: stdout only)")
     p.set_defaults(func=run_serve_bench_cmd)
 
 

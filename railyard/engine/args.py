@@ -6,7 +6,7 @@ import argparse
 import dataclasses
 import typing
 
-from railyard.engine.config import EngineConfig
+from railyard.engine.config import DEFAULT_MAX_NUM_BATCHED_TOKENS, EngineConfig
 
 _HELP = {
     "model": "local HF checkpoint directory, or the embedded model's name (default: tiny-qwen2-seed0, the "
@@ -16,8 +16,9 @@ _HELP = {
     "device": "auto, cpu or cuda (auto: cuda when present)",
     "block_size": "tokens per KV-cache block (8, 16 or 32)",
     "max_num_seqs": "most sequences in one batch",
-    "max_num_batched_tokens": "token budget of one step (prefill chunks + decodes) (default: max(2048, "
-                              "--max-num-seqs) with chunked prefill, else max(--max-model-len, --max-num-seqs))",
+    "max_num_batched_tokens": "token budget of one step (prefill chunks + decodes) (default: "
+                              f"max({DEFAULT_MAX_NUM_BATCHED_TOKENS}, --max-num-seqs) with chunked prefill, else "
+                              "max(--max-model-len, --max-num-seqs))",
     "long_prefill_token_threshold": "with chunked prefill, most prompt tokens of one request per step (0: off)",
     "max_prefill_tokens_with_decodes": "with chunked prefill, most prompt tokens in all per step while the step "
                                        "also runs decodes: bounds inter-token gaps under arriving prompts (0: off)",
