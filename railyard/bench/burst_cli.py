@@ -54,4 +54,4 @@ def run_burst_cmd(args: argparse.Namespace) -> int:
         from railyard.bench.plot import plot_burst_timeline
 
         report["plot"] = str(plot_burst_timeline(report, args.plot))
-    return emit_report(report, format_burst_table(report), run.results, args.output)
+    return emit_report(report, format_burst_table(report), run.results, args.output, "railyard bench burst")

@@ -46,7 +46,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run_throughput_cmd(args: argparse.Namespace) -> int:
     from railyard.bench.throughput import run_throughput
     from railyard.engine.engine import Engine
-    from railyard.bench.workload import LengthRange
+    from railyard.bench.workload import LengthRange, reuse_warning
     from railyard.errors import ConfigError
 
     if args.num_prompts < 1:
@@ -60,6 +60,10 @@ def run_throughput_cmd(args: argparse.Namespace) -> int:
     result = run_throughput(engine, args.num_prompts, input_len, output_len, args.workload_seed,
                             args.warmup_prompts, args.token_id_range, progress=sys.stderr.isatty())
     report = result.to_dict()
+    # The synthetic workload shares no prefixes: a high hit rate means repeated prompts, not a faster engine.
+    report["warnings"] = [w for w in [reuse_warning(result.prefix_cache_hit_rate, shared_prefixes=False)] if w]
+    for warning in report["warnings"]:
+        print(f"railyard bench throughput: warning: {warning}", file=sys.stderr)
     memory = getattr(getattr(engine.executor, "runner", None), "memory", None)
     if memory is not None:  # the engine's start-up report: how its memory divided into weights and KV blocks
         report["memory"] = memory.as_dict()

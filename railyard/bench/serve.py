@@ -24,7 +24,7 @@ from dataclasses import asdict, dataclass, field
 
 import httpx
 
-from railyard.bench.workload import LengthRange, synthetic_requests
+from railyard.bench.workload import LengthRange, reuse_warning, synthetic_requests
 
 PERCENTILES = (50, 90, 99)
 
@@ -90,6 +90,14 @@ def _fail(result: RequestResult, error_type: str, message: str) -> RequestResult
     return result
 
 
+def _error_message(body: bytes) -> str:
+    """An error response's message: the OpenAI-style body's error.message, else its first 200 characters."""
+    try:
+        return str(json.loads(body)["error"]["message"])
+    except (ValueError, KeyError, TypeError):
+        return body[:200].decode(errors="replace")
+
+
 def constraint_fields(cfg: ServeBenchConfig, index: int) -> dict:
     """The request's structured-outputs field, if the run constrains its outputs (a schema must outlast
     --output-len: a grammar that completes ends its request early, which counts as a wrong length)."""
@@ -113,8 +121,7 @@ async def send_request(client: httpx.AsyncClient, cfg: ServeBenchConfig, prompt:
     try:
         async with client.stream("POST", "/v1/completions", json=body) as resp:
             if resp.status_code != 200:
-                text = (await resp.aread())[:200].decode(errors="replace")
-                return _fail(result, f"HTTP {resp.status_code}", text)
+                return _fail(result, f"HTTP {resp.status_code}", _error_message(await resp.aread()))
             streaming = True
             async for line in resp.aiter_lines():
                 if line == "data: [DONE]":
@@ -155,6 +162,8 @@ SERVER_COUNTERS = ("railyard:engine_steps_total", "railyard:computed_tokens_tota
                    "vllm:num_preemptions_total")
 # Read where the server has it (railyard servers from 2026-12-04 on): the share of steps that carried a prefill.
 PREFILL_STEPS = "railyard:prefill_steps_total"
+# The prefix cache's prompt tokens looked up and found (vLLM's names): the run's hit rate.
+PREFIX_CACHE = ("vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total")
 
 
 async def scrape_metrics(url: str, names: tuple[str, ...]) -> dict[str, float] | None:
@@ -178,7 +187,7 @@ async def scrape_metrics(url: str, names: tuple[str, ...]) -> dict[str, float] |
 
 async def scrape_server_counters(cfg: ServeBenchConfig) -> dict[str, float] | None:
     """SERVER_COUNTERS from the server's /metrics, or None where it has not all of them."""
-    values = await scrape_metrics(cfg.url.rstrip("/") + "/metrics", (*SERVER_COUNTERS, PREFILL_STEPS))
+    values = await scrape_metrics(cfg.url.rstrip("/") + "/metrics", (*SERVER_COUNTERS, PREFILL_STEPS, *PREFIX_CACHE))
     return values if values is not None and all(name in values for name in SERVER_COUNTERS) else None
 
 
@@ -199,6 +208,14 @@ def server_steps(before: dict[str, float] | None, after: dict[str, float] | None
     if PREFILL_STEPS in before and PREFILL_STEPS in after:
         out["prefill_step_fraction"] = round((after[PREFILL_STEPS] - before[PREFILL_STEPS]) / steps, 4)
     return out
+
+
+def prefix_cache_hit_rate(before: dict[str, float] | None, after: dict[str, float] | None) -> float | None:
+    """The share of the run's prompt tokens the server found in its prefix cache (None: it does not say)."""
+    if before is None or after is None or not all(n in before and n in after for n in PREFIX_CACHE):
+        return None
+    queries, hits = (after[n] - before[n] for n in PREFIX_CACHE)
+    return round(hits / queries, 4) if queries > 0 else None
 
 
 async def run_serve_bench(cfg: ServeBenchConfig) -> tuple[list[RequestResult], float]:
@@ -248,9 +265,9 @@ def percentile(ordered: list[float], p: float) -> float:
 
 
 def summarize(cfg: ServeBenchConfig, results: list[RequestResult], duration_s: float,
-              server: dict | None = None) -> dict:
+              server: dict | None = None, prefix_hit_rate: float | None = None) -> dict:
     """The benchmark's JSON: throughput, latency distributions (ms), failures, and (where the server reports
-    them) what its engine steps carried."""
+    them) its prefix-cache hit rate over the run and what its engine steps carried."""
     ok = [r for r in results if r.ok]
     failed = [r for r in results if not r.ok]
     in_tokens = sum(r.prompt_tokens for r in ok)
@@ -271,6 +288,9 @@ def summarize(cfg: ServeBenchConfig, results: list[RequestResult], duration_s: f
         "output_token_throughput": round(out_tokens / duration_s, 3),
         "total_token_throughput": round((in_tokens + out_tokens) / duration_s, 3),
         "total_input_tokens": in_tokens, "total_output_tokens": out_tokens,
+        "prefix_cache_hit_rate": prefix_hit_rate,
+        "warnings": [w for w in [reuse_warning(prefix_hit_rate, cfg.prefix_groups > 0 and cfg.shared_prefix_len > 0)]
+                     if w],
         "ttft_ms": _stats_ms([r.ttft for r in ok]),
         "tpot_ms": _stats_ms([r.tpot for r in ok if r.tpot is not None]),
         "itl_ms": _stats_ms([x for r in ok for x in r.itls]),
@@ -286,10 +306,12 @@ def format_table(summary: dict) -> str:
             ("duration (s)", summary["duration_s"]),
             ("request throughput (req/s)", summary["request_throughput"]),
             ("output token throughput (tok/s)", summary["output_token_throughput"]),
-            ("total token throughput (tok/s)", summary["total_token_throughput"])]
+            ("total token throughput (tok/s)", summary["total_token_throughput"]),
+            ("server prefix-cache hit rate", summary.get("prefix_cache_hit_rate"))]
     for key, label in (("ttft_ms", "TTFT"), ("tpot_ms", "TPOT"), ("itl_ms", "ITL"), ("e2el_ms", "E2E latency")):
         for stat, value in summary[key].items():
             rows.append((f"{label} {stat} (ms)", value))
+    rows = [(name, value) for name, value in rows if value is not None]  # a run with no completed request has none
     for name, value in (summary.get("server_steps") or {}).items():
         rows.append((f"server {name.replace('_', ' ')}", value))
     width = max(len(name) for name, _ in rows)
@@ -302,12 +324,20 @@ def results_to_dicts(results: list[RequestResult]) -> list[dict]:
     return [{**asdict(r), "tpot": r.tpot} for r in results]
 
 
-def emit_report(report: dict, table: str, results: list[RequestResult], output: str | None) -> int:
+def emit_report(report: dict, table: str, results: list[RequestResult], output: str | None,
+                command: str = "railyard bench") -> int:
     """What every client benchmark command ends with: the table on stderr, the JSON on stdout, with `output` the
-    JSON plus per-request results in that file; exit code 0 if any request completed, else 1."""
+    JSON plus per-request results in that file, then its warnings and errors as lines on stderr; exit code 0 if
+    any request completed, else 1, after a line with the first error (the server's own message)."""
     print(table, file=sys.stderr)
     print(json.dumps(report, indent=1))
     if output:
         with open(output, "w") as f:
             json.dump({**report, "requests": results_to_dicts(results)}, f, indent=1)
-    return 0 if report["completed"] else 1
+    for warning in report.get("warnings", []):
+        print(f"{command}: warning: {warning}", file=sys.stderr)
+    if report["completed"]:
+        return 0
+    first = report["errors"][0] if report.get("errors") else "no request was sent"
+    print(f"{command}: error: all {report['failed']} requests failed; {first}", file=sys.stderr)
+    return 1

@@ -40,8 +40,8 @@ def register_serve(kinds: argparse._SubParsersAction) -> None:
 
 def run_serve_bench_cmd(args: argparse.Namespace) -> int:
     from railyard.bench.serve import (
-        ServeBenchConfig, emit_report, format_table, run_serve_bench, scrape_server_counters, server_steps,
-        summarize)
+        ServeBenchConfig, emit_report, format_table, prefix_cache_hit_rate, run_serve_bench, scrape_server_counters,
+        server_steps, summarize)
     from railyard.bench.workload import LengthRange
 
     if args.num_prompts < 1:
@@ -60,12 +60,13 @@ def run_serve_bench_cmd(args: argparse.Namespace) -> int:
     before = asyncio.run(scrape_server_counters(cfg))
     results, duration = asyncio.run(run_serve_bench(cfg))
     after = asyncio.run(scrape_server_counters(cfg))
-    summary = summarize(cfg, results, duration, server_steps(before, after, duration))
+    summary = summarize(cfg, results, duration, server_steps(before, after, duration),
+                        prefix_cache_hit_rate(before, after))
     if args.plot:
         from railyard.bench.plot import plot_latency_over_time
 
         summary["plot"] = str(plot_latency_over_time(results, args.plot))
-    return emit_report(summary, format_table(summary), results, args.output)
+    return emit_report(summary, format_table(summary), results, args.output, "railyard bench serve")
 
 
 def _structured_outputs(value: str | None, unique: bool) -> dict | None:

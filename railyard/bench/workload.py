@@ -8,6 +8,21 @@ from dataclasses import dataclass
 from railyard.errors import ConfigError
 
 
+# Above this share of prompt tokens served from the prefix cache, a workload without shared prefixes is being
+# served prompts the engine has already seen (a second run with the same seed against one server): its
+# throughput then measures the cache, not prefill.
+REUSED_WORKLOAD_HIT_RATE = 0.2
+
+
+def reuse_warning(hit_rate: float | None, shared_prefixes: bool) -> str | None:
+    """A warning when a workload without shared prefixes was largely served from the prefix cache, else None."""
+    if hit_rate is None or shared_prefixes or hit_rate <= REUSED_WORKLOAD_HIT_RATE:
+        return None
+    return (f"{100 * hit_rate:.0f}% of the prompt tokens came from the prefix cache, but this workload shares no "
+            "prefixes: the engine had seen these prompts before (a run with the same seed), and the throughput "
+            "above skipped their prefill. Give each run its own seed")
+
+
 @dataclass(frozen=True)
 class LengthRange:
     """A fixed length ("256") or an inclusive range ("100-1024") drawn uniformly."""

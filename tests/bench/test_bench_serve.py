@@ -71,3 +71,25 @@ def test_bench_serve_refuses_unique_schemas_without_a_schema(server):
     run = bench("--url", server.url, "--model", server.model, "--structured-outputs", '{"regex": "a+"}',
                 "--unique-schemas")
     assert run.returncode == 2 and "--unique-schemas" in run.stderr
+
+
+def test_a_wrong_model_name_ends_with_the_servers_404_message_as_an_error_line(server):
+    run = bench("--url", server.url, "--model", "not-served", "--num-prompts", "2", "--input-len", "4",
+                "--output-len", "2")
+    assert run.returncode == 1
+    last = run.stderr.strip().splitlines()[-1]
+    assert last.startswith("railyard bench serve: error: all 2 requests failed; HTTP 404: ") and "not-served" in last
+    assert "None" not in run.stderr  # the table leaves out what a run without completed requests has not
+
+
+def test_a_second_run_with_the_same_seed_is_reported_as_served_from_the_prefix_cache(server):
+    args = ("--url", server.url, "--model", server.model, "--num-prompts", "8", "--input-len", "64",
+            "--output-len", "2", "--max-concurrency", "4")
+    first = json.loads(bench(*args, "--seed", "11").stdout)
+    again = bench(*args, "--seed", "11")
+    other = json.loads(bench(*args, "--seed", "12").stdout)
+    repeated = json.loads(again.stdout)
+    assert repeated["prefix_cache_hit_rate"] > 0.5 > first["prefix_cache_hit_rate"]
+    assert other["prefix_cache_hit_rate"] < 0.5 and other["warnings"] == []  # a new seed: new prompts
+    assert repeated["warnings"] and "railyard bench serve: warning: " in again.stderr and "own seed" in again.stderr
+    assert "server prefix-cache hit rate" in again.stderr

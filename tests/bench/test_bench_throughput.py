@@ -22,9 +22,12 @@ def test_bench_throughput_prints_json_with_token_rates(tiny_model, capsys):
 def test_bench_throughput_json_carries_the_engines_start_up_memory_report(tiny_model, capsys):
     assert main(["bench", "throughput", "--model", tiny_model, "--num-prompts", "2", "--output-len", "2",
                  "--max-num-seqs", "2", "--warmup-prompts", "0"]) == 0
-    memory = json.loads(capsys.readouterr().out)["memory"]
+    report = json.loads(capsys.readouterr().out)
+    memory = report["memory"]
     assert memory["weights_bytes"] > 0 and memory["block_bytes"] > 0
     assert memory["num_blocks"] == memory["kv_cache_bytes"] // memory["block_bytes"]
+    assert memory["num_blocks"] == report["num_kv_blocks"]  # the report's blocks are the engine's
+    assert report["warnings"] == []  # fresh prompts: no prefix-cache reuse to warn of
 
 
 def test_bench_throughput_rejects_a_bad_length_range(tiny_model, capsys):

@@ -260,10 +260,12 @@ class ModelRunner:
         c = self.config
         weights = sum(p.numel() * p.element_size() for p in self.model.parameters())  # tied ones once
         if self.device.type != "cuda":
-            # No device memory to profile: a fixed KV budget, no more than every seat at full length needs.
-            self.memory = MemoryBudget(weights + int(CPU_KV_CACHE_GIB * GIB), 1.0, weights, 0, 0, 0, self.block_bytes)
+            # No device memory to profile: a fixed KV budget, no more than every seat at full length needs. The
+            # report holds what is allocated, so its num_blocks is the engine's.
             seats = -(-c.max_num_seqs * c.max_model_len // self.block_size)
-            return max(1, min(seats, self.memory.num_blocks))
+            blocks = max(1, min(seats, int(CPU_KV_CACHE_GIB * GIB) // self.block_bytes))
+            self.memory = MemoryBudget(weights + blocks * self.block_bytes, 1.0, weights, 0, 0, 0, self.block_bytes)
+            return blocks
         # Measure the peak of the largest step (weights, rotary tables and activations), give the rest to KV blocks.
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(self.device)
