@@ -60,6 +60,9 @@ def run_throughput_cmd(args: argparse.Namespace) -> int:
     result = run_throughput(engine, args.num_prompts, input_len, output_len, args.workload_seed,
                             args.warmup_prompts, args.token_id_range, progress=sys.stderr.isatty())
     report = result.to_dict()
+    # What the figures were measured on: `railyard plan --profile` refuses them for another model or device.
+    report["device"] = device_name(engine)
+    report["model"] = {"name": engine.config.model, **profile_dimensions(engine.spec)}
     # The synthetic workload shares no prefixes: a high hit rate means repeated prompts, not a faster engine.
     report["warnings"] = [w for w in [reuse_warning(result.prefix_cache_hit_rate, shared_prefixes=False)] if w]
     for warning in report["warnings"]:
@@ -71,6 +74,15 @@ def run_throughput_cmd(args: argparse.Namespace) -> int:
     report.update(roofline_report(engine, args, input_len, output_len, result.elapsed_s))
     print(json.dumps(report, indent=1))
     return 0
+
+
+def profile_dimensions(spec) -> dict[str, int | str]:
+    """The dimensions that tell one model from another (railyard.model.spec.ModelSpec's)."""
+    return {k: getattr(spec, k) for k in PROFILE_DIMENSIONS}
+
+
+PROFILE_DIMENSIONS = ("architecture", "vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads",
+                      "num_kv_heads")
 
 
 def device_name(engine) -> str:

@@ -242,6 +242,11 @@ def _size_model(stack: Stack, model: StackModel, nodes: list[Node], profile: Eng
                 entry.note += (f"; the engine would refuse to start: the KV cache holds {entry.kv.tokens} tokens, "
                                f"fewer than max_model_len {engine['max_model_len']}")
         if profile is not None and target_rps is not None:
+            mismatch = profile.mismatch(found[0], product) if found is not None else None
+            if mismatch:
+                raise ConfigError(f"--profile {profile.source} was measured on {mismatch}: its requests/s do not size "
+                                  f"{model.name}'s replicas; measure them with `railyard bench throughput` on that "
+                                  "model and GPU")
             entry.needed_replicas = replicas_for_rate(target_rps, profile)
         out.append(entry)
     return out

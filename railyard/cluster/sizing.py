@@ -149,11 +149,32 @@ OUTPUT_RATE_FIELDS = ("output_tokens_per_s", "output_throughput")
 
 @dataclass(frozen=True)
 class EngineProfile:
-    """One replica's measured capacity, from a bench JSON."""
+    """One replica's measured capacity, from a bench JSON, and what it was measured on (railyard's bench
+    throughput records both; None where the file does not say)."""
 
     requests_per_s: float
     output_tokens_per_s: float | None
     source: str
+    device: str | None = None  # as the driver names it ("NVIDIA H200"), or "cpu"
+    model: dict | None = None  # {"name", and ModelSpec's dimensions: "hidden_size", "num_layers", ...}
+
+    def mismatch(self, spec: ModelSpec, gpu_product: str | None) -> str | None:
+        """Why this profile does not measure replicas of `spec` on `gpu_product` (a GFD label such as
+        NVIDIA-H200), or None where it does or cannot tell."""
+        reasons = []
+        if self.model is not None:
+            differ = [k for k, v in self.model.items() if k != "name" and hasattr(spec, k) and getattr(spec, k) != v]
+            if differ:
+                reasons.append(f"another model ({self.model.get('name')}: {', '.join(f'{k} {self.model[k]}' for k in differ)}"
+                               f" against {', '.join(f'{k} {getattr(spec, k)}' for k in differ)})")
+        if self.device is not None and gpu_product is not None and _chip(self.device) != _chip(gpu_product):
+            reasons.append(f"another device ({self.device}, not {gpu_product})")
+        return " and ".join(reasons) or None
+
+
+def _chip(name: str) -> str:
+    """A device name without vendor, punctuation and case: 'NVIDIA H200' and the label 'NVIDIA-H200' agree."""
+    return "".join(c for c in name.lower().removeprefix("nvidia") if c.isalnum())
 
 
 def load_profile(path: str | Path) -> EngineProfile:
@@ -169,7 +190,9 @@ def load_profile(path: str | Path) -> EngineProfile:
     if rate is None or rate <= 0:
         raise ConfigError(f"bench file {path} has no positive {' or '.join(REQUEST_RATE_FIELDS)}")
     tokens = next((float(data[f]) for f in OUTPUT_RATE_FIELDS if isinstance(data.get(f), (int, float))), None)
-    return EngineProfile(rate, tokens, str(path))
+    model = data.get("model") if isinstance(data.get("model"), dict) else None
+    device = data.get("device") if isinstance(data.get("device"), str) else None
+    return EngineProfile(rate, tokens, str(path), device, model)
 
 
 def replicas_for_rate(target_rps: float, profile: EngineProfile, utilization: float = 0.8) -> int:

@@ -163,3 +163,16 @@ def test_a_malformed_inventory_is_one_line_naming_the_entry(tmp_path, capsys):
 def test_the_readme_plan_command_places_the_example_stack(capsys):
     assert main(["plan", "--nodes", str(EXAMPLES / "nodes.yaml"), "--config", str(EXAMPLES / "stack.yaml")]) == 0
     assert capsys.readouterr().out.rstrip().endswith("5/5 pods scheduled, 4/4 Serve replicas placed")
+
+
+def test_plan_refuses_a_profile_measured_on_another_model_and_device(tiny_model, tmp_path, capsys):
+    assert main(["bench", "throughput", "--model", tiny_model, "--num-prompts", "2", "--input-len", "8",
+                 "--output-len", "2", "--warmup-prompts", "0"]) == 0
+    bench = tmp_path / "bench.json"
+    bench.write_text(capsys.readouterr().out)
+    code = main(["plan", "--nodes", str(NODES), "-c", str(EXAMPLES / "stack.yaml"), "--profile", str(bench),
+                 "--target-rps", "10"])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert f"--profile {bench} was measured on another model ({tiny_model}: " in err
+    assert "and another device (cpu, not NVIDIA-H200)" in err

@@ -221,3 +221,11 @@ def test_tensor_parallel_ranks_hold_the_shards_of_the_lora_slots_their_layers_ho
     tp2 = size_kv_cache(spec, gpu_memory_bytes=80 * GIB, tensor_parallel_size=2, gpu_memory_utilization=0.9,
                         block_size=16, dtype="bfloat16", max_model_len=4096, max_loras=2, max_lora_rank=32)
     assert tp2.per_gpu.lora_bytes == 2 * 32 * per_rank * 32 * 2
+
+
+def test_a_profile_of_the_same_model_on_the_same_gpu_matches_whatever_the_names_punctuation():
+    spec = SHAPES["qwen2-7b"]
+    dims = {k: getattr(spec, k) for k in ("architecture", "vocab_size", "hidden_size", "num_layers", "num_heads")}
+    same = EngineProfile(5.0, None, "x", device="NVIDIA H200", model={"name": "/models/qwen2-7b", **dims})
+    assert same.mismatch(spec, "NVIDIA-H200") is None
+    assert "another device (NVIDIA H200, not NVIDIA-L40S)" in same.mismatch(spec, "NVIDIA-L40S")
