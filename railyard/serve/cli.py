@@ -9,8 +9,9 @@ import signal
 import sys
 import threading
 
-from railyard.errors import ConfigError
-from railyard.serve import mps
+from railyard.errors import STOP_SIGNALS, ConfigError, Stopped
+from railyard.serve import haproxy_local, mps, processes
+from railyard.serve.preflight import check_local_models
 from railyard.serve.autoscaling import POLICIES
 from railyard.serve.spec import ROUTER_NAMES
 from railyard.stack import Ingress
@@ -37,7 +38,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     kinds = cluster.add_subparsers(dest="cluster_command", required=True)
     up = kinds.add_parser("up", help="deploy the stack's models and serve the OpenAI API until Ctrl-C")
     up.add_argument("--host", default="127.0.0.1", help="address the HTTP proxy binds")
-    up.add_argument("--port", type=int, default=8000)
+    up.add_argument("--port", type=int, default=8000, help="port the HTTP proxy binds")
     add_stack_args(up, config_required=True)
     up.set_defaults(func=run_stack)
 
@@ -76,14 +77,34 @@ def use_proxy(ingress: Ingress) -> None:
     os.environ.update(ingress.ray_env())
 
 
-def _interrupt(*_) -> None:
-    raise KeyboardInterrupt
+STOP_GRACE_S = 60.0  # removing the apps and Serve (replicas drain) before what is left is stopped by signal
+
+
+def _on_stop_signals(handler) -> None:
+    for sig in STOP_SIGNALS:
+        signal.signal(sig, handler)
+
+
+def _start_ray(address: str | None) -> None:
+    """ray.init, with Ray's own SIGTERM handler (installed at its start: sys.exit(15)) read as a stop; a Ray of our
+    own runs the HAProxy loopback hook in its workers."""
+    import ray
+
+    runtime_env = None if address else {"worker_process_setup_hook": haproxy_local.HOOK}
+    try:
+        ray.init(address=address, log_to_driver=False, runtime_env=runtime_env)
+    except SystemExit as exc:
+        if exc.code == signal.SIGTERM:
+            raise Stopped(signal.SIGTERM) from None
+        raise
+    finally:
+        _on_stop_signals(Stopped.handler)  # ray.init replaced SIGTERM's
 
 
 def run_stack(args: argparse.Namespace) -> int:
-    """Deploy the stack and block until interrupted; Ctrl-C or SIGTERM (even mid-deploy) removes it again."""
-    import ray
-
+    """Deploy the stack and serve until Ctrl-C or SIGTERM; either (even mid-deploy) removes it again and exits with
+    128 + the signal (railyard.errors.Stopped: 130 for Ctrl-C, as `railyard serve`). A stack that cannot come up
+    (a missing checkpoint, replicas Ray cannot place, a replica that fails) exits 2 with the reason."""
     from railyard.serve.launch import deploy
     from railyard.stack import load_stack, to_serve_config
 
@@ -91,35 +112,56 @@ def run_stack(args: argparse.Namespace) -> int:
         raise ConfigError(f"--port must be in [0, 65535], got {args.port}")
     stack = load_stack(args.config)
     config = to_serve_config(stack)
-    if not args.address:  # a Ray of our own: its processes inherit the proxy choice (on a cluster, its nodes' env)
-        use_proxy(stack.ingress)
+    own_ray = not args.address
+    if own_ray:
+        check_local_models(stack)  # its replicas read these paths on this machine: say so before Ray starts
+        use_proxy(stack.ingress)  # a Ray of our own: its processes inherit the proxy choice (on a cluster, its env)
+    _on_stop_signals(Stopped.handler)
+    processes.adopt_orphans()  # an HAProxy whose Ray worker died becomes ours to stop, not init's
     daemon = mps.start() if local_mps(stack, args) else None  # before Ray: its processes inherit the pipe
+    code = 0
     try:
-        ray.init(address=args.address, log_to_driver=False)
-    except BaseException:
-        if daemon is not None:
-            daemon.stop()
-        raise
-    signal.signal(signal.SIGTERM, _interrupt)  # after ray.init, which installs its own handler
-    try:
-        url = deploy(config, host=args.host, port=args.port, cpu=args.cpu,
-                     router=getattr(args, "router", None),
-                     autoscaling_policy=getattr(args, "autoscaling_policy", None), timeout_s=args.deploy_timeout)
+        _start_ray(args.address)
+        url = deploy(config, host=args.host, port=args.port, cpu=args.cpu, router=getattr(args, "router", None),
+                     autoscaling_policy=getattr(args, "autoscaling_policy", None), timeout_s=args.deploy_timeout,
+                     progress=lambda line: print(f"railyard: replicas: {line}", file=sys.stderr, flush=True),
+                     own_ray=own_ray)
         names = ", ".join(m.name for m in stack.models)
-        print(f"railyard: {names} on Ray Serve at {url} (OpenAI API under {url}/v1, metrics at {url}/metrics; "
-              f"Ray at {ray.get_runtime_context().gcs_address}); Ctrl-C to stop", flush=True)
+        print(f"railyard: {names} on Ray Serve at {url} (OpenAI API under {url}/v1, metrics at {url}/metrics); "
+              "Ctrl-C to stop", flush=True)
         threading.Event().wait()
-    except KeyboardInterrupt:
-        pass
+    except Stopped as stop:
+        code = stop.exit_code
     finally:
-        from ray import serve
+        _on_stop_signals(signal.SIG_IGN)  # the stop below is bounded; a second Ctrl-C must not cut it short
+        _stop_stack([app["name"] for app in config["applications"]], own_ray, daemon)
+    return code
 
-        for app in config["applications"]:
-            serve.delete(app["name"])
-        if not args.address:  # our own local Ray: take Serve down with it
-            serve.shutdown()
-        if daemon is not None:
-            ray.shutdown()  # the MPS server quits once its clients have gone
-            daemon.stop()
-        print("railyard: stopped", file=sys.stderr)
-    return 0
+
+def _remove_apps(app_names: list[str], own_ray: bool) -> None:
+    import ray
+    from ray import serve
+
+    if not ray.is_initialized():
+        return
+    for name in app_names:
+        serve.delete(name)  # its replicas drain
+    if own_ray:  # our own Ray goes too; what it leaves (Serve's HAProxy) is stopped with the other descendants
+        # (serve.shutdown() first would only add Ray's report of the controller it kills mid-call)
+        ray.shutdown()
+
+
+def _stop_stack(app_names: list[str], own_ray: bool, daemon) -> None:
+    """Remove the apps (replicas drain) and, on a Ray of our own, Serve and Ray, within STOP_GRACE_S; then stop
+    what is left of what this process started (processes.stop_descendants). If the graceful part hung (Ray's GCS
+    gone under it), this process exits at once: Ray's own exit handler would wait for that GCS too."""
+    graceful = threading.Thread(target=_remove_apps, args=(app_names, own_ray), name="railyard-stop", daemon=True)
+    graceful.start()
+    graceful.join(STOP_GRACE_S)
+    if daemon is not None:
+        daemon.stop()  # the MPS server quits once its clients have gone
+    processes.stop_descendants()
+    print("railyard: stopped", file=sys.stderr, flush=True)
+    if graceful.is_alive():
+        sys.stdout.flush()
+        os._exit(Stopped(signal.SIGTERM).exit_code)

@@ -151,3 +151,11 @@ async def run_request(client: RayEngineClient, token_ids: list[int], max_tokens:
                   len(last.outputs[0].token_ids) if last else 0,
                   last.metrics.num_cached_prompt_tokens if last else 0, len(token_ids), started, error,
                   list(last.outputs[0].token_ids) if last else None)
+
+
+@pytest.hookimpl(tryfirst=True)  # before -m deselects by marker
+def pytest_collection_modifyitems(items) -> None:
+    """A test that uses the shared Ray cluster is a `ray` test (`pytest -m "not ray"` leaves it out)."""
+    for item in items:
+        if "serve_cluster" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.ray)
