@@ -18,6 +18,8 @@ import pytest
 from railyard.engine.tokenizer import load_tokenizer
 from tests.api.test_serve_cli import start_serve
 
+pytestmark = pytest.mark.slow  # a `railyard serve` process and a multi-megabyte prompt
+
 HUGE_PROMPT_CHARS = 7_000_000  # ~7 MB of text, under the server's 8 MiB body limit
 SLICE = 50  # the control tokenises 1/SLICE of the prompt and scales it (tokenising is linear in the text)
 STALL_FRACTION = 0.1  # a stall must stay under this part of the control

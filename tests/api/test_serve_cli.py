@@ -18,6 +18,8 @@ import time
 import httpx
 import pytest
 
+pytestmark = pytest.mark.slow  # starts `railyard serve` processes
+
 
 def start_serve(model: str, *extra: str, sigint_ignored: bool = False) -> tuple[subprocess.Popen, str]:
     """`railyard serve` on any free port; returns the process once it printed its curl example, and the banner.

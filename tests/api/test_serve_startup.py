@@ -14,6 +14,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from railyard.bench.startup import ServerProcess
 
+pytestmark = pytest.mark.slow  # starts `railyard serve` processes
+
 PHASES = {"front_imports", "engine_spawn", "imports", "model_construction", "weight_loading", "kv_profile",
           "kv_allocation", "cuda_graphs", "front_tokenizer", "server_start"}
 

@@ -12,6 +12,8 @@ from railyard.bench.burst import BurstTrace, Sample, replica_seconds
 from railyard.errors import ConfigError
 from tests.bench.conftest import run_bench
 
+pytestmark = pytest.mark.slow  # runs the bench CLI in its own processes against a server
+
 TRACE = ["--rate", "4", "--burst-factor", "5", "--steady-s", "2", "--burst-s", "2", "--after-s", "2"]
 
 

@@ -5,8 +5,12 @@ from __future__ import annotations
 import json
 import subprocess
 
+import pytest
+
 from tests.api.conftest import serve_in_thread, tiny_engine
 from tests.bench.conftest import run_bench
+
+pytestmark = pytest.mark.slow  # runs the bench CLI in its own processes against a server
 
 
 def bench(*args: str) -> subprocess.CompletedProcess:

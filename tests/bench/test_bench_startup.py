@@ -16,6 +16,8 @@ from railyard.bench.checkpoint import write_random_checkpoint
 from railyard.cli import main
 from railyard.engine.startup.tiny_model import tiny_config
 
+pytestmark = pytest.mark.slow  # starts `railyard serve` several times
+
 CLOCK_TICK_S = 1 / os.sysconf("SC_CLK_TCK")
 
 

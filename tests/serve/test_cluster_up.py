@@ -53,6 +53,22 @@ def listeners(port: int) -> list[tuple[str, str]]:
 LOOPBACK = "0100007F"  # 127.0.0.1 as /proc/net/tcp writes it
 
 
+def left_behind(pids: list[int], wait_s: float = 30.0) -> list[int]:
+    """Those of `pids` still running (zombies awaiting their reaper do not count) after up to wait_s."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        alive = []
+        for pid in pids:
+            try:
+                if open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0] != "Z":
+                    alive.append(pid)
+            except OSError:
+                pass
+        if not alive or time.monotonic() > deadline:
+            return [f"{pid} {command_name(pid)}" for pid in alive]
+        time.sleep(0.2)
+
+
 class ClusterUp:
     """`railyard cluster up` in its own process, its output in a file; HAProxy's admin ports on free ports."""
 
@@ -116,7 +132,7 @@ def test_stack_cpu_serves_behind_haproxy_with_its_admin_ports_on_loopback_and_st
         code = up.stop(signal.SIGTERM)
     assert code == 143  # 128 + SIGTERM, as Ctrl-C's 130: a stop, not a success
     assert "railyard: stopped" in up.output()
-    assert not [pid for pid in started if os.path.exists(f"/proc/{pid}")], "processes left behind"
+    assert left_behind(started) == []
     assert listeners(up.port) == [] and listeners(up.stats_port) == [] and listeners(up.metrics_port) == []
 
 
@@ -130,7 +146,7 @@ def test_a_stop_signal_mid_deploy_leaves_no_process_behind(tmp_path):
         code = up.stop(signal.SIGINT)
     assert code == 130, up.output()[-3000:]
     assert "railyard: stopped" in up.output()
-    assert not [pid for pid in started if os.path.exists(f"/proc/{pid}")], "processes left behind"
+    assert left_behind(started) == []
     assert listeners(up.port) == []
 
 

@@ -15,6 +15,8 @@ from railyard.engine.config import SamplingParams
 from railyard.engine.llm import LLM
 from railyard.engine.startup.tiny_model import write_tiny_checkpoint
 
+pytestmark = pytest.mark.slow  # spawns tensor-parallel worker processes
+
 PROMPTS = [[(7 * i + 3 * n) % 256 for i in range(n)] for n in (3, 9, 17, 33, 40)]
 # A KV pool too small for the whole batch: sequences get swapped out and back in on every rank.
 ENGINE = dict(device="cpu", block_size=8, num_gpu_blocks=20, max_model_len=64, preemption_mode="swap",

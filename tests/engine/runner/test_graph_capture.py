@@ -120,6 +120,7 @@ def test_under_capture_a_triton_cache_miss_raises_elsewhere_the_held_hook_answer
         runtime.jit_cache_hook = None
 
 
+@pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graph capture needs a GPU")
 def test_the_fp8_gemm_autotuner_refuses_to_time_under_capture():
     from railyard.engine.runner.kernels.fp8_gemm import _quick_bench
@@ -132,6 +133,7 @@ def test_the_fp8_gemm_autotuner_refuses_to_time_under_capture():
             _quick_bench(lambda: None, None)
 
 
+@pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graph capture needs a GPU")
 def test_a_unit_scale_first_asked_for_under_capture_asks_for_a_warm_up():
     """The unscaled FP8 GEMM's 1.0 made under capture would hold its value only once the graph replays."""

@@ -155,6 +155,8 @@ import sys, time
 from railyard.engine.config import EngineConfig
 from railyard.engine.engine import Engine
 
+pytestmark = pytest.mark.slow  # spawns tensor-parallel worker processes
+
 if __name__ == "__main__":
     engine = Engine(EngineConfig(model=sys.argv[1], tensor_parallel_size=2, device="cpu", block_size=8,
                                  num_gpu_blocks=16, max_model_len=64))

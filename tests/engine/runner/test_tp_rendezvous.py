@@ -7,11 +7,14 @@ import datetime
 import os
 from pathlib import Path
 
+import pytest
 import torch.distributed as dist
 
 from railyard.engine.config import EngineConfig
 from railyard.engine.engine import Engine
 from railyard.engine.runner.tp_executor import loopback_store
+
+pytestmark = pytest.mark.slow  # spawns tensor-parallel worker processes
 
 LOOPBACK = {"0100007F", "00000000000000000000000001000000", "0000000000000000FFFF00000100007F"}
 
