@@ -53,9 +53,9 @@ def test_the_local_ray_inherits_the_stacks_proxy(proxy, value, monkeypatch):
     assert os.environ.get("RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S") == ("2" if proxy == "haproxy" else None)
 
 
-def test_haproxy_without_its_binary_is_one_line_and_exit_2(tmp_path, capsys, monkeypatch):
+def test_haproxy_without_its_binary_is_one_line_and_exit_2(tmp_path, tiny_model, capsys, monkeypatch):
     stack = tmp_path / "stack.yaml"
-    stack.write_text("image: x\nmodels: [{name: m, model: /m}]\n")
+    stack.write_text(f"image: x\nmodels: [{{name: m, model: {tiny_model}}}]\n")  # a checkpoint that is there
     import ray.serve._private.haproxy as haproxy
 
     def missing() -> str:
