@@ -28,9 +28,12 @@ _FORMATS = ("float-quantized", "naive-quantized")
 
 
 def checkpoint_quantization(cfg: dict) -> str | None:
-    """"fp8" for an FP8 checkpoint in a supported format, None for an unquantized one."""
+    """"fp8" for an FP8 checkpoint in a supported format, None for an unquantized one (or one whose experts only
+    are quantized: checkpoint_expert_quantization)."""
     qc = cfg.get("quantization_config")
     if not qc:
+        return None
+    if checkpoint_expert_quantization(cfg):
         return None
     if not isinstance(qc, dict):
         raise ModelLoadError("config.json: quantization_config must be an object")
@@ -45,6 +48,17 @@ def checkpoint_quantization(cfg: dict) -> str | None:
         raise ModelLoadError(f"quantization method {method!r} is not supported; railyard loads FP8 checkpoints "
                              "(quant_method 'fp8', or 'compressed-tensors' with FP8 channel or tensor scales)")
     return "fp8"
+
+
+def checkpoint_expert_quantization(cfg: dict) -> str | None:
+    """"mxfp4" for gpt-oss's checkpoints (quant_method mxfp4: MXFP4 experts, every other weight unquantized), which
+    only gpt-oss's experts load; None otherwise."""
+    qc = cfg.get("quantization_config")
+    if not isinstance(qc, dict) or qc.get("quant_method") != "mxfp4":
+        return None
+    if "GptOssForCausalLM" not in (cfg.get("architectures") or []):
+        raise ModelLoadError("quant_method mxfp4 is supported for gpt-oss (GptOssForCausalLM) experts only")
+    return "mxfp4"
 
 
 def checkpoint_block_scales(cfg: dict) -> bool:

@@ -17,7 +17,8 @@ from typing import Any
 from railyard.errors import ConfigError, ModelLoadError
 from railyard.model.precision import (DTYPE_BYTES, KV_CACHE_DTYPE_BYTES, QUANTIZATION_BYTES, QUANTIZATION_SCALE_BYTES,
                                       check_kv_cache_dtype, check_quantization, resolve_dtype)
-from railyard.model.quant_config import checkpoint_block_scales, checkpoint_quantization
+from railyard.model.quant_config import (checkpoint_block_scales, checkpoint_expert_quantization,
+                                         checkpoint_quantization)
 
 # architecture name -> (qkv bias, per-head q/k RMSNorm)
 ARCHITECTURES = {
@@ -26,7 +27,10 @@ ARCHITECTURES = {
     "Qwen2ForCausalLM": (True, False),
     "Qwen3ForCausalLM": (False, True),
     "Qwen3MoeForCausalLM": (False, True),
+    "GptOssForCausalLM": (False, False),  # q/k/v/o biases as config.json's attention_bias says (default true)
 }
+# Bytes of one MXFP4 expert weight with its share of the group's exponent byte (32 weights a group).
+MXFP4_WEIGHT_BYTES = 0.5 + 1 / 32
 # FP8 experts carry one float32 scale per block of this many output x input weights (as FP8 MoE checkpoints such as
 # Qwen3-30B-A3B-FP8 ship them, and as --quantization fp8 quantizes a bf16 checkpoint's experts).
 EXPERT_BLOCK = (128, 128)
@@ -81,6 +85,11 @@ class ModelSpec:
     sliding_layers: tuple[int, ...] = ()
     attention_sinks: bool = False  # a learned logit per head in each attention softmax's denominator (gpt-oss)
     o_proj_bias: bool = False  # the attention output projection has a bias (gpt-oss)
+    # gpt-oss's experts: the router and every expert projection carry biases; the activation is a clamped SwiGLU
+    # (alpha, limit); expert weights may be MXFP4 as the checkpoints ship them ("mxfp4"; layers/mxfp4.py).
+    moe_bias: bool = False
+    swiglu: tuple[float, float] | None = None
+    expert_quantization: str | None = None
 
     @classmethod
     def from_hf_config(cls, cfg: dict[str, Any]) -> "ModelSpec":
@@ -118,14 +127,14 @@ class ModelSpec:
                 max_position_embeddings=_positive(cfg, "max_position_embeddings", 4096),
                 tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
                 # Qwen2 always has q/k/v bias; the others say so in config.json.
-                attention_bias=bias or bool(cfg.get("attention_bias", False)),
+                attention_bias=bias or bool(cfg.get("attention_bias", arch == "GptOssForCausalLM")),
                 qk_norm=qk_norm,
                 torch_dtype=torch_dtype,
                 eos_token_ids=_token_ids(eos),
                 dtype=resolve_dtype("auto", torch_dtype, "cuda"),
                 quantization=checkpoint_quantization(cfg),
                 block_scaled_checkpoint=checkpoint_block_scales(cfg),
-                **_moe_fields(cfg),
+                **(_gpt_oss_fields(cfg) if arch == "GptOssForCausalLM" else _moe_fields(cfg)),
             )
         except KeyError as exc:
             raise ModelLoadError(f"config.json lacks required field {exc}") from None
@@ -274,11 +283,14 @@ class ModelSpec:
         return per * (self.num_dense_layers * dense + moe * (attention + self.num_experts * expert))
 
     def layer_other_params(self, tp: int = 1, layer: int = 0) -> int:
-        """One decoder layer's biases, norms and router on one rank (kept in the model dtype)."""
-        d = self.head_dim
+        """One decoder layer's biases, norms, router and sinks on one rank (kept in the model dtype)."""
+        d, h = self.head_dim, self.hidden_size
         bias = (self.num_heads // tp + 2 * self.kv_heads_per_rank(tp)) * d if self.attention_bias else 0
-        router = self.num_experts * self.hidden_size if self.is_moe_layer(layer) else 0
-        return bias + 2 * self.hidden_size + (2 * d if self.qk_norm else 0) + router
+        router = self.num_experts * h if self.is_moe_layer(layer) else 0
+        if self.moe_bias and self.is_moe_layer(layer):  # router bias, each expert's gate/up and down biases
+            router += self.num_experts * (1 + 2 * (self.moe_intermediate_size // tp) + h)
+        extra = (h if self.o_proj_bias else 0) + (self.num_heads // tp if self.attention_sinks else 0)
+        return bias + 2 * h + (2 * d if self.qk_norm else 0) + router + extra
 
     def vocab_params(self, tp: int = 1) -> int:
         """Embedding and (untied) LM head on one rank: each holds a vocabulary slice."""
@@ -292,10 +304,17 @@ class ModelSpec:
 
     def weight_bytes(self, tp: int = 1) -> int:
         """Bytes of the weights one rank holds (all experts): projections at their stored precision (with their
-        scales when quantized), the rest in the dtype."""
+        scales when quantized; MXFP4 experts with their exponents), the rest in the dtype."""
         linear = self.linear_params(tp)
         rest = self.num_params(tp) - linear
-        return linear * self.linear_weight_bytes + self.linear_scale_bytes(tp) + rest * self.dtype_bytes
+        experts = len(self.moe_layers) * self.num_experts * self.expert_params(tp)
+        return int((linear - experts) * self.linear_weight_bytes + experts * self.expert_weight_bytes
+                   + self.linear_scale_bytes(tp) + rest * self.dtype_bytes)
+
+    @property
+    def expert_weight_bytes(self) -> float:
+        """Bytes of one expert weight as stored: MXFP4's (with its exponent's share), else the projections'."""
+        return MXFP4_WEIGHT_BYTES if self.expert_quantization == "mxfp4" else self.linear_weight_bytes
 
     # -- per-token work (the roofline) -------------------------------------------------------------------
     @property
@@ -326,10 +345,10 @@ class ModelSpec:
         an unbounded step's count)."""
         experts = self.num_experts if tokens == float("inf") else self.expected_experts_hit(tokens)
         moe = len(self.moe_layers)
-        projections = (self.num_layers * self.attention_linear_params() + self.num_dense_layers
-                       * self.dense_mlp_params() + moe * experts * self.expert_params())
+        projections = self.num_layers * self.attention_linear_params() + self.num_dense_layers * self.dense_mlp_params()
         routers = moe * self.num_experts * self.hidden_size
-        return projections * self.linear_weight_bytes + (routers + self.vocab_size * self.hidden_size) * self.dtype_bytes
+        return (projections * self.linear_weight_bytes + moe * experts * self.expert_params() * self.expert_weight_bytes
+                + (routers + self.vocab_size * self.hidden_size) * self.dtype_bytes)
 
     def attention_flops(self, query_positions: float, keys: float) -> float:
         """QK^T and PV for `query_positions` queries that each see `keys` keys on average."""
@@ -382,6 +401,8 @@ def check_tensor_parallel(spec: ModelSpec, tp: int) -> None:
         problems.append(f"intermediate size {spec.intermediate_size}")
     if spec.is_moe and spec.moe_intermediate_size % tp:
         problems.append(f"expert intermediate size {spec.moe_intermediate_size}")
+    elif spec.expert_quantization == "mxfp4" and (spec.moe_intermediate_size // tp) % 32:
+        problems.append(f"MXFP4 experts' 32-weight groups (expert intermediate size {spec.moe_intermediate_size})")
     elif spec.is_moe and spec.quantization and tp > 1 and (spec.moe_intermediate_size // tp) % EXPERT_BLOCK[0]:
         problems.append(f"FP8 experts' {EXPERT_BLOCK[0]}-wide scale blocks (expert intermediate size "
                         f"{spec.moe_intermediate_size})")
@@ -419,6 +440,31 @@ def _moe_fields(cfg: dict[str, Any]) -> dict[str, Any]:
                 moe_intermediate_size=_positive(cfg, "moe_intermediate_size"),
                 norm_topk_prob=bool(cfg.get("norm_topk_prob", False)),
                 moe_layers=tuple(i for i in range(layers) if i not in dense and (i + 1) % step == 0))
+
+
+_LAYER_TYPES = ("sliding_attention", "full_attention")
+
+
+def _gpt_oss_fields(cfg: dict[str, Any]) -> dict[str, Any]:
+    """ModelSpec's fields for gpt-oss: every layer's MLP is experts (of intermediate_size, with biases and the clamped
+    SwiGLU), layer_types alternate sliding-window and full attention (HF's default: even layers slide), each head
+    has a learned sink, and a `quantization_config` of quant_method mxfp4 means MXFP4 experts."""
+    layers = _positive(cfg, "num_hidden_layers")
+    experts = _positive(cfg, "num_local_experts")
+    top_k = _positive(cfg, "num_experts_per_tok", cfg.get("experts_per_token"))
+    if top_k > experts:
+        raise ModelLoadError(f"config.json: num_experts_per_tok {top_k} exceeds num_local_experts {experts}")
+    types = cfg.get("layer_types") or [_LAYER_TYPES[(i + 1) % 2 == 0] for i in range(layers)]
+    if not isinstance(types, list) or len(types) != layers or any(t not in _LAYER_TYPES for t in types):
+        raise ModelLoadError(f"config.json field 'layer_types' must list {layers} of {', '.join(_LAYER_TYPES)}, "
+                             f"got {types!r}")
+    return dict(num_experts=experts, num_experts_per_tok=top_k,
+                moe_intermediate_size=_positive(cfg, "intermediate_size"), moe_layers=tuple(range(layers)),
+                moe_bias=True, swiglu=(_number(cfg, "swiglu_alpha", 1.702), _number(cfg, "swiglu_limit", 7.0)),
+                expert_quantization=checkpoint_expert_quantization(cfg),
+                sliding_window=_positive(cfg, "sliding_window", 128), attention_sinks=True,
+                sliding_layers=tuple(i for i, t in enumerate(types) if t == "sliding_attention"),
+                o_proj_bias=bool(cfg.get("attention_bias", True)))
 
 
 def _cdiv(a: int, b: int) -> int:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import functools
+import json
+from pathlib import Path
 
 import torch
 import transformers
@@ -11,7 +13,11 @@ import transformers
 @functools.lru_cache(maxsize=8)
 def hf_model(path: str):
     transformers.logging.set_verbosity_error()
-    model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    quant = json.loads((Path(path) / "config.json").read_text()).get("quantization_config") or {}
+    # MXFP4 experts (gpt-oss): HF widens them to float32 as it loads (without a GPU it has no MXFP4 kernels).
+    extra = {"quantization_config": transformers.Mxfp4Config(dequantize=True)} \
+        if quant.get("quant_method") == "mxfp4" else {}
+    model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, **extra).eval()
     model.generation_config.eos_token_id = None  # compare fixed-length continuations (ignore_eos)
     return model
 

@@ -19,6 +19,11 @@ multiplies), and the activation between the two projections, any function [n, 2I
 Qwen; gpt-oss passes its clamped SwiGLU on interleaved gate/up).
 FP8 experts (quant="fp8"): e4m3 weights with one float32 scale per EXPERT_BLOCK (128 x 128) of each expert's
 projection, as FP8 MoE checkpoints ship them (layers/fp8_block.py).
+MXFP4 experts (quant="mxfp4", gpt-oss): each row's e2m1 pairs packed in bytes (w13 [E, 2I, H/2], w2 [E, H, I/2]) with
+one uint8 exponent per 32 weights (w13_weight_scale [E, 2I, H/32], w2_weight_scale [E, H, I/32]), as the
+checkpoints ship them (layers/mxfp4.py): the reference path widens one expert at a time as it runs; on the GPU,
+until the fused kernel reads MXFP4 tiles itself, each layer's experts are widened into a temporary for it (device
+work only, so CUDA graphs hold it; no lasting copy).
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ from torch import nn
 
 from railyard.engine.runner.layers.activation import silu_and_mul
 from railyard.engine.runner.layers.fp8 import FP8
+from railyard.engine.runner.layers.mxfp4 import GROUP as MXFP4_GROUP, dequantize_mxfp4
 from railyard.engine.runner.layers.fp8_block import (block_scale_shape, dequantize_blocks,
                                                      dequantize_per_token_group, quantize_blocks,
                                                      quantize_per_token_group)
@@ -102,15 +108,21 @@ class FusedMoE(nn.Module):
                  bias: bool = False, activation: Activation = silu_and_mul, quant: str | None = None,
                  dtype: torch.dtype | None = None) -> None:
         super().__init__()
-        if quant not in (None, "fp8"):
+        if quant not in (None, "fp8", "mxfp4"):
             raise ValueError(f"unknown expert quantization {quant!r}")
         assert intermediate_size % ps.world_size == 0, "expert intermediate size must divide by tensor_parallel_size"
         self.ps, self.quant, self.activation = ps, quant, activation
         self.num_experts, self.hidden_size = num_experts, hidden_size
         self.inter = intermediate_size // ps.world_size  # this rank's slice of each expert
-        wdtype = FP8 if quant == "fp8" else dtype
-        self.w13_weight = self._param((num_experts, 2 * self.inter, hidden_size), wdtype)
-        self.w2_weight = self._param((num_experts, hidden_size, self.inter), wdtype)
+        if quant == "mxfp4":
+            self.w13_weight = self._param((num_experts, 2 * self.inter, hidden_size // 2), torch.uint8)
+            self.w2_weight = self._param((num_experts, hidden_size, self.inter // 2), torch.uint8)
+            self.w13_weight_scale = self._param((num_experts, 2 * self.inter, hidden_size // MXFP4_GROUP), torch.uint8)
+            self.w2_weight_scale = self._param((num_experts, hidden_size, self.inter // MXFP4_GROUP), torch.uint8)
+        else:
+            wdtype = FP8 if quant == "fp8" else dtype
+            self.w13_weight = self._param((num_experts, 2 * self.inter, hidden_size), wdtype)
+            self.w2_weight = self._param((num_experts, hidden_size, self.inter), wdtype)
         if quant == "fp8":
             self.w13_weight_scale = self._param(
                 (num_experts, *block_scale_shape(2 * self.inter, hidden_size, self.inter)), torch.float32)
@@ -136,24 +148,28 @@ class FusedMoE(nn.Module):
             scales = self.w13_weight_scale if param is self.w13_weight else self.w2_weight_scale
             self.expert_loader(scales, scale, shard)
             return
-        is_scale = param is getattr(self, "w13_weight_scale", None) or param is getattr(self, "w2_weight_scale", None)
-        inter = -(-self.inter // EXPERT_BLOCK[0]) if is_scale else self.inter  # scale rows cover 128 weights each
         rank = self.ps.rank
         dst = param.data[expert]
         if which == "down":
-            if loaded.dim() == 2:  # weight or scales [H, I]: this rank's input columns
-                loaded = loaded.narrow(1, rank * inter, inter)
+            if loaded.dim() == 2:  # weight or scales [H, I]: this rank's input columns (as many as it holds: packed
+                width = dst.shape[-1]  # MXFP4 bytes and exponents, FP8 scale blocks, weights)
+                loaded = loaded.narrow(1, rank * width, width)
+            elif rank != 0:  # the bias: added once, by rank 0, to partial sums that are all-reduced
+                loaded = torch.zeros_like(loaded)
             _copy(dst, loaded, f"expert {expert} down")
-        else:  # gate rows first, then up rows
-            dst = dst.narrow(0, 0 if which == "gate" else inter, inter)
-            _copy(dst, loaded.narrow(0, rank * inter, inter), f"expert {expert} {which}")
+        else:  # gate rows first, then up rows (as many as this rank holds of each: weights, scales, bias)
+            rows = dst.shape[0] // 2
+            dst = dst.narrow(0, 0 if which == "gate" else rows, rows)
+            _copy(dst, loaded.narrow(0, rank * rows, rows), f"expert {expert} {which}")
 
     # -- forward -------------------------------------------------------------------------------------------
     def forward(self, x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor,
                 reduce: bool = True) -> torch.Tensor:
         """x [T, H], topk_weights [T, k], topk_ids [T, k] -> [T, H]: the fused kernel on CUDA, else the reference."""
         ops = moe_ops() if x.is_cuda else None
-        if ops is not None:
+        if self.quant == "mxfp4":
+            out = self._forward_mxfp4(x, topk_weights, topk_ids, ops)
+        elif ops is not None:
             out = ops.fused_experts(x, self.w13_weight, self.w2_weight, topk_weights, topk_ids, self.activation,
                                     self.w13_bias, self.w2_bias, getattr(self, "w13_weight_scale", None),
                                     getattr(self, "w2_weight_scale", None))
@@ -165,6 +181,26 @@ class FusedMoE(nn.Module):
             out = experts_reference(x, self.w13_weight, self.w2_weight, topk_weights, topk_ids, self.activation,
                                     self.w13_bias, self.w2_bias)
         return self.ps.all_reduce(out) if reduce else out
+
+
+    def _forward_mxfp4(self, x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor, ops) -> torch.Tensor:
+        w13, w13_scale, w2, w2_scale = self.w13_weight, self.w13_weight_scale, self.w2_weight, self.w2_weight_scale
+        if ops is not None:  # the layer's experts widened for the fused kernel (the module docstring says why)
+            return ops.fused_experts(x, dequantize_mxfp4(w13, w13_scale, x.dtype), dequantize_mxfp4(w2, w2_scale, x.dtype),
+                                     topk_weights, topk_ids, self.activation, self.w13_bias, self.w2_bias)
+        return experts_reference(x, _Mxfp4Experts(w13, w13_scale, x.dtype), _Mxfp4Experts(w2, w2_scale, x.dtype),
+                                 topk_weights, topk_ids, self.activation, self.w13_bias, self.w2_bias)
+
+
+class _Mxfp4Experts:
+    """Stacked MXFP4 experts that widen one expert when indexed (experts_reference reads w[expert] only)."""
+
+    def __init__(self, blocks: torch.Tensor, scales: torch.Tensor, dtype: torch.dtype) -> None:
+        self.blocks, self.scales, self.dtype = blocks, scales, dtype
+        self.shape = (blocks.shape[0], blocks.shape[1], scales.shape[-1] * MXFP4_GROUP)
+
+    def __getitem__(self, expert: int) -> torch.Tensor:
+        return dequantize_mxfp4(self.blocks[expert], self.scales[expert], self.dtype)
 
 
 def quantize_experts(full: torch.Tensor, param: torch.Tensor, scale: torch.Tensor) -> None:

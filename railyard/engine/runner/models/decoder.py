@@ -7,6 +7,7 @@ Attention state is passed explicitly (AttentionMetadata), never through globals.
 
 from __future__ import annotations
 
+import functools
 import re
 
 import torch
@@ -21,6 +22,7 @@ from railyard.engine.runner.layers.norm import RMSNorm
 from railyard.engine.runner.layers.rotary import RotaryEmbedding
 from railyard.engine.runner.layers.parallel import SINGLE, ParallelState
 from railyard.engine.runner.models.block_scales import per_channel_except_experts
+from railyard.engine.runner.models.gpt_oss import GptOssMLP, gpt_oss_expert_target
 from railyard.engine.runner.models.moe_mlp import MoEMLP, expert_target
 from railyard.errors import ModelLoadError
 from railyard.model.spec import ModelSpec
@@ -33,19 +35,27 @@ class Attention(nn.Module):
     """Projections around the paged attention backend; the decoder layer calls them in turn (project, attn,
     o_proj) so that the pieces a CUDA graph can hold stay apart from attention."""
 
-    def __init__(self, spec: ModelSpec, rotary: RotaryEmbedding, backend_cls, ps: ParallelState) -> None:
+    def __init__(self, spec: ModelSpec, rotary: RotaryEmbedding, backend_cls, ps: ParallelState,
+                 layer: int = 0) -> None:
         super().__init__()
         quant = spec.quantization
         self.qkv_proj = QKVParallelLinear(spec.hidden_size, spec.head_dim, spec.num_heads, spec.num_kv_heads,
                                           spec.attention_bias, ps, quant=quant)
-        self.o_proj = RowParallelLinear(spec.num_heads * spec.head_dim, spec.hidden_size, False, ps, quant=quant)
+        self.o_proj = RowParallelLinear(spec.num_heads * spec.head_dim, spec.hidden_size, spec.o_proj_bias, ps,
+                                        quant=quant)
         self.num_heads, self.num_kv_heads = self.qkv_proj.num_heads, self.qkv_proj.num_kv_heads
         self.head_dim = spec.head_dim
         self.q_size, self.kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
         self.q_norm = RMSNorm(spec.head_dim, spec.rms_norm_eps) if spec.qk_norm else None
         self.k_norm = RMSNorm(spec.head_dim, spec.rms_norm_eps) if spec.qk_norm else None
         self.rotary = rotary
-        self.attn = backend_cls(self.num_heads, self.num_kv_heads, self.head_dim, spec.head_dim ** -0.5)
+        window = spec.sliding_window if layer in spec.sliding_layers else None
+        self.attn = backend_cls(self.num_heads, self.num_kv_heads, self.head_dim, spec.head_dim ** -0.5,
+                                sliding_window=window)
+        if spec.attention_sinks:  # gpt-oss: one learned logit per head (this rank's heads), read by the backend
+            self.sinks = nn.Parameter(torch.empty(self.num_heads), requires_grad=False)
+            self.sinks.weight_loader = functools.partial(_load_head_slice, rank=ps.rank)
+            self.attn.sinks = self.sinks
 
     def project(self, positions: torch.Tensor, x: torch.Tensor):
         """Everything before attention: QKV projection, q/k norm, rotary -> q [T, H, D], k, v [T, Hk, D]."""
@@ -58,6 +68,12 @@ class Attention(nn.Module):
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = self.rotary(positions, q, k)
         return q, k, v
+
+
+def _load_head_slice(param: nn.Parameter, loaded: torch.Tensor, shard=None, *, rank: int) -> None:
+    """A per-head vector: this rank's heads of it."""
+    n = param.shape[0]
+    param.data.copy_(loaded.narrow(0, rank * n, n))
 
 
 class MLP(nn.Module):
@@ -77,9 +93,9 @@ class DecoderLayer(nn.Module):
     def __init__(self, spec: ModelSpec, rotary: RotaryEmbedding, backend_cls, ps: ParallelState,
                  layer: int = 0) -> None:
         super().__init__()
-        self.self_attn = Attention(spec, rotary, backend_cls, ps)
+        self.self_attn = Attention(spec, rotary, backend_cls, ps, layer)
         moe = spec.is_moe_layer(layer)
-        self.mlp = MoEMLP(spec, ps) if moe else MLP(spec, ps)
+        self.mlp = (GptOssMLP if spec.moe_bias else MoEMLP)(spec, ps) if moe else MLP(spec, ps)
         # Each feeds one linear layer only (qkv, gate_up): with FP8 weights, the norm quantizes for it (GPU). Not
         # before experts: their router reads the activation unquantized.
         fp8 = spec.quantization == "fp8"
@@ -189,7 +205,7 @@ class CausalLM(nn.Module):
             if kv_scale:
                 self._set_kv_scale(int(kv_scale.group(1)), kv_scale.group(2) or kv_scale.group(3), tensor)
                 continue
-            target, shard = expert_target(name) or (name, None)
+            target, shard = expert_target(name) or gpt_oss_expert_target(name) or (name, None)
             for hf, ours, shard_id in self._FUSED if shard is None else ():
                 if f".{hf}." in name:
                     target, shard = name.replace(f".{hf}.", f".{ours}."), shard_id
