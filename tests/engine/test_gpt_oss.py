@@ -25,6 +25,7 @@ GPT_OSS_VARIANTS = {**VARIANTS,
                                               max_num_batched_tokens=64),
                     "preempt-swap": dict(VARIANTS["preempt-swap"], num_gpu_blocks=36, max_num_batched_tokens=64)}
 GREEDY = SamplingParams(temperature=0.0, max_tokens=MAX_NEW, ignore_eos=True)
+pytestmark = pytest.mark.slow  # long generations of a 4-layer MoE model on the CPU, tensor-parallel workers
 
 
 @pytest.fixture(scope="module")
