@@ -10,6 +10,17 @@ import copy
 
 from railyard.errors import ConfigError
 
+# gpt-oss-20b and -120b differ in depth and expert count only; their experts are MXFP4 as the checkpoints ship them.
+_GPT_OSS = dict(
+    architectures=["GptOssForCausalLM"], model_type="gpt_oss", hidden_size=2880, intermediate_size=2880,
+    num_attention_heads=64, num_key_value_heads=8, head_dim=64, num_experts_per_tok=4, experts_per_token=4,
+    sliding_window=128, vocab_size=201088, max_position_embeddings=131072, rope_theta=150000, rms_norm_eps=1e-5,
+    rope_scaling=dict(rope_type="yarn", factor=32.0, beta_fast=32.0, beta_slow=1.0, truncate=False,
+                      original_max_position_embeddings=4096),
+    swiglu_limit=7.0, attention_bias=True, tie_word_embeddings=False, torch_dtype="bfloat16", pad_token_id=199999,
+    eos_token_id=200002, quantization_config={"quant_method": "mxfp4", "modules_to_not_convert": [
+        "model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens", "lm_head"]})
+
 SHAPES: dict[str, dict] = {
     "qwen2-7b": dict(
         architectures=["Qwen2ForCausalLM"], model_type="qwen2", hidden_size=3584, intermediate_size=18944,
@@ -35,6 +46,10 @@ SHAPES: dict[str, dict] = {
         num_key_value_heads=4, head_dim=128, vocab_size=151936, max_position_embeddings=40960, rope_theta=1e6,
         rms_norm_eps=1e-6, tie_word_embeddings=False, attention_bias=False, use_sliding_window=False,
         torch_dtype="bfloat16", bos_token_id=151643, eos_token_id=151645),
+    "gpt-oss-20b": dict(_GPT_OSS, num_hidden_layers=24, num_local_experts=32,
+                        layer_types=["sliding_attention", "full_attention"] * 12),
+    "gpt-oss-120b": dict(_GPT_OSS, num_hidden_layers=36, num_local_experts=128,
+                         layer_types=["sliding_attention", "full_attention"] * 18),
 }
 
 

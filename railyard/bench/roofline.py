@@ -73,17 +73,16 @@ def offline_roofline(spec: ModelSpec, prompt_lens: list[int], output_lens: list[
     layers = 2.0 * spec.active_linear_params
     # Seconds of compute per token at each rate: linear layers, LM head (one row), attention (per query-key pair).
     layer_s, head_s = layers / layer_peak, lm_head / peak
-    prefill_s = sum(layer_s * n + spec.attention_flops(n, (n + 1) / 2) / peak + head_s for n in prompt_lens)
-    kv_bytes_per_token = spec.kv_bytes_per_token()
+    prefill_s = sum(layer_s * n + spec.prefill_attention_flops(n) / peak + head_s for n in prompt_lens)
     steps = max(output_lens, default=1) - 1  # the first output token comes from the prefill
     decode_s, memory_bound = 0.0, 0
     for j in range(1, steps + 1):
         ctx = [p + j for p, o in zip(prompt_lens, output_lens) if o > j]
         if not ctx:
             break
-        kv = sum(ctx)
-        t_flop = (layer_s + head_s) * len(ctx) + spec.attention_flops(1, kv / len(ctx)) * len(ctx) / peak
-        t_mem = (spec.step_weight_bytes(len(ctx)) + kv * kv_bytes_per_token) / bw
+        # Attention per sequence: its whole context in full-attention layers, the window's in sliding ones.
+        t_flop = (layer_s + head_s) * len(ctx) + sum(map(spec.decode_attention_flops, ctx)) / peak
+        t_mem = (spec.step_weight_bytes(len(ctx)) + sum(map(spec.kv_bytes_read, ctx))) / bw
         memory_bound += t_mem >= t_flop
         decode_s += max(t_mem, t_flop)
     return Roofline(prefill_s, decode_s, prefill_s + decode_s, steps, memory_bound, peak_tflops, hbm_tbs,

@@ -136,7 +136,7 @@ def size_kv_cache(
         bytes_per_block=gpu.block_bytes * tp,
         num_blocks=blocks,
         tokens=blocks * block_size,
-        max_seqs_at_max_len=blocks // math.ceil(max_model_len / block_size),
+        max_seqs_at_max_len=blocks // spec.kv_blocks_per_sequence(max_model_len, block_size),  # (sliding layers: window)
         per_gpu=gpu,
     )
 

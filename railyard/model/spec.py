@@ -351,8 +351,23 @@ class ModelSpec:
                 + (routers + self.vocab_size * self.hidden_size) * self.dtype_bytes)
 
     def attention_flops(self, query_positions: float, keys: float) -> float:
-        """QK^T and PV for `query_positions` queries that each see `keys` keys on average."""
+        """QK^T and PV for `query_positions` queries that each see `keys` keys on average in every layer."""
         return 4.0 * query_positions * keys * self.head_dim * self.num_heads * self.num_layers
+
+    def prefill_attention_flops(self, num_tokens: int) -> float:
+        """QK^T and PV of a whole prompt: each query over the keys it sees (all before it; in a sliding-window
+        layer at most the window's)."""
+        per_key = 4.0 * self.head_dim * self.num_heads
+        sliding, w, n = len(self.sliding_layers), self.sliding_window or 0, num_tokens
+        causal = n * (n + 1) / 2
+        windowed = causal if n <= w else w * (w + 1) / 2 + (n - w) * w
+        return per_key * ((self.num_layers - sliding) * causal + sliding * windowed)
+
+    def decode_attention_flops(self, context_len: int) -> float:
+        """QK^T and PV of one decode query over a context of context_len tokens (the window's in sliding layers)."""
+        sliding = len(self.sliding_layers)
+        seen = min(context_len, self.sliding_window) if sliding else 0
+        return 4.0 * self.head_dim * self.num_heads * ((self.num_layers - sliding) * context_len + sliding * seen)
 
 
 def read_model_spec(model_dir: str | Path) -> ModelSpec:

@@ -84,10 +84,16 @@ def random_weights(model: CausalLM, seed: int, std: float = 0.02) -> CausalLM:
     gen = torch.Generator(device=next(model.parameters()).device).manual_seed(seed)
     params = dict(model.named_parameters())
     for name, param in params.items():
-        if name.endswith("weight_scale"):
-            continue  # set with its weight
+        if name.endswith("weight_scale") and param.dtype != torch.uint8:
+            continue  # set with its weight (FP8)
         if name.endswith("norm.weight"):
             param.data.fill_(1.0)
+        elif param.dtype == torch.uint8:  # MXFP4 experts: random e2m1 pairs, exponents of 2^-7 (|w| <= 0.047)
+            if name.endswith("weight_scale"):
+                param.data.fill_(120)
+            else:
+                param.data.copy_(torch.randint(0, 256, param.shape, generator=gen, device=param.device,
+                                               dtype=torch.uint8))
         elif param.dtype == FP8:
             full = torch.empty(param.shape, dtype=dtype, device=param.device).normal_(0.0, std, generator=gen)
             if param.dim() == 3:  # stacked experts: block scales
