@@ -2,7 +2,7 @@
 
 __version__ = "0.1.0"
 
-__all__ = ["LLM", "SamplingParams", "EngineConfig", "__version__"]
+__all__ = ["LLM", "SamplingParams", "EngineConfig", "LoRARequest", "__version__"]
 
 
 def __getattr__(name: str):
@@ -19,4 +19,8 @@ def __getattr__(name: str):
         from railyard.engine.config import EngineConfig
 
         return EngineConfig
+    if name == "LoRARequest":
+        from railyard.engine.lora.request import LoRARequest
+
+        return LoRARequest
     raise AttributeError(name)

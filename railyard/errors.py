@@ -54,3 +54,7 @@ class Stopped(KeyboardInterrupt):
     def handler(signum: int, _frame: object) -> None:
         """A signal handler (signal.signal) that raises Stopped where the main thread is."""
         raise Stopped(signum)
+
+
+class UnknownLoRAError(InvalidRequestError, LookupError):
+    """A request names a LoRA adapter the engine has not loaded (HTTP 404, as an unknown model is)."""

@@ -74,8 +74,9 @@ def test_the_shared_modules_are_torch_free(path):
 # The longest matching prefix (below railyard.engine) names a module's level.
 ENGINE_LEVELS: list[tuple[str, ...]] = [
     ("startup",),  # timings, the tiny model, on-disk caches
-    ("config", "outputs", "tokenizer", "exits", "structured.params", "structured.grammar"),  # plain data, tools
-    ("sched",),  # what to run: sequences, KV blocks, the scheduler (no torch)
+    ("config", "outputs", "tokenizer", "exits", "structured.params", "structured.grammar",
+     "lora.request", "lora.peft"),  # plain data, tools (LoRA: the request type, the PEFT adapter reader)
+    ("sched", "lora"),  # what to run: sequences, KV blocks, the scheduler, LoRA slots (no torch)
     ("runner", "structured"),  # how to run it: tensors, graphs, kernels, models; grammars compiled for a step
     ("core",),  # the step loop and its process
     ("client",),  # the front's side of the process boundary

@@ -55,6 +55,10 @@ _HELP = {
                         "(gpt-oss's harmony channels), none, or auto (by the chat template)",
     "tool_call_parser": "how chat completions find tool calls under tool_choice auto (vLLM's names): hermes "
                         "(<tool_call> JSON blocks), openai (gpt-oss's harmony), or auto (by the chat template)",
+    "enable_lora": "serve LoRA adapters (PEFT format) beside the base model",
+    "max_loras": "LoRA adapters resident on the device at once (distinct adapters in one step)",
+    "max_lora_rank": "the largest LoRA rank an adapter may have (at most 64)",
+    "max_cpu_loras": "LoRA adapters kept in host memory (default: --max-loras)",
     "seed": "seed of the random weights a named model shape gets (benchmarks)",
 }
 _SKIP = {"served_model_name"}

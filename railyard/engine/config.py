@@ -15,6 +15,7 @@ SchedulingPolicy = Literal["fcfs", "priority"]
 PreemptionMode = Literal["recompute", "swap"]
 
 DEFAULT_MAX_NUM_BATCHED_TOKENS = 8192
+MAX_LORA_RANK = 64  # the widest adapter the batched LoRA kernels take (their rank tile)
 _DEVICES = ("auto", "cpu", "cuda")
 _BACKENDS = ("auto", "torch", "triton")
 
@@ -82,6 +83,13 @@ class EngineConfig:
     tool_call_parser: ToolCallParserName = "auto"
     seed: int = 0
     served_model_name: str | None = None
+    # LoRA adapters (vLLM's names): requests of several adapters and of the base model share each step. max_loras
+    # adapters are resident on the device at once (slots, evicted least recently used, never one a running request
+    # uses), max_cpu_loras kept in host memory (default: max_loras), ranks up to max_lora_rank.
+    enable_lora: bool = False
+    max_loras: int = 1
+    max_lora_rank: int = 16
+    max_cpu_loras: int | None = None
 
     def __post_init__(self) -> None:
         if self.block_size not in (8, 16, 32):
@@ -128,6 +136,21 @@ class EngineConfig:
         if any(harmony) and not all(harmony) and "auto" not in (self.reasoning_parser, self.tool_call_parser):
             raise ConfigError("reasoning_parser openai_gptoss and tool_call_parser openai go together: harmony's one "
                               "parser reads gpt-oss's reasoning and tool calls (leave the other at auto)")
+        self._check_lora()
+
+    def _check_lora(self) -> None:
+        _positive("max_loras", self.max_loras)
+        _positive("max_lora_rank", self.max_lora_rank)
+        if self.max_lora_rank > MAX_LORA_RANK:
+            raise ConfigError(f"max_lora_rank must be at most {MAX_LORA_RANK}, got {self.max_lora_rank}")
+        if self.max_cpu_loras is not None:
+            _positive("max_cpu_loras", self.max_cpu_loras)
+            if self.max_cpu_loras < self.max_loras:
+                raise ConfigError(f"max_cpu_loras ({self.max_cpu_loras}) must be at least max_loras "
+                                  f"({self.max_loras}): every adapter on the device is also held in host memory")
+        if self.enable_lora and self.quantization:
+            raise ConfigError(f"LoRA adapters on {self.quantization}-quantized linear layers are not supported; "
+                              "drop --quantization or --enable-lora")
 
     def resolve(self, model_max_len: int) -> None:
         """Fill the options whose defaults depend on the model (called once the config.json is read)."""

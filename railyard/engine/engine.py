@@ -12,6 +12,7 @@ import time
 from railyard.engine.client.output_processor import OutputProcessor
 from railyard.engine.config import EngineConfig, SamplingParams
 from railyard.engine.core.engine_core import EngineCore
+from railyard.engine.lora.request import LoRARequest
 from railyard.engine.outputs import EngineStats, RequestOutput
 from railyard.engine.tokenizer import encode_prompt
 
@@ -58,13 +59,27 @@ class Engine:
     # -- requests --------------------------------------------------------------------------------
     def add_request(self, request_id: str, prompt: str | list[int] | None, params: SamplingParams | None = None,
                     *, prompt_token_ids: list[int] | None = None, arrival_time: float | None = None,
-                    priority: int = 0) -> None:
-        """Queue a request (text or token ids); raises InvalidRequestError (and queues nothing) if it cannot be served."""
+                    priority: int = 0, lora_request: LoRARequest | None = None) -> None:
+        """Queue a request (text or token ids), with a LoRA adapter (loaded first if it is not yet, as vLLM's
+        offline engine does) or the base model; raises InvalidRequestError (and queues nothing) if it cannot be
+        served."""
         params = params or SamplingParams()
         text, ids = encode_prompt(self.tokenizer, prompt, prompt_token_ids)
         now = arrival_time if arrival_time is not None else time.monotonic()
-        self.core.add_request(request_id, ids, params, arrival_time=now, priority=priority)
+        if lora_request is not None and lora_request.lora_name not in self.core.loras:
+            self.core.load_lora(lora_request)
+        self.core.add_request(request_id, ids, params, arrival_time=now, priority=priority, lora=lora_request)
         self.processor.add_request(request_id, text, list(ids), params, now)
+
+    def load_lora(self, request: LoRARequest) -> None:
+        """Load a LoRA adapter (EngineCore.load_lora)."""
+        self.core.load_lora(request)
+
+    def unload_lora(self, lora_name: str) -> None:
+        self.core.unload_lora(lora_name)
+
+    def list_loras(self) -> list[LoRARequest]:
+        return self.core.list_loras()
 
     def abort(self, request_id: str) -> bool:
         """Stop a request in any state and free its blocks at once; False if it is unknown or done."""

@@ -10,6 +10,7 @@ from tqdm import tqdm
 
 from railyard.engine.config import EngineConfig, SamplingParams
 from railyard.engine.engine import Engine
+from railyard.engine.lora.request import LoRARequest
 from railyard.engine.outputs import RequestOutput
 from railyard.errors import InvalidRequestError
 
@@ -28,12 +29,17 @@ class LLM:
     def generate(self, prompts: str | list[str] | list[int] | list[list[int]] | None = None,
                  sampling_params: SamplingParams | list[SamplingParams] | None = None, *,
                  prompt_token_ids: list[list[int]] | None = None, use_tqdm: bool = True,
-                 priority: list[int] | None = None) -> list[RequestOutput]:
-        """Generate for every prompt (text or token ids); outputs come back in input order."""
+                 priority: list[int] | None = None,
+                 lora_request: LoRARequest | list[LoRARequest | None] | None = None) -> list[RequestOutput]:
+        """Generate for every prompt (text or token ids); outputs come back in input order. lora_request: one LoRA
+        adapter for every prompt, or one (or None: the base model) per prompt."""
         items = _normalise(prompts, prompt_token_ids)
         params = sampling_params if isinstance(sampling_params, list) else [sampling_params or SamplingParams()] * len(items)
         if len(params) != len(items):
             raise InvalidRequestError(f"{len(params)} sampling params for {len(items)} prompts")
+        loras = lora_request if isinstance(lora_request, list) else [lora_request] * len(items)
+        if len(loras) != len(items):
+            raise InvalidRequestError(f"{len(loras)} LoRA requests for {len(items)} prompts")
         # Offline callers see only finished requests: the engine need not build outputs every step.
         params = [dataclasses.replace(p, output_kind="final_only") for p in params]
         ids = [f"offline-{next(self._ids)}" for _ in items]
@@ -42,9 +48,9 @@ class LLM:
             for i, (rid, item, p) in enumerate(zip(ids, items, params)):
                 prio = priority[i] if priority else 0
                 if isinstance(item, str):
-                    self.engine.add_request(rid, item, p, priority=prio)
+                    self.engine.add_request(rid, item, p, priority=prio, lora_request=loras[i])
                 else:
-                    self.engine.add_request(rid, None, p, prompt_token_ids=item, priority=prio)
+                    self.engine.add_request(rid, None, p, prompt_token_ids=item, priority=prio, lora_request=loras[i])
                 added.append(rid)
         except Exception:
             for rid in added:  # all or nothing: a bad prompt leaves no half-submitted batch behind

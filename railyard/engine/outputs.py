@@ -127,6 +127,11 @@ class EngineStats:
     block_size: int = 16
     max_num_seqs: int = 0
     max_num_batched_tokens: int = 0
+    # [LoRA] adapters by name with running / waiting sequences (vLLM's vllm:lora_requests_info labels), and how
+    # often an adapter was copied into a device slot
+    running_lora_adapters: list[str] = field(default_factory=list)
+    waiting_lora_adapters: list[str] = field(default_factory=list)
+    num_lora_loads_total: int = 0
     extra: dict[str, float] = field(default_factory=dict)
 
     @property

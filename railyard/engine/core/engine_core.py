@@ -22,6 +22,8 @@ from railyard.engine.core.model_info import ModelInfo
 from railyard.engine.core.validation import check_priority, check_prompt_token_ids, check_sampling_params
 from railyard.engine.core.wire import RequestRefused
 from railyard.engine.outputs import EngineStats, SeqDelta
+from railyard.engine.lora.peft import inspect_adapter
+from railyard.engine.lora.request import LoRARequest
 from railyard.engine.runner.model_runner import ModelRunner
 from railyard.engine.runner.models.loader import resolve_model_dir
 from railyard.engine.runner.sampler import DoneSample, PendingSample
@@ -32,7 +34,7 @@ from railyard.engine.startup.caches import configure_triton_cache
 from railyard.engine.startup.timings import StartupTimes
 from railyard.engine.structured.manager import Accepted, StructuredOutputManager
 from railyard.engine.tokenizer import LazyTokenizer, expects_tokenizer
-from railyard.errors import ConfigError, InvalidRequestError
+from railyard.errors import ConfigError, InvalidRequestError, UnknownLoRAError
 from railyard.model.spec import ModelSpec, read_model_spec
 
 log = logging.getLogger("railyard.engine")
@@ -122,6 +124,7 @@ class EngineCore:
             eos.add(tokenizer_eos)
         self.eos_token_ids = tuple(sorted(eos))
         self.requests: dict[str, _Request] = {}
+        self.loras: dict[str, LoRARequest] = {}  # [LoRA] the adapters loaded, by name
         # [structured outputs] grammars and matchers of constrained sequences (idle until the first one)
         self.structured = StructuredOutputManager(self._tokenizer.get if self._tokenizer.path is not None else None,
                                                   spec.vocab_size, self.eos_token_ids,
@@ -162,14 +165,18 @@ class EngineCore:
             max_num_batched_tokens=c.max_num_batched_tokens, tensor_parallel_size=c.tensor_parallel_size,
             scheduling_policy=c.scheduling_policy, reasoning_parser=c.reasoning_parser,
             tool_call_parser=c.tool_call_parser, created=created, pids=[os.getpid(), *getattr(self.executor, "worker_pids", [])],
-            startup=self.startup)
+            startup=self.startup, loras=self.list_loras(), max_loras=c.max_loras if c.enable_lora else 0,
+            max_lora_rank=c.max_lora_rank if c.enable_lora else 0)
 
     # -- requests --------------------------------------------------------------------------------
     def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams, *,
-                    arrival_time: float | None = None, priority: int = 0) -> None:
-        """Queue a request; raises InvalidRequestError (and queues nothing) if it cannot be served."""
+                    arrival_time: float | None = None, priority: int = 0, lora: LoRARequest | None = None) -> None:
+        """Queue a request (with a loaded LoRA adapter, or the base model); raises InvalidRequestError (and queues
+        nothing) if it cannot be served, UnknownLoRAError if it names an adapter that is not loaded."""
         if request_id in self.requests:
             raise InvalidRequestError(f"request id {request_id!r} is already in use")
+        if lora is not None:
+            lora = self._loaded_lora(lora)
         ids = list(prompt_token_ids)
         check_prompt_token_ids(ids, vocab_size=self.spec.vocab_size, max_model_len=self.config.max_model_len)
         check_sampling_params(params, vocab_size=self.spec.vocab_size)
@@ -177,8 +184,8 @@ class EngineCore:
         if params.structured_outputs is not None:  # [structured outputs] refuse a bad constraint at the door
             self.structured.validate(params.structured_outputs)
         now = arrival_time if arrival_time is not None else time.monotonic()
-        seqs = [Sequence(next(self._seq_ids), request_id, i, list(ids), params, now, priority, self.eos_token_ids)
-                for i in range(params.n)]
+        seqs = [Sequence(next(self._seq_ids), request_id, i, list(ids), params, now, priority, self.eos_token_ids,
+                         lora=lora) for i in range(params.n)]
         self.requests[request_id] = _Request(request_id, params, seqs, len(seqs))
         if params.structured_outputs is not None:  # [structured outputs] joins the scheduler once compiled
             self.structured.add(request_id, seqs, params.structured_outputs)
@@ -189,6 +196,54 @@ class EngineCore:
         self.requests_added_total += 1
         if params.needs_output_history:
             self._num_history_requests += 1
+
+    # -- LoRA adapters ---------------------------------------------------------------------------
+    def load_lora(self, request: LoRARequest) -> None:
+        """Check an adapter against the model and make it servable by name (read into host memory now where the
+        model runs in this process); InvalidRequestError for a bad one, which changes nothing."""
+        c = self.config
+        if not c.enable_lora:
+            raise InvalidRequestError("this engine serves no LoRA adapters: start it with --enable-lora")
+        if request.lora_name in self.loras:
+            raise InvalidRequestError(f"LoRA adapter {request.lora_name!r} is already loaded; unload it first")
+        taken = next((r.lora_name for r in self.loras.values() if r.lora_int_id == request.lora_int_id), None)
+        if taken is not None:
+            raise InvalidRequestError(f"lora_int_id {request.lora_int_id} is already the id of LoRA adapter {taken!r}")
+        inspect_adapter(request, self.spec, c.max_lora_rank)
+        try:
+            self.executor.prefetch_lora(request)
+        except InvalidRequestError:
+            raise
+        except Exception as exc:  # the header was sound but the tensors do not read (a truncated file)
+            raise InvalidRequestError(f"LoRA adapter {request.lora_name!r} could not be read: {exc}") from None
+        self.loras[request.lora_name] = request
+        log.info("loaded LoRA adapter %r (id %d) from %s", request.lora_name, request.lora_int_id, request.lora_path)
+
+    def unload_lora(self, lora_name: str) -> None:
+        """Stop serving an adapter by name (requests already running with it finish); UnknownLoRAError if none is
+        loaded under that name."""
+        request = self.loras.pop(lora_name, None)
+        if request is None:
+            raise UnknownLoRAError(f"no LoRA adapter named {lora_name!r} is loaded")
+        if not any(seq.lora == request for seq in self.scheduler.live):
+            self.scheduler.lora_slots.release(request.lora_int_id)
+            self.executor.forget_lora(request.lora_int_id)
+        log.info("unloaded LoRA adapter %r", lora_name)
+
+    def list_loras(self) -> list[LoRARequest]:
+        """The adapters loaded now, in the order they were loaded."""
+        return list(self.loras.values())
+
+    def _loaded_lora(self, lora: LoRARequest) -> LoRARequest:
+        """A request's adapter as loaded (UnknownLoRAError: none by that name; an id that disagrees is refused)."""
+        loaded = self.loras.get(lora.lora_name)
+        if loaded is None:
+            raise UnknownLoRAError(f"no LoRA adapter named {lora.lora_name!r} is loaded"
+                                   + ("" if self.config.enable_lora else " (this engine serves none: --enable-lora)"))
+        if loaded.lora_int_id != lora.lora_int_id:
+            raise InvalidRequestError(f"LoRA adapter {lora.lora_name!r} is loaded with id {loaded.lora_int_id}, "
+                                      f"not {lora.lora_int_id}")
+        return loaded
 
     def abort(self, request_id: str) -> bool:
         """Stop a request in any state and free its blocks at once; False if it is unknown or done."""
@@ -411,7 +466,18 @@ class EngineCore:
             num_preemptions_total=sch.num_preemptions, num_requests_finished_total=self.requests_finished_total,
             num_requests_added_total=self.requests_added_total,
             block_size=self.config.block_size, max_num_seqs=self.config.max_num_seqs,
-            max_num_batched_tokens=self.config.max_num_batched_tokens)
+            max_num_batched_tokens=self.config.max_num_batched_tokens,
+            **(self._lora_stats() if sch.lora_slots is not None else {}))
+
+    def _lora_stats(self) -> dict:
+        """[LoRA] adapters of running and waiting sequences, by name, and the slot loads so far."""
+        sch = self.scheduler
+
+        def names(seqs) -> list[str]:
+            return sorted({seq.lora.lora_name for seq in seqs if seq.lora is not None})
+
+        return dict(running_lora_adapters=names(sch.running), waiting_lora_adapters=names(sch.waiting + sch.swapped),
+                    num_lora_loads_total=sch.lora_slots.num_loads)
 
     def check_invariants(self) -> None:
         """Raise AssertionError if any KV block leaked or ref counts disagree with the live sequences."""
@@ -462,6 +528,12 @@ class LocalExecutor:
 
     def forget(self, seq_id: int) -> None:
         self.runner.forget(seq_id)
+
+    def prefetch_lora(self, request: LoRARequest) -> None:
+        self.runner.lora.prefetch(request)
+
+    def forget_lora(self, lora_int_id: int) -> None:
+        self.runner.lora.forget(lora_int_id)
 
     def check_health(self) -> None:
         pass  # nothing outside this process can die

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from railyard.engine.lora.request import LoRARequest
 from railyard.engine.startup.timings import StartupTimes
 
 
@@ -31,3 +32,8 @@ class ModelInfo:
     created: int = 0  # the checkpoint's mtime (the OpenAI model card's "created")
     pids: list[int] = field(default_factory=list)  # the engine core's process and its tensor-parallel workers
     startup: StartupTimes | None = None  # where one engine's start-up time went (None for a fleet)
+    # [LoRA] the adapters loaded now (a request's `model` may name one), and the limits of the ones it may load;
+    # max_loras 0: the engine serves no adapters
+    loras: list[LoRARequest] = field(default_factory=list)
+    max_loras: int = 0
+    max_lora_rank: int = 0

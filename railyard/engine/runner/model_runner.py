@@ -19,6 +19,7 @@ from railyard.engine.runner.attention import AttentionMetadata, get_backend
 from railyard.engine.startup.background import Background
 from railyard.engine.runner.decode_graphs import DecodeGraphs, padded_block_tables
 from railyard.engine.config import EngineConfig
+from railyard.engine.lora.request import LoRARequest
 from railyard.engine.runner.kernels import fp8_ops
 from railyard.engine.runner.layers.fp8 import FP8, cache_bits, gemm_path, scaled_mm_supported
 from railyard.engine.runner.models.loader import build_empty, fill_from_checkpoint, random_weights
@@ -100,6 +101,10 @@ class StepPlan:
     # The sliding-window layers' slots and block tables, when their blocks are their own (else empty).
     sliding_slot_mapping: list[int] = field(default_factory=list)
     sliding_block_tables: list[list[int]] = field(default_factory=list)
+    # [LoRA] each scheduled sequence's adapter slot (-1: the base model; empty: the engine serves no adapters),
+    # and the adapters to load into their slots first
+    lora_slots: list[int] = field(default_factory=list)
+    lora_loads: list[tuple[int, LoRARequest]] = field(default_factory=list)
 
 
 @dataclass
@@ -139,6 +144,7 @@ class ModelRunner:
             model = build_empty(spec, self.dtype, self.device, self.backend_cls, ps)
             _synchronize(self.device)
         self.model = model
+        self.lora = self._attach_lora()
         if self.quantization == "fp8":
             _set_fp8_gemm(self.model, config.fp8_gemm, self.device, self.dtype)
             log.info("FP8 weights (per-channel scales, per-token activations); GEMMs: %s",
@@ -202,6 +208,22 @@ class ModelRunner:
             with timed("cuda_graphs"):
                 self.graphs = self._capture_graphs()
         jit.record(self.startup)
+
+    def _attach_lora(self):
+        """[LoRA] The adapters' device slots on every linear layer of the decoder (None: the engine serves none)."""
+        c = self.config
+        if not c.enable_lora:
+            return None
+        from railyard.engine.runner.kernels import lora_ops
+        from railyard.engine.runner.lora_adapters import LoRAAdapters
+
+        if self.quantization:
+            raise ConfigError(f"LoRA adapters on a {self.quantization}-quantized checkpoint are not supported")
+        if self.device.type == "cuda" and lora_ops() is None:
+            raise ConfigError("LoRA adapters on the GPU need triton (their batched kernels), which does not import here")
+        max_tokens = max(c.max_num_batched_tokens, c.max_num_seqs,
+                         profile_tokens(c.max_num_batched_tokens, c.max_model_len, c.max_num_seqs))
+        return LoRAAdapters(self.model, self.spec, c, self.dtype, self.device, max_tokens)
 
     def _graphs_allowed(self) -> bool:
         """CUDA graphs run on single-GPU Triton runs only (TP collectives and the torch backend run eager)."""
@@ -352,8 +374,11 @@ class ModelRunner:
             tables.append(table)
             if item.sample:
                 sample_idx.append(starts[-1] - 1)
+        lora_slots = [] if self.lora is None else \
+            [-1 if item.seq.lora is None else out.lora_slots[item.seq.lora.lora_int_id] for item in out.scheduled]
         return StepPlan(ids, positions, slots, starts, seq_lens, tables, sample_idx, out.swap_out, out.swap_in,
-                        feed_dst, feed_src, sliding_slots, sliding_tables)
+                        feed_dst, feed_src, sliding_slots, sliding_tables,
+                        lora_slots=lora_slots, lora_loads=out.lora_loads)
 
     def sampling_rows(self, out: SchedulerOutput) -> list[SamplingRow]:
         return [self._row(item.seq) for item in out.scheduled if item.sample]
@@ -418,6 +443,10 @@ class ModelRunner:
         self.swap(plan)
         if not plan.input_ids:
             return None
+        if self.lora is not None:
+            for slot, request in plan.lora_loads:
+                self.lora.load(slot, request)
+            self.lora.stage(plan.lora_slots, plan.query_start_loc)
         feed = None
         if plan.feed_dst:
             if fed is None:

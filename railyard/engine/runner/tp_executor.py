@@ -220,6 +220,12 @@ class TensorParallelExecutor:
     def forget(self, seq_id: int) -> None:
         self.runner.forget(seq_id)  # per-sequence state (generators) lives on rank 0 only
 
+    def prefetch_lora(self, request) -> None:
+        """Nothing ahead: every rank reads its shard of an adapter when a step first loads it into a slot."""
+
+    def forget_lora(self, lora_int_id: int) -> None:
+        """Nothing: each rank's host tier drops adapters least recently used first."""
+
     def shutdown(self) -> None:
         """Stop the workers (politely, then by force) and leave the process group; idempotent."""
         self._dead = self._dead or "the engine was shut down"

@@ -37,9 +37,15 @@ def sliding_key(block_hash: int) -> tuple[str, int]:
     return ("sliding", block_hash)
 
 
-def prefix_block_hashes(token_ids: list[int], block_size: int) -> list[int]:
+def root_hash(lora_int_id: int = 0) -> int:
+    """The seed of a sequence's hash chain: a LoRA adapter's id mixed in (vLLM's extra keys), so the KV computed
+    under one adapter is never served to another adapter or to the base model (0)."""
+    return hash((_ROOT_HASH, lora_int_id)) if lora_int_id else _ROOT_HASH
+
+
+def prefix_block_hashes(token_ids: list[int], block_size: int, lora_int_id: int = 0) -> list[int]:
     """Hash chain over the full blocks of a token list (what the router compares with replicas' caches)."""
-    hashes, parent = [], _ROOT_HASH
+    hashes, parent = [], root_hash(lora_int_id)
     for start in range(0, len(token_ids) - block_size + 1, block_size):
         parent = hash_block(parent, token_ids[start:start + block_size])
         hashes.append(parent)
@@ -177,7 +183,7 @@ class BlockManager:
         bs = self.block_size
         while (len(seq.block_hashes) + 1) * bs <= num_tokens:
             i = len(seq.block_hashes)
-            parent = seq.block_hashes[-1] if seq.block_hashes else _ROOT_HASH
+            parent = seq.block_hashes[-1] if seq.block_hashes else root_hash(seq.lora.lora_int_id if seq.lora else 0)
             seq.block_hashes.append(hash_block(parent, (seq.token_at(j) for j in range(i * bs, (i + 1) * bs))))
 
     def find_cached_prefix(self, seq: Sequence) -> list[int]:

@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 
 from railyard.engine.sched.block_manager import BlockManager
 from railyard.engine.config import EngineConfig
+from railyard.engine.lora.request import LoRARequest
+from railyard.engine.lora.slots import LoRASlots
 from railyard.engine.sched.sequence import Sequence, SequenceStatus
 
 
@@ -34,6 +36,10 @@ class SchedulerOutput:
     swap_out: list[tuple[int, int]] = field(default_factory=list)  # (gpu_block, cpu_block)
     swap_in: list[tuple[int, int]] = field(default_factory=list)  # (cpu_block, gpu_block)
     preempted: list[Sequence] = field(default_factory=list)
+    # [LoRA] the device slot of each adapter this step runs ({lora_int_id: slot}), and the adapters to load into
+    # their slots before the forward pass
+    lora_slots: dict[int, int] = field(default_factory=dict)
+    lora_loads: list[tuple[int, LoRARequest]] = field(default_factory=list)
 
     @property
     def num_batched_tokens(self) -> int:
@@ -65,6 +71,8 @@ class Scheduler:
         self.running: list[Sequence] = []
         self.swapped: list[Sequence] = []
         self.num_preemptions = 0
+        # [LoRA] at most max_loras distinct adapters among the running sequences: each step's fit the device slots
+        self.lora_slots = LoRASlots(config.max_loras) if config.enable_lora else None
 
     # -- queues ----------------------------------------------------------------------------------
     def _key(self, seq: Sequence) -> tuple:
@@ -144,7 +152,21 @@ class Scheduler:
                 self._schedule_waiting(out, min(budget, prefill_left))
         if reorder:  # decodes first (stable): attention runs them in the decode kernel, the prompts after them
             out.scheduled.sort(key=_carries_prompt)
+        if self.lora_slots is not None:
+            out.lora_slots, out.lora_loads = self.lora_slots.assign(
+                (item.seq.lora for item in out.scheduled if item.seq.lora is not None), self._running_loras())
         return out
+
+    def _running_loras(self) -> set[int]:
+        """[LoRA] the adapters of the running sequences (empty where the engine serves none)."""
+        if self.lora_slots is None:
+            return set()
+        return {seq.lora.lora_int_id for seq in self.running if seq.lora is not None}
+
+    def _lora_fits(self, seq: Sequence, running_loras: set[int]) -> bool:
+        """[LoRA] seq may join the running sequences without more distinct adapters than device slots."""
+        return (seq.lora is None or self.lora_slots is None or seq.lora.lora_int_id in running_loras
+                or len(running_loras) < self.lora_slots.num_slots)
 
     def _chunk(self, num_uncomputed: int, budget: int) -> int:
         """How many of a sequence's uncomputed tokens this step computes: what the budget and the chunk cap allow."""
@@ -177,12 +199,18 @@ class Scheduler:
             self._insert(self.waiting, seq)
 
     def _schedule_swapped(self, out: SchedulerOutput, budget: int) -> int:
-        while self.swapped and budget > 0 and len(self.running) < self.max_num_seqs:
-            seq = self.swapped[0]
+        loras, i = self._running_loras(), 0
+        while i < len(self.swapped) and budget > 0 and len(self.running) < self.max_num_seqs:
+            seq = self.swapped[i]
+            if not self._lora_fits(seq, loras):
+                i += 1  # its adapter waits for a free slot; others may go first
+                continue
             num_new = self._chunk(seq.num_uncomputed_tokens, budget)
             if not self.bm.can_swap_in(seq, num_new):
                 break
-            self.swapped.pop(0)
+            self.swapped.pop(i)
+            if seq.lora is not None:
+                loras.add(seq.lora.lora_int_id)
             out.swap_in.extend(self.bm.swap_in(seq))
             if not self.bm.allocate_slots(seq, num_new):
                 raise RuntimeError("swap-in reserved too few blocks")
@@ -193,8 +221,12 @@ class Scheduler:
         return budget
 
     def _schedule_waiting(self, out: SchedulerOutput, budget: int) -> None:
-        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
-            seq = self.waiting[0]
+        loras, i = self._running_loras(), 0
+        while i < len(self.waiting) and budget > 0 and len(self.running) < self.max_num_seqs:
+            seq = self.waiting[i]
+            if not self._lora_fits(seq, loras):
+                i += 1  # its adapter waits for a free slot; others may go first (as vLLM skips it)
+                continue
             cached = self.bm.find_cached_prefix(seq)
             num_cached = len(cached) * self.bm.block_size
             remaining = seq.num_tokens - num_cached
@@ -203,7 +235,9 @@ class Scheduler:
             num_new = self._chunk(remaining, budget)
             if not self.bm.admit(seq, cached, num_cached + num_new):
                 break
-            self.waiting.pop(0)
+            self.waiting.pop(i)
+            if seq.lora is not None:
+                loras.add(seq.lora.lora_int_id)
             if seq.num_preemptions == 0:
                 self.bm.record_prefix_lookup(seq.num_prompt_tokens, num_cached)
                 seq.num_cached_prompt_tokens = num_cached

@@ -10,6 +10,7 @@ import enum
 from dataclasses import dataclass, field
 
 from railyard.engine.config import SamplingParams
+from railyard.engine.lora.request import LoRARequest
 
 # An output token sampled by a step still running on the device (asynchronous scheduling): the next
 # step is planned before the value reaches the host, and reads it on the device.
@@ -56,6 +57,7 @@ class Sequence:
     # in its step's sampled ids.
     num_placeholders: int = 0
     pending_row: int = -1
+    lora: LoRARequest | None = None  # the adapter it runs with (None: the base model)
 
     @property
     def num_prompt_tokens(self) -> int:

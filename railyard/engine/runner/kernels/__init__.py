@@ -29,3 +29,14 @@ def fp8_ops():
     except ImportError:
         return None
     return fp8
+
+
+@functools.lru_cache(maxsize=1)
+def lora_ops():
+    """The batched LoRA kernels module (shrink / expand over adapter slots), None when triton does not import;
+    callers then use the torch reference (railyard.engine.runner.layers.lora)."""
+    try:
+        from railyard.engine.runner.kernels import lora
+    except ImportError:
+        return None
+    return lora

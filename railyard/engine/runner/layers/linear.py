@@ -91,6 +91,7 @@ class ColumnParallelLinear(_QuantizableWeight, nn.Module):
         self._make_weight(self.out_per_rank, in_features, quant, dtype)
         self.bias = _attach(nn.Parameter(torch.empty(self.out_per_rank, dtype=dtype), requires_grad=False),
                             self._load) if bias else None
+        self.lora = None  # LoRA adapter slots (layers/lora.py's LoRAWeights) where the engine serves adapters
 
     def _load(self, param: nn.Parameter, loaded: torch.Tensor, shard_id=None) -> None:
         n = self.out_per_rank
@@ -100,7 +101,8 @@ class ColumnParallelLinear(_QuantizableWeight, nn.Module):
         self._load(param, loaded, shard_id)  # output rows shard alike for weights, biases and scales
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self._matmul(x, self.bias)
+        y = self._matmul(x, self.bias)
+        return y if self.lora is None else self.lora.add_to(x, y)
 
 
 class MergedColumnParallelLinear(ColumnParallelLinear):
@@ -157,6 +159,7 @@ class RowParallelLinear(_QuantizableWeight, nn.Module):
         self._make_weight(out_features, self.in_per_rank, quant, dtype)
         self.bias = _attach(nn.Parameter(torch.empty(out_features, dtype=dtype), requires_grad=False),
                             self._load_bias) if bias else None
+        self.lora = None  # as ColumnParallelLinear's; its sums join the partial output before the all-reduce
 
     def _load(self, param: nn.Parameter, loaded: torch.Tensor, shard_id=None) -> None:
         n = self.in_per_rank
@@ -175,5 +178,7 @@ class RowParallelLinear(_QuantizableWeight, nn.Module):
         if defer_scales and self.quant and self.ps.world_size == 1 and self.bias is None:
             return fp8_linear(x, self.weight, self.weight_scale, None, self.fp8_gemm, defer_scales=True)
         y = self._matmul(x, None)
+        if self.lora is not None:
+            self.lora.add_to(x, y)
         y = self.ps.all_reduce(y)
         return y if self.bias is None else y + self.bias

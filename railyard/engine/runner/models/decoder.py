@@ -135,8 +135,11 @@ class DecoderModel(nn.Module):
         self.layers = nn.ModuleList(DecoderLayer(spec, rotary, backend_cls, ps, i) for i in range(spec.num_layers))
         self.norm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
         self.rotary = rotary
+        self.lora_batch = None  # where the engine serves LoRA adapters: the step's tokens by adapter slot
 
     def forward(self, input_ids, positions, kv_caches, meta):
+        if self.lora_batch is not None:
+            self.lora_batch.prepare(input_ids.shape[0])
         x, residual = self.embed_tokens(input_ids), None
         for layer, cache in zip(self.layers, kv_caches):
             x, residual = layer(positions, x, residual, cache, meta)
@@ -149,6 +152,8 @@ class DecoderModel(nn.Module):
     # Each piece is row-wise (token by token), so padded rows never change real ones.
     def first_piece(self, input_ids, positions):
         """-> (q, k, v, residual) of layer 0."""
+        if self.lora_batch is not None:
+            self.lora_batch.prepare(input_ids.shape[0])
         return self.layers[0].pre_attention(positions, self.embed_tokens(input_ids), None)
 
     def middle_piece(self, i: int, positions, attn_out, residual):

@@ -1,0 +1,116 @@
+"""Batched LoRA kernels (Punica's segmented gather matmuls, as vLLM's lora_shrink / lora_expand): each program
+takes one adapter slot's tokens (LoRABatch's order, counts and starts, on the device) and one output tile.
+
+The grid is fixed by the step's token count and the number of slots, never by how tokens spread over adapters:
+a program whose slot has fewer tokens than its row tile returns at once. So a CUDA graph captured for a token count
+replays for any mix of adapters and base-model tokens (whose group, after the last slot, no program visits).
+
+shrink: out[t, :] = x[t] A_s^T in float32 (split over K with atomic adds when few tokens would leave the GPU idle).
+expand: y[t, part columns] += out[t, part's rank block] (rounded to B's dtype) B_s^T, in y's dtype; every output
+element belongs to exactly one program, so no atomics.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _shrink_kernel(x_ptr, a_ptr, out_ptr, order_ptr, counts_ptr, starts_ptr, N, K,
+                   stride_xm, stride_xk, stride_as, stride_an, stride_ak, stride_om, stride_on,
+                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr):
+    pid_m = tl.program_id(0)
+    pid_n = tl.program_id(1) // SPLIT_K
+    pid_k = tl.program_id(1) % SPLIT_K
+    slot = tl.program_id(2)
+    count = tl.load(counts_ptr + slot)
+    if pid_m * BLOCK_M >= count:
+        return
+    start = tl.load(starts_ptr + slot)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    mask_m = offs_m < count
+    tok = tl.load(order_ptr + start + offs_m, mask=mask_m, other=0).to(tl.int64)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask_n = offs_n < N
+    a_base = a_ptr + slot.to(tl.int64) * stride_as
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k0 in range(pid_k * BLOCK_K, K, BLOCK_K * SPLIT_K):
+        offs_k = k0 + tl.arange(0, BLOCK_K)
+        mask_k = offs_k < K
+        xt = tl.load(x_ptr + tok[:, None] * stride_xm + offs_k[None, :] * stride_xk,
+                     mask=mask_m[:, None] & mask_k[None, :], other=0.0)
+        at = tl.load(a_base + offs_n[None, :] * stride_an + offs_k[:, None] * stride_ak,
+                     mask=mask_k[:, None] & mask_n[None, :], other=0.0)
+        acc += tl.dot(xt, at, input_precision="ieee")
+    ptrs = out_ptr + tok[:, None] * stride_om + offs_n[None, :] * stride_on
+    mask = mask_m[:, None] & mask_n[None, :]
+    if SPLIT_K == 1:
+        tl.store(ptrs, acc, mask=mask)
+    else:
+        tl.atomic_add(ptrs, acc, mask=mask)
+
+
+@triton.jit
+def _expand_kernel(s_ptr, b_ptr, y_ptr, order_ptr, counts_ptr, starts_ptr, offsets_ptr,
+                   stride_sm, stride_sn, stride_bs, stride_bn, stride_br, stride_ym, stride_yn,
+                   TILES_PER_PART: tl.constexpr, RANK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    pid_m = tl.program_id(0)
+    part = tl.program_id(1) // TILES_PER_PART
+    tile = tl.program_id(1) % TILES_PER_PART
+    slot = tl.program_id(2)
+    count = tl.load(counts_ptr + slot)
+    lo = tl.load(offsets_ptr + part)
+    hi = tl.load(offsets_ptr + part + 1)
+    if pid_m * BLOCK_M >= count or lo + tile * BLOCK_N >= hi:
+        return
+    start = tl.load(starts_ptr + slot)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    mask_m = offs_m < count
+    tok = tl.load(order_ptr + start + offs_m, mask=mask_m, other=0).to(tl.int64)
+    offs_r = tl.arange(0, RANK)
+    st = tl.load(s_ptr + tok[:, None] * stride_sm + (part * RANK + offs_r)[None, :] * stride_sn,
+                 mask=mask_m[:, None], other=0.0)
+    offs_n = lo + tile * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask_n = offs_n < hi
+    bt = tl.load(b_ptr + slot.to(tl.int64) * stride_bs + offs_n[None, :] * stride_bn + offs_r[:, None] * stride_br,
+                 mask=mask_n[None, :], other=0.0)
+    acc = tl.dot(st.to(bt.dtype), bt, input_precision="ieee")
+    ptrs = y_ptr + tok[:, None] * stride_ym + offs_n[None, :] * stride_yn
+    mask = mask_m[:, None] & mask_n[None, :]
+    y = tl.load(ptrs, mask=mask, other=0.0)
+    tl.store(ptrs, (y.to(tl.float32) + acc).to(y.dtype), mask=mask)
+
+
+def _block_m(num_tokens: int) -> int:
+    return 16 if num_tokens <= 16 else 32 if num_tokens <= 256 else 64
+
+
+def shrink(x: torch.Tensor, a: torch.Tensor, order: torch.Tensor, counts: torch.Tensor,
+           starts: torch.Tensor) -> torch.Tensor:
+    """x [T, K] and A [slots, N, K] -> float32 [T, N]; rows of base-model tokens are left as they are (zeros)."""
+    t, k = x.shape
+    slots, n, _ = a.shape
+    block_m, block_n, block_k = _block_m(t), 16 if n <= 16 else 32, 64
+    # Few row tiles per slot leave most of the GPU idle over a long K: split K across programs instead.
+    split_k = 1 if t > 256 else max(1, min(16, triton.cdiv(k, 4 * block_k)))
+    out = torch.zeros((t, n), dtype=torch.float32, device=x.device)
+    grid = (triton.cdiv(t, block_m), triton.cdiv(n, block_n) * split_k, slots)
+    _shrink_kernel[grid](x, a, out, order, counts, starts, n, k, x.stride(0), x.stride(1), a.stride(0), a.stride(1),
+                         a.stride(2), out.stride(0), out.stride(1), BLOCK_M=block_m, BLOCK_N=block_n,
+                         BLOCK_K=block_k, SPLIT_K=split_k)
+    return out
+
+
+def expand(shrunk: torch.Tensor, b: torch.Tensor, y: torch.Tensor, order: torch.Tensor, counts: torch.Tensor,
+           starts: torch.Tensor, part_offsets: torch.Tensor, max_part: int, rank: int) -> None:
+    """y [T, out] += shrunk's part blocks times each part's B [slots, out, rank] columns, in place."""
+    t = y.shape[0]
+    block_m = _block_m(t)
+    block_n = 64 if max_part >= 64 else 32 if max_part >= 32 else 16
+    tiles = triton.cdiv(max_part, block_n)
+    grid = (triton.cdiv(t, block_m), tiles * (part_offsets.numel() - 1), b.shape[0])
+    _expand_kernel[grid](shrunk, b, y, order, counts, starts, part_offsets, shrunk.stride(0), shrunk.stride(1),
+                         b.stride(0), b.stride(1), b.stride(2), y.stride(0), y.stride(1), TILES_PER_PART=tiles,
+                         RANK=rank, BLOCK_M=block_m, BLOCK_N=block_n)

@@ -1,0 +1,122 @@
+"""Batched LoRA on the decoder's linear layers: every token adds x A^T B^T of its own adapter (or nothing).
+
+As Punica / S-LoRA and vLLM's lora ops do, the adapters live in device slots, one stacked A and B per linear layer,
+and each step two kernels per layer run over the tokens grouped by slot: "shrink" h = x A_s^T (to the rank) and
+"expand" y += h B_s^T (back to the layer's outputs). A fused projection (qkv, gate/up) holds each part's own A
+(stacked along the rank axis: one shrink) and its B over that part's output columns (vLLM's
+MergedColumnParallelLinearWithLoRA / QKV): part i's columns take only part i's rank block.
+
+Tensor parallel as vLLM shards: a column-parallel layer keeps A whole and B split like its own output rows; a
+row-parallel layer splits A like its input columns and keeps B whole, and adds its partial LoRA sums to its partial
+output before the all-reduce (the sum over ranks of x_r A_r^T B^T is x A^T B^T).
+
+`LoRABatch` holds the step's slot of every token in a static device buffer the host fills before the forward pass
+(or the replay of a CUDA graph); `prepare`, inside the forward pass, orders the tokens by slot on the device, so a
+captured graph needs no host sync. The Triton kernels (kernels/lora.py) run on CUDA; elsewhere `reference_lora`,
+the same computation in torch.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from torch import nn
+
+from railyard.engine.runner.decode_graphs import staging_free, upload
+from railyard.engine.runner.kernels import lora_ops
+
+MIN_RANK_TILE = 16  # the kernels' rank tile: a tl.dot dimension is at least 16
+
+
+def rank_tile(max_lora_rank: int) -> int:
+    """The rank every slot is padded to: the next power of two, at least MIN_RANK_TILE (zero rows change nothing)."""
+    return max(MIN_RANK_TILE, 1 << (max_lora_rank - 1).bit_length())
+
+
+class LoRABatch:
+    """The step's adapter slot per token (-1: the base model) and, derived on the device, the tokens ordered by
+    slot: `order` lists the token indices slot by slot, base-model tokens last; slot s owns
+    order[starts[s]:starts[s] + counts[s]]."""
+
+    def __init__(self, num_slots: int, max_tokens: int, device: torch.device) -> None:
+        self.num_slots, self.max_tokens, self.device = num_slots, max_tokens, device
+        pin = device.type == "cuda"
+        self.host = torch.full((max_tokens,), -1, dtype=torch.int32, pin_memory=pin)
+        self.host_np = self.host.numpy()
+        self.token_slots = torch.full((max_tokens,), -1, dtype=torch.int32, device=device)
+        self.order = torch.zeros(max_tokens, dtype=torch.int32, device=device)
+        self.counts = torch.zeros(num_slots + 1, dtype=torch.int32, device=device)
+        self.starts = torch.zeros(num_slots + 1, dtype=torch.int32, device=device)
+        self.copied = torch.cuda.Event() if pin else None
+        self._filled = 0  # host entries [0, _filled) may hold slots; the rest are -1
+
+    def stage(self, slots: np.ndarray) -> None:
+        """Write the next forward pass's per-token slots (its rows beyond them, padding, stay -1) to the device."""
+        n = len(slots)
+        if n > self.max_tokens:
+            raise ValueError(f"a step of {n} tokens exceeds the LoRA batch's {self.max_tokens}")
+        staging_free(self.copied)
+        h = self.host_np
+        h[:n] = slots
+        if self._filled > n:
+            h[n:self._filled] = -1
+        upload(self.copied, (self.token_slots[:max(n, self._filled)], self.host[:max(n, self._filled)]))
+        self._filled = n
+
+    def prepare(self, num_tokens: int) -> None:
+        """Order the first num_tokens tokens by slot (device work only: CUDA graphs capture it)."""
+        key = self.token_slots[:num_tokens].long()
+        key = torch.where(key < 0, self.num_slots, key)  # base-model tokens form the last group, never computed
+        self.order[:num_tokens].copy_(torch.argsort(key, stable=True))
+        counts = torch.zeros(self.num_slots + 1, dtype=torch.long, device=self.device)
+        counts.scatter_add_(0, key, torch.ones_like(key))
+        self.counts.copy_(counts)
+        self.starts.copy_(torch.cumsum(counts, 0) - counts)
+
+
+class LoRAWeights(nn.Module):
+    """One linear layer's adapter slots: A [slots, parts * R, in] (part i's A in rows i*R..) and
+    B [slots, out, R] (part i's B in part i's output columns), R the padded rank, B pre-multiplied by the scaling."""
+
+    def __init__(self, batch: LoRABatch, rank: int, in_features: int, part_sizes: list[int],
+                 dtype: torch.dtype, device: torch.device) -> None:
+        super().__init__()
+        self.batch, self.rank = batch, rank
+        self.part_sizes = list(part_sizes)
+        self.offsets = [0]
+        for n in part_sizes:
+            self.offsets.append(self.offsets[-1] + n)
+        slots = batch.num_slots
+        self.register_buffer("a", torch.zeros(slots, len(part_sizes) * rank, in_features, dtype=dtype,
+                                              device=device), persistent=False)
+        self.register_buffer("b", torch.zeros(slots, self.offsets[-1], rank, dtype=dtype, device=device),
+                             persistent=False)
+        self.register_buffer("part_offsets", torch.tensor(self.offsets, dtype=torch.int32, device=device),
+                             persistent=False)
+
+    def add_to(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """y += each token's x A^T B^T (in place); returns y."""
+        ops = lora_ops() if x.is_cuda else None
+        if ops is None:
+            return reference_lora(x, y, self.a, self.b, self.batch, self.offsets, self.rank)
+        shrunk = ops.shrink(x, self.a, self.batch.order, self.batch.counts, self.batch.starts)
+        ops.expand(shrunk, self.b, y, self.batch.order, self.batch.counts, self.batch.starts, self.part_offsets,
+                   max(self.part_sizes), self.rank)
+        return y
+
+
+def reference_lora(x: torch.Tensor, y: torch.Tensor, a: torch.Tensor, b: torch.Tensor, batch: LoRABatch,
+                   offsets: list[int], rank: int) -> torch.Tensor:
+    """What the Triton kernels compute, in torch (the CPU path and their tests' oracle): per slot, its tokens'
+    shrink in float32, rounded to B's dtype, times B, added to y."""
+    counts, starts = batch.counts.tolist(), batch.starts.tolist()
+    for slot in range(batch.num_slots):
+        if not counts[slot]:
+            continue
+        idx = batch.order[starts[slot]:starts[slot] + counts[slot]].long()
+        h = (x[idx].float() @ a[slot].float().T).to(b.dtype)
+        for i in range(len(offsets) - 1):
+            lo, hi = offsets[i], offsets[i + 1]
+            delta = (h[:, i * rank:(i + 1) * rank].float() @ b[slot, lo:hi].float().T)
+            y[:, lo:hi].index_copy_(0, idx, (y[idx, lo:hi].float() + delta).to(y.dtype))
+    return y
