@@ -35,6 +35,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     tp.add_argument("--hbm-tbs", type=float, default=None,
                     help="memory bandwidth for the roofline, TB/s (default: the device's as measured here: 4.3 on "
                          "an H200; on another device no roofline unless given with --peak-tflops)")
+    tp.add_argument("--num-loras", type=int, default=0,
+                    help="serve this many random LoRA adapters (PEFT format, written for the model's shape) with the "
+                         "requests spread evenly over them, after the same workload on the base model alone (0: no "
+                         "adapters); the report holds both runs and their ratio")
+    tp.add_argument("--lora-rank", type=int, default=16, help="the random adapters' rank")
+    tp.add_argument("--lora-baseline", action=argparse.BooleanOptionalAction, default=True,
+                    help="with --num-loras, first run the workload on an engine without LoRA (the base model)")
     add_engine_args(tp)
     tp.set_defaults(func=run_throughput_cmd)
 
@@ -52,9 +59,11 @@ def run_throughput_cmd(args: argparse.Namespace) -> int:
     if args.num_prompts < 1:
         raise ConfigError("--num-prompts must be at least 1")
     input_len, output_len = LengthRange.parse(args.input_len), LengthRange.parse(args.output_len)
-    engine = Engine.from_config(engine_config_from_args(args))
     if args.warmup_prompts < 0:
         raise ConfigError("--warmup-prompts must be >= 0")
+    if args.num_loras:
+        return run_lora_throughput_cmd(args, input_len, output_len)
+    engine = Engine.from_config(engine_config_from_args(args))
     if args.token_id_range is not None and not 1 <= args.token_id_range <= engine.spec.vocab_size:
         raise ConfigError(f"--token-id-range must be in [1, {engine.spec.vocab_size}] (the vocabulary)")
     result = run_throughput(engine, args.num_prompts, input_len, output_len, args.workload_seed,
@@ -83,6 +92,31 @@ def profile_dimensions(spec) -> dict[str, int | str]:
 
 PROFILE_DIMENSIONS = ("architecture", "vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads",
                       "num_kv_heads")
+
+
+def run_lora_throughput_cmd(args: argparse.Namespace, input_len, output_len) -> int:
+    """--num-loras: the workload on the base model, then spread over that many random adapters (bench/lora.py)."""
+    from railyard.bench.lora import run_lora_throughput
+    from railyard.bench.throughput import run_throughput
+    from railyard.engine.config import MAX_LORA_RANK
+    from railyard.errors import ConfigError
+
+    if args.num_loras < 0:
+        raise ConfigError("--num-loras must be >= 0")
+    if not 1 <= args.lora_rank <= MAX_LORA_RANK:
+        raise ConfigError(f"--lora-rank must be in [1, {MAX_LORA_RANK}]")
+
+    def run(engine, loras) -> dict:
+        if args.token_id_range is not None and not 1 <= args.token_id_range <= engine.spec.vocab_size:
+            raise ConfigError(f"--token-id-range must be in [1, {engine.spec.vocab_size}] (the vocabulary)")
+        result = run_throughput(engine, args.num_prompts, input_len, output_len, args.workload_seed,
+                                args.warmup_prompts, args.token_id_range, progress=sys.stderr.isatty(), loras=loras)
+        return {**result.to_dict(), "device": device_name(engine)}
+
+    report = run_lora_throughput(engine_config_from_args(args), run, args.num_loras, args.lora_rank,
+                                 baseline=args.lora_baseline)
+    print(json.dumps(report, indent=1))
+    return 0
 
 
 def device_name(engine) -> str:

@@ -249,7 +249,8 @@ async def run_serve_bench(cfg: ServeBenchConfig) -> tuple[list[RequestResult], f
         return list(results), time.perf_counter() - t0
 
 
-def _stats_ms(values: list[float]) -> dict[str, float | None]:
+def stats_ms(values: list[float]) -> dict[str, float | None]:
+    """Mean and percentiles of durations in seconds, in milliseconds."""
     if not values:
         return {"mean": None, **{f"p{p}": None for p in PERCENTILES}}
     ordered = sorted(values)
@@ -291,10 +292,10 @@ def summarize(cfg: ServeBenchConfig, results: list[RequestResult], duration_s: f
         "prefix_cache_hit_rate": prefix_hit_rate,
         "warnings": [w for w in [reuse_warning(prefix_hit_rate, cfg.prefix_groups > 0 and cfg.shared_prefix_len > 0)]
                      if w],
-        "ttft_ms": _stats_ms([r.ttft for r in ok]),
-        "tpot_ms": _stats_ms([r.tpot for r in ok if r.tpot is not None]),
-        "itl_ms": _stats_ms([x for r in ok for x in r.itls]),
-        "e2el_ms": _stats_ms([r.latency for r in ok]),
+        "ttft_ms": stats_ms([r.ttft for r in ok]),
+        "tpot_ms": stats_ms([r.tpot for r in ok if r.tpot is not None]),
+        "itl_ms": stats_ms([x for r in ok for x in r.itls]),
+        "e2el_ms": stats_ms([r.latency for r in ok]),
         "server_steps": server,
     }
 

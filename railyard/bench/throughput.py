@@ -7,9 +7,11 @@ from dataclasses import asdict, dataclass
 
 from tqdm import tqdm
 
+from railyard.bench.serve import stats_ms
 from railyard.bench.workload import LengthRange, Request, synthetic_requests
 from railyard.engine.config import SamplingParams
 from railyard.engine.engine import Engine
+from railyard.engine.lora.request import LoRARequest
 
 
 @dataclass
@@ -25,6 +27,9 @@ class ThroughputResult:
     prefix_cache_hit_rate: float
     num_kv_blocks: int
     warmup_prompts: int = 0
+    # Per request, from the submission of the whole workload: time to its first token, and per output token after.
+    ttft_ms: dict[str, float | None] | None = None
+    tpot_ms: dict[str, float | None] | None = None
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -32,19 +37,20 @@ class ThroughputResult:
 
 def run_throughput(engine: Engine, num_prompts: int, input_len: LengthRange, output_len: LengthRange,
                    seed: int = 0, warmup_prompts: int = 0, token_id_range: int | None = None,
-                   progress: bool = False) -> ThroughputResult:
+                   progress: bool = False, loras: list[LoRARequest] | None = None) -> ThroughputResult:
     """Submit every request at once (ignore_eos, greedy) and time until all have finished.
 
     warmup_prompts: first run that many other prompts (another seed: no prefix-cache hits on the measured
     ones) of the same lengths for 4 tokens, untimed, so kernel compilation is not measured.
-    progress: a progress bar of finished requests on stderr (for a terminal)."""
+    progress: a progress bar of finished requests on stderr (for a terminal).
+    loras: LoRA adapters (loaded) the requests are spread over evenly, request i to loras[i % len(loras)]."""
     if warmup_prompts:
         warm = workload_requests(engine, warmup_prompts, input_len, LengthRange(4, 4), seed + 1, token_id_range)
-        _run(engine, warm, "warmup", progress)
+        _run(engine, warm, "warmup", progress, loras)
     before = engine.stats()
     reqs = workload_requests(engine, num_prompts, input_len, output_len, seed, token_id_range)
     start = time.perf_counter()
-    out_tokens = _run(engine, reqs, "bench", progress)
+    out_tokens, ttfts, tpots = _run(engine, reqs, "bench", progress, loras)
     elapsed = time.perf_counter() - start
     prompt_tokens = sum(len(r.prompt_token_ids) for r in reqs)
     stats = engine.stats()
@@ -56,16 +62,20 @@ def run_throughput(engine: Engine, num_prompts: int, input_len: LengthRange, out
         total_tokens_per_s=(prompt_tokens + out_tokens) / elapsed,
         num_preemptions=stats.num_preemptions_total - before.num_preemptions_total,
         prefix_cache_hit_rate=hits / queries if queries else 0.0, num_kv_blocks=stats.num_total_blocks,
-        warmup_prompts=warmup_prompts)
+        warmup_prompts=warmup_prompts, ttft_ms=stats_ms(ttfts), tpot_ms=stats_ms(tpots))
 
 
-def _run(engine: Engine, reqs: list[Request], prefix: str, progress: bool = False) -> int:
-    """Add every request, step until all finished; returns the output tokens."""
+def _run(engine: Engine, reqs: list[Request], prefix: str, progress: bool = False,
+         loras: list[LoRARequest] | None = None) -> tuple[int, list[float], list[float]]:
+    """Add every request, step until all finished; returns the output tokens, and each request's TTFT and TPOT."""
     for i, r in enumerate(reqs):
         params = SamplingParams(temperature=0.0, max_tokens=r.output_len, ignore_eos=True,
                                 output_kind="final_only")
-        engine.add_request(f"{prefix}-{i}", None, params, prompt_token_ids=r.prompt_token_ids)
+        engine.add_request(f"{prefix}-{i}", None, params, prompt_token_ids=r.prompt_token_ids,
+                           lora_request=loras[i % len(loras)] if loras else None)
     done = out_tokens = 0
+    ttfts: list[float] = []
+    tpots: list[float] = []
     with tqdm(total=len(reqs), desc=prefix, unit="req", disable=not progress) as bar:
         while done < len(reqs):
             for out in engine.step():
@@ -73,7 +83,12 @@ def _run(engine: Engine, reqs: list[Request], prefix: str, progress: bool = Fals
                     done += 1
                     out_tokens += sum(len(c.token_ids) for c in out.outputs)
                     bar.update(1)
-    return out_tokens
+                    m = out.metrics
+                    if m.first_token_time is not None:
+                        ttfts.append(m.first_token_time - m.arrival_time)
+                        if m.finished_time is not None and m.num_output_tokens > 1:
+                            tpots.append((m.finished_time - m.first_token_time) / (m.num_output_tokens - 1))
+    return out_tokens, ttfts, tpots
 
 
 def workload_requests(engine: Engine, num_prompts: int, input_len: LengthRange, output_len: LengthRange,

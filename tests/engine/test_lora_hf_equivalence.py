@@ -12,6 +12,7 @@ from railyard import LLM, LoRARequest, SamplingParams
 from tests.engine.lora.adapters import ADAPTERS, peft_greedy, write_adapter
 
 MAX_NEW = 16
+ARCHS = ("qwen2", "qwen3", "llama")
 _rng = random.Random(4321)
 _shared = [_rng.randrange(256) for _ in range(24)]
 # Each adapter (and the base model) gets a prompt of its own and the same shared-prefix prompt: a prefix cache that
@@ -35,16 +36,17 @@ VARIANTS = {
 def adapters(tiny_models, tmp_path_factory) -> dict[str, dict[str, str]]:
     """{arch: {adapter name: directory}}, written by peft for each tiny checkpoint."""
     root = tmp_path_factory.mktemp("lora-adapters")
-    return {arch: {name: write_adapter(path, root / arch / name, seed=i, **cfg)
+    return {arch: {name: write_adapter(tiny_models[arch], root / arch / name, seed=i, **cfg)
                    for i, (name, cfg) in enumerate(ADAPTERS.items())}
-            for arch, path in tiny_models.items()}
+            for arch in ARCHS}
 
 
 @pytest.fixture(scope="module")
 def expected(tiny_models, adapters) -> dict[str, list[list[int]]]:
     """Per architecture, HF + peft's greedy tokens of each prompt under its owner."""
     out = {}
-    for arch, path in tiny_models.items():
+    for arch in ARCHS:
+        path = tiny_models[arch]
         out[arch] = [peft_greedy(path, adapters[arch][owner] if owner else None, [prompt], MAX_NEW)[0]
                      for prompt, owner in zip(PROMPTS, OWNERS)]
     return out
@@ -62,7 +64,7 @@ def test_every_adapter_changes_the_output(expected):
 
 
 @pytest.mark.parametrize("variant", list(VARIANTS))
-@pytest.mark.parametrize("arch", ["qwen2", "qwen3", "llama"])
+@pytest.mark.parametrize("arch", ARCHS)
 def test_mixed_adapter_batch_matches_hf_peft(tiny_models, adapters, expected, arch, variant):
     config = dict(enable_lora=True, max_loras=3, max_lora_rank=16, max_model_len=128) | VARIANTS[variant]
     llm = LLM(tiny_models[arch], **config)
@@ -81,3 +83,17 @@ def test_mixed_adapter_batch_matches_hf_peft(tiny_models, adapters, expected, ar
     if not variant.startswith("preempt"):  # (a pool that small keeps no prefix blocks between the two calls)
         assert llm.engine.stats().prefix_cache_hits > stats.prefix_cache_hits
     llm.engine.check_invariants()
+
+
+def test_attention_adapters_on_a_mixture_of_experts_model_match_hf_peft(tiny_models, tmp_path):
+    model = tiny_models["qwen3moe"]
+    path = write_adapter(model, tmp_path / "attn", r=8, lora_alpha=16, target_modules=["q_proj", "k_proj", "v_proj",
+                                                                                         "o_proj"])
+    prompts = _own[:3]
+    llm = LLM(model, enable_lora=True, max_model_len=128, block_size=8)
+    params = SamplingParams(temperature=0.0, max_tokens=MAX_NEW, ignore_eos=True)
+    lora = LoRARequest("attn", 1, path)
+    outputs = llm.generate(prompt_token_ids=prompts, sampling_params=params, use_tqdm=False,
+                           lora_request=[lora, None, lora])
+    assert [o.outputs[0].token_ids for o in outputs] == [
+        peft_greedy(model, path if i != 1 else None, [p], MAX_NEW)[0] for i, p in enumerate(prompts)]

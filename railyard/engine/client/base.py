@@ -20,6 +20,8 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any, Protocol, runtime_checkable
 
+import msgspec
+
 from railyard.engine.client.output_processor import OutputProcessor
 from railyard.engine.config import SamplingParams
 from railyard.engine.core.model_info import ModelInfo
@@ -28,7 +30,8 @@ from railyard.engine.core.validation import (
     check_prompt_token_ids,
     check_sampling_params,
 )
-from railyard.engine.core.wire import RequestRefused
+from railyard.engine.core.wire import RequestRefused, request_error
+from railyard.engine.lora.request import LoRARequest
 from railyard.engine.outputs import EngineStats, RequestOutput, SeqDelta
 from railyard.engine.tokenizer import encode_prompt
 from railyard.errors import (
@@ -36,6 +39,7 @@ from railyard.errors import (
     EngineDeadError,
     EngineOverloadedError,
     InvalidRequestError,
+    UnknownLoRAError,
 )
 
 log = logging.getLogger("railyard.engine")
@@ -68,9 +72,22 @@ class EngineClient(Protocol):
 
     async def add_request(self, request_id: str, prompt: str | None, params: SamplingParams, *,
                           prompt_token_ids: list[int], arrival_time: float | None = None,
-                          priority: int = 0) -> AsyncIterator[RequestOutput]: ...
+                          priority: int = 0, lora: LoRARequest | None = None) -> AsyncIterator[RequestOutput]:
+        """lora: one of model_info.loras (UnknownLoRAError, the front's 404, for a name not loaded), or None:
+        the base model."""
 
     def abort(self, request_id: str) -> None: ...
+
+    async def load_lora(self, request: LoRARequest) -> None:
+        """Load a LoRA adapter between steps; InvalidRequestError (400) for one that does not fit this model or
+        these limits, and nothing running is disturbed. model_info.loras lists it after."""
+
+    async def unload_lora(self, lora_name: str) -> None:
+        """Stop serving an adapter (requests running with it finish); UnknownLoRAError (404) if none has that
+        name."""
+
+    async def list_loras(self) -> list[LoRARequest]:
+        """The adapters the engine serves now (model_info.loras, refreshed)."""
 
     @property
     def is_running(self) -> bool: ...
@@ -207,7 +224,7 @@ class CoreClient(abc.ABC):
 
     @abc.abstractmethod
     def _send_add(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams, arrival_time: float,
-                  priority: int) -> None: ...
+                  priority: int, lora: LoRARequest | None = None) -> None: ...
 
     @abc.abstractmethod
     def _send_abort(self, request_id: str) -> None: ...
@@ -216,7 +233,7 @@ class CoreClient(abc.ABC):
     def _send_stop(self, request_id: str, index: int, stop: str) -> None: ...
 
     @abc.abstractmethod
-    async def _call(self, method: str) -> Any:
+    async def _call(self, method: str, *args: Any) -> Any:
         """Run one of UTILITY_METHODS on the core between steps and return its result."""
 
     # -- requests --------------------------------------------------------------------------------
@@ -242,12 +259,16 @@ class CoreClient(abc.ABC):
 
     async def add_request(self, request_id: str, prompt: str | None, params: SamplingParams, *,
                           prompt_token_ids: list[int] | None = None, arrival_time: float | None = None,
-                          priority: int = 0) -> RequestStream:
-        """Check a request at the door and send it to the engine; returns its stream at once.
+                          priority: int = 0, lora: LoRARequest | None = None) -> RequestStream:
+        """Check a request at the door and send it to the engine; returns its stream at once. lora: a loaded
+        adapter (model_info.loras) to run it with; None: the base model.
 
-        Raises InvalidRequestError (refused alone), EngineOverloadedError (too many waiting) or EngineDeadError.
+        Raises InvalidRequestError (refused alone), UnknownLoRAError (an adapter not loaded), EngineOverloadedError
+        (too many waiting) or EngineDeadError.
         """
         self._check_alive()
+        if lora is not None:
+            self._check_lora(lora)
         if self.num_waiting >= self.max_waiting_requests:
             raise EngineOverloadedError(
                 f"{self.num_waiting} requests are already waiting (limit {self.max_waiting_requests}); retry later",
@@ -267,8 +288,39 @@ class CoreClient(abc.ABC):
         self._streams[request_id] = stream
         self.processor.add_request(request_id, prompt, ids, params, arrival)
         self._num_sent += 1
-        self._send_add(request_id, ids, params, arrival, priority)
+        self._send_add(request_id, ids, params, arrival, priority, lora)
         return stream
+
+    # -- LoRA adapters (run between steps) -------------------------------------------------------
+    async def load_lora(self, request: LoRARequest) -> None:
+        """Load an adapter (EngineCore.load_lora); InvalidRequestError for a bad one, which changes nothing."""
+        await self._checked_call("load_lora", request)
+        self.model_info.loras = [*self.model_info.loras, request]
+
+    async def unload_lora(self, lora_name: str) -> None:
+        """Unload an adapter by name (EngineCore.unload_lora); UnknownLoRAError if none has that name."""
+        await self._checked_call("unload_lora", lora_name)
+        self.model_info.loras = [r for r in self.model_info.loras if r.lora_name != lora_name]
+
+    async def list_loras(self) -> list[LoRARequest]:
+        """The adapters the engine serves now; refreshes model_info.loras."""
+        value = await self._checked_call("list_loras")
+        self.model_info.loras = msgspec.convert(value, list[LoRARequest])
+        return list(self.model_info.loras)
+
+    def lora_request(self, lora_name: str) -> LoRARequest:
+        """The loaded adapter of that name (what a request's `model` names); UnknownLoRAError if there is none."""
+        found = next((r for r in self.model_info.loras if r.lora_name == lora_name), None)
+        if found is None:
+            raise UnknownLoRAError(f"no LoRA adapter named {lora_name!r} is loaded")
+        return found
+
+    def _check_lora(self, lora: LoRARequest) -> None:
+        if not self.model_info.max_loras:
+            raise InvalidRequestError("this engine serves no LoRA adapters (start it with --enable-lora)")
+        if self.lora_request(lora.lora_name) != lora:
+            raise InvalidRequestError(f"LoRA adapter {lora.lora_name!r} is loaded as "
+                                      f"{self.lora_request(lora.lora_name)}, not {lora}")
 
     async def generate(self, request_id: str, prompt: str | None, params: SamplingParams,
                        **kwargs) -> AsyncIterator[RequestOutput]:
@@ -297,9 +349,9 @@ class CoreClient(abc.ABC):
         """The prefix-cache block hashes the engine holds (the router's prefix affinity)."""
         return set(await self._checked_call("cached_block_hashes"))
 
-    async def _checked_call(self, method: str) -> Any:
+    async def _checked_call(self, method: str, *args: Any) -> Any:
         self._check_alive()
-        return await self._call(method)
+        return await self._call(method, *args)
 
     # -- from the core ---------------------------------------------------------------------------
     def _on_step(self, deltas: list[SeqDelta], stats: EngineStats, refused: list[RequestRefused]) -> None:
@@ -311,7 +363,7 @@ class CoreClient(abc.ABC):
             self.processor.abort(r.request_id)
             stream = self._streams.pop(r.request_id, None)
             if stream is not None:
-                stream._fail(InvalidRequestError(r.message))
+                stream._fail(request_error(r.kind, r.message) or InvalidRequestError(r.message))
         if not deltas:
             return
         processed = self.processor.process_step(deltas, now, self._send_stop if self.dead is None else _ignore_stop)

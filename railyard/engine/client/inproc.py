@@ -17,6 +17,7 @@ from railyard.engine.client.base import CoreClient
 from railyard.engine.config import EngineConfig, SamplingParams
 from railyard.engine.core.engine_core import EngineCore
 from railyard.engine.core.wire import UTILITY_METHODS
+from railyard.engine.lora.request import LoRARequest
 from railyard.errors import EngineDeadError
 
 log = logging.getLogger("railyard.engine")
@@ -75,9 +76,9 @@ class InProcessEngineClient(CoreClient):
         self._wakeup.set()
 
     def _send_add(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams, arrival_time: float,
-                  priority: int) -> None:
+                  priority: int, lora: LoRARequest | None = None) -> None:
         self._post(lambda: self.core.submit(request_id, prompt_token_ids, params, arrival_time=arrival_time,
-                                            priority=priority))
+                                            priority=priority, lora=lora))
 
     def _send_abort(self, request_id: str) -> None:
         self._post(lambda: self.core.abort(request_id))
@@ -85,11 +86,11 @@ class InProcessEngineClient(CoreClient):
     def _send_stop(self, request_id: str, index: int, stop: str) -> None:
         self._post(lambda: self.core.stop_sequence(request_id, index, stop))
 
-    async def _call(self, method: str) -> Any:
+    async def _call(self, method: str, *args: Any) -> Any:
         if method not in UTILITY_METHODS:
             raise ValueError(f"unknown engine utility {method!r}")
         future = asyncio.get_running_loop().create_future()
-        self._post(getattr(self.core, method), future)
+        self._post(lambda: getattr(self.core, method)(*args), future)
         return await future
 
     # -- the loop --------------------------------------------------------------------------------

@@ -29,10 +29,11 @@ from railyard.engine.client.base import CoreClient
 from railyard.engine.config import EngineConfig, SamplingParams
 from railyard.engine.core.process import run_engine_core
 from railyard.engine.exits import describe_exit
+from railyard.engine.lora.request import LoRARequest
 from railyard.engine.tokenizer import load_tokenizer
 from railyard.engine.core.wire import (
     Abort, AddRequest, CoreFailed, Ready, Shutdown, StartupFailed, StepOutputs, StopSequence, UtilityCall,
-    UtilityResult, encoder, from_core_decoder)
+    UtilityResult, encoder, from_core_decoder, request_error)
 from railyard.errors import ConfigError, EngineDeadError, ModelLoadError
 
 log = logging.getLogger("railyard.engine")
@@ -148,8 +149,8 @@ class EngineProcessClient(CoreClient):
         self._input.send(encoder.encode(msg), zmq.NOBLOCK)
 
     def _send_add(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams, arrival_time: float,
-                  priority: int) -> None:
-        self._send(AddRequest(request_id, prompt_token_ids, params, arrival_time, priority))
+                  priority: int, lora: LoRARequest | None = None) -> None:
+        self._send(AddRequest(request_id, prompt_token_ids, params, arrival_time, priority, lora))
 
     def _send_abort(self, request_id: str) -> None:
         self._send(Abort([request_id]))
@@ -157,11 +158,11 @@ class EngineProcessClient(CoreClient):
     def _send_stop(self, request_id: str, index: int, stop: str) -> None:
         self._send(StopSequence(request_id, index, stop))
 
-    async def _call(self, method: str) -> Any:
+    async def _call(self, method: str, *args: Any) -> Any:
         call_id = next(self._call_ids)
         future = self.loop.create_future()
         self._calls[call_id] = future
-        self._send(UtilityCall(call_id, method))
+        self._send(UtilityCall(call_id, method, list(args)))
         return await future
 
     # -- from the core ---------------------------------------------------------------------------
@@ -192,6 +193,8 @@ class EngineProcessClient(CoreClient):
             return
         if result.ok:
             future.set_result(result.value)
+        elif request_error(result.kind, result.error or "") is not None:  # the caller's request, not the engine
+            future.set_exception(request_error(result.kind, result.error or ""))
         elif result.error and result.error.startswith("AssertionError"):
             future.set_exception(AssertionError(result.error))
         else:

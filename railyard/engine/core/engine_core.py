@@ -269,13 +269,14 @@ class EngineCore:
         return self.scheduler.has_unfinished() or self._in_flight is not None or self.structured.num_compiling > 0
 
     def submit(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams, *,
-               arrival_time: float | None = None, priority: int = 0) -> None:
+               arrival_time: float | None = None, priority: int = 0, lora: LoRARequest | None = None) -> None:
         """add_request for a driver that answers its front after the step: a request the core refuses is
         kept for take_refused instead of raised."""
         try:
-            self.add_request(request_id, prompt_token_ids, params, arrival_time=arrival_time, priority=priority)
+            self.add_request(request_id, prompt_token_ids, params, arrival_time=arrival_time, priority=priority,
+                             lora=lora)
         except InvalidRequestError as exc:
-            self._refused.append(RequestRefused(request_id, str(exc)))
+            self._refused.append(RequestRefused(request_id, str(exc), type(exc).__name__))
 
     def take_refused(self) -> list[RequestRefused]:
         """Requests refused since the last call: by submit, or because their constraint failed to compile (those

@@ -14,10 +14,12 @@ import signal
 import time
 import traceback
 
+import msgspec
 import zmq
 
 from railyard.engine.config import EngineConfig
 from railyard.engine.core.wire import (
+    UTILITY_ARGS,
     UTILITY_METHODS,
     Abort,
     AddRequest,
@@ -34,7 +36,7 @@ from railyard.engine.core.wire import (
 )
 from railyard.engine.exits import exit_when_parent_dies
 from railyard.engine.startup.timings import StartupTimes
-from railyard.errors import RailyardError
+from railyard.errors import InvalidRequestError, RailyardError
 
 log = logging.getLogger("railyard.engine")
 
@@ -127,7 +129,7 @@ def _drain(core, inp: zmq.Socket, out: zmq.Socket) -> int:
         msg = to_core_decoder.decode(frame.buffer)
         if isinstance(msg, AddRequest):
             core.submit(msg.request_id, msg.prompt_token_ids, msg.params, arrival_time=msg.arrival_time,
-                        priority=msg.priority)
+                        priority=msg.priority, lora=msg.lora)
         elif isinstance(msg, Abort):
             for request_id in msg.request_ids:
                 core.abort(request_id)
@@ -143,7 +145,12 @@ def _utility(core, call: UtilityCall) -> UtilityResult:
     if call.method not in UTILITY_METHODS:
         return UtilityResult(call.call_id, False, error=f"unknown engine utility {call.method!r}")
     try:
-        value = getattr(core, call.method)()
+        args = [msgspec.convert(arg, kind) for arg, kind in zip(call.args, UTILITY_ARGS.get(call.method, ()))]
+        value = getattr(core, call.method)(*args)
+    except InvalidRequestError as exc:  # the caller's request was bad (an adapter that does not fit): only it fails
+        return UtilityResult(call.call_id, False, error=str(exc), kind=type(exc).__name__)
+    except msgspec.ValidationError as exc:
+        return UtilityResult(call.call_id, False, error=str(exc), kind="InvalidRequestError")
     except Exception as exc:  # the caller's to handle (an AssertionError from check_invariants, say)
         return UtilityResult(call.call_id, False, error=f"{type(exc).__name__}: {exc}")
     if isinstance(value, set | frozenset):

@@ -13,7 +13,9 @@ import msgspec
 
 from railyard.engine.config import SamplingParams
 from railyard.engine.core.model_info import ModelInfo
+from railyard.engine.lora.request import LoRARequest
 from railyard.engine.outputs import EngineStats, SeqDelta
+from railyard.errors import InvalidRequestError, UnknownLoRAError
 
 
 class AddRequest(msgspec.Struct, tag="add", array_like=True):
@@ -22,6 +24,7 @@ class AddRequest(msgspec.Struct, tag="add", array_like=True):
     params: SamplingParams
     arrival_time: float
     priority: int = 0
+    lora: LoRARequest | None = None
 
 
 class Abort(msgspec.Struct, tag="abort", array_like=True):
@@ -37,12 +40,24 @@ class StopSequence(msgspec.Struct, tag="stop", array_like=True):
 
 
 # What a front may ask the core between steps (tests, debugging, the router's prefix view).
-UTILITY_METHODS = ("check_invariants", "cached_block_hashes", "check_health")
+UTILITY_METHODS = ("check_invariants", "cached_block_hashes", "check_health", "load_lora", "unload_lora", "list_loras")
+# The argument types of the utilities that take any (msgpack carries a LoRARequest as a plain map).
+UTILITY_ARGS: dict[str, tuple[type, ...]] = {"load_lora": (LoRARequest,), "unload_lora": (str,)}
+# Errors a utility call or an add may end in that belong to the caller's request (HTTP 4xx), by type name.
+REQUEST_ERRORS: dict[str, type[InvalidRequestError]] = {
+    "InvalidRequestError": InvalidRequestError, "UnknownLoRAError": UnknownLoRAError}
+
+
+def request_error(kind: str | None, message: str) -> InvalidRequestError | None:
+    """The request error a refusal or a failed call carried across the process boundary (None: not one)."""
+    cls = REQUEST_ERRORS.get(kind or "")
+    return None if cls is None else cls(message)
 
 
 class UtilityCall(msgspec.Struct, tag="call", array_like=True):
     call_id: int
     method: str  # one of UTILITY_METHODS
+    args: list[Any] = []  # as UTILITY_ARGS types them
 
 
 class Shutdown(msgspec.Struct, tag="shutdown", array_like=True):
@@ -64,6 +79,7 @@ class StartupFailed(msgspec.Struct, tag="startup_failed", array_like=True):
 class RequestRefused(msgspec.Struct, array_like=True):
     request_id: str
     message: str
+    kind: str = "InvalidRequestError"  # one of REQUEST_ERRORS (an unknown LoRA adapter is its own)
 
 
 class StepOutputs(msgspec.Struct, tag="step", array_like=True, gc=False):
@@ -77,6 +93,7 @@ class UtilityResult(msgspec.Struct, tag="result", array_like=True):
     ok: bool
     value: Any = None
     error: str | None = None
+    kind: str | None = None  # the error's type name (REQUEST_ERRORS: the caller's own error, not the engine's)
 
 
 class CoreFailed(msgspec.Struct, tag="failed", array_like=True):

@@ -24,6 +24,7 @@ WEIGHTS_FILE = "adapter_model.safetensors"
 PICKLED_WEIGHTS = ("adapter_model.bin", "adapter_model.pt", "adapter_model.pth")
 # The projections an adapter may target: the decoder's seven linear layers, as HF names them.
 MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+MLP_MODULES = ("gate_proj", "up_proj", "down_proj")  # a dense MLP's (not a mixture of experts' layers)
 # A LoRA weight as PEFT names it: ...layers.<i>.<self_attn|mlp>.<module>.lora_<A|B>.weight
 TENSOR_KEY = re.compile(r"(?:^|\.)layers\.(\d+)\.(?:self_attn|mlp)\.(\w+)\.lora_([AB])\.weight$")
 # PEFT options that change what an adapter computes beyond x A^T B^T * scaling: refused rather than ignored.
@@ -138,6 +139,9 @@ def _check_tensors(shapes: dict[str, list[int]], spec: ModelSpec, max_rank: int,
         if layer >= spec.num_layers:
             raise InvalidRequestError(f"LoRA adapter {name!r} adapts layer {layer}, but the model has "
                                       f"{spec.num_layers} layers")
+        if module in MLP_MODULES and spec.is_moe_layer(layer):
+            raise InvalidRequestError(f"LoRA adapter {name!r} adapts {module} of layer {layer}, whose MLP is a mixture "
+                                      "of experts: railyard adapts the attention projections of such layers only")
         pairs.setdefault((layer, module), {})[which] = shape
     if not pairs:
         raise InvalidRequestError(f"LoRA adapter {name!r} holds no LoRA weights")

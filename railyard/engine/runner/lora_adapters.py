@@ -18,7 +18,8 @@ import torch
 from railyard.engine.config import EngineConfig
 from railyard.engine.lora.peft import TENSOR_KEY, AdapterSpec, inspect_adapter
 from railyard.engine.lora.request import LoRARequest
-from railyard.engine.runner.layers.lora import LoRABatch, LoRAWeights, rank_tile
+from railyard.engine.runner.layers.lora import LoRABatch, LoRAWeights
+from railyard.model.memory import lora_rank_tile
 from railyard.model.spec import ModelSpec
 
 # Each adapted linear layer of a decoder layer: its attribute path and its parts as (HF module, loader shard id).
@@ -48,12 +49,14 @@ class LoRAAdapters:
                  device: torch.device, max_tokens: int) -> None:
         self.spec, self.dtype, self.device = spec, dtype, device
         self.max_lora_rank = config.max_lora_rank
-        self.rank = rank_tile(config.max_lora_rank)
+        self.rank = lora_rank_tile(config.max_lora_rank)  # zero rows change nothing
         self.max_cpu_loras = config.max_cpu_loras or config.max_loras
         self.batch = LoRABatch(config.max_loras, max_tokens, device)
         self.targets: list[_Target] = []
         for i, layer in enumerate(model.model.layers):
             for path, parts in TARGETS.items():
+                if path.startswith("mlp.") and spec.is_moe_layer(i):
+                    continue  # a mixture of experts: its projections are the experts' (inspect_adapter refuses them)
                 linear = layer.get_submodule(path)
                 weights = LoRAWeights(self.batch, self.rank, linear.weight.shape[1], _part_sizes(linear, len(parts)),
                                       dtype, device)
@@ -62,6 +65,11 @@ class LoRAAdapters:
         model.model.lora_batch = self.batch
         self.host: OrderedDict[int, list[tuple[torch.Tensor, torch.Tensor]]] = OrderedDict()
         self.slots: list[int | None] = [None] * config.max_loras  # the adapter id each slot holds
+
+    @property
+    def device_bytes(self) -> int:
+        """The slots' device memory (model/memory.py's lora_slot_bytes predicts it for the planner)."""
+        return sum(t.weights.a.nbytes + t.weights.b.nbytes for t in self.targets)
 
     def stage(self, slots_per_seq: list[int], query_start_loc: list[int]) -> None:
         """The next forward pass's slot per token, from each scheduled sequence's slot (-1: the base model)."""

@@ -299,10 +299,12 @@ class ModelRunner:
         free, total = torch.cuda.mem_get_info(self.device)
         # Memory used by others on this GPU (other processes, the CUDA context) counts against our share.
         used_elsewhere = total - free - torch.cuda.memory_reserved(self.device)
-        self.memory = MemoryBudget(total, c.gpu_memory_utilization, weights, peak - weights, max(0, used_elsewhere),
+        lora = self.lora.device_bytes if self.lora is not None else 0  # allocated before the peak: in it
+        self.memory = MemoryBudget(total, c.gpu_memory_utilization, weights, peak - weights - lora,
+                                   max(0, used_elsewhere),
                                    reserve_bytes(c.max_num_seqs, self.spec.vocab_size, c.enforce_eager)
                                    + self.piecewise_bytes,
-                                   self.block_bytes)
+                                   self.block_bytes, lora)
         if self.memory.num_blocks < 1:
             raise ConfigError(
                 f"no GPU memory left for the KV cache (weights + activations peak at {peak / GIB:.1f} GiB of "

@@ -20,7 +20,8 @@ import triton.language as tl
 @triton.jit
 def _shrink_kernel(x_ptr, a_ptr, out_ptr, order_ptr, counts_ptr, starts_ptr, N, K,
                    stride_xm, stride_xk, stride_as, stride_an, stride_ak, stride_om, stride_on,
-                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr):
+                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
+                   DOT_PRECISION: tl.constexpr):
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1) // SPLIT_K
     pid_k = tl.program_id(1) % SPLIT_K
@@ -43,7 +44,7 @@ def _shrink_kernel(x_ptr, a_ptr, out_ptr, order_ptr, counts_ptr, starts_ptr, N, 
                      mask=mask_m[:, None] & mask_k[None, :], other=0.0)
         at = tl.load(a_base + offs_n[None, :] * stride_an + offs_k[:, None] * stride_ak,
                      mask=mask_k[:, None] & mask_n[None, :], other=0.0)
-        acc += tl.dot(xt, at, input_precision="ieee")
+        acc += tl.dot(xt, at, input_precision=DOT_PRECISION)
     ptrs = out_ptr + tok[:, None] * stride_om + offs_n[None, :] * stride_on
     mask = mask_m[:, None] & mask_n[None, :]
     if SPLIT_K == 1:
@@ -55,7 +56,8 @@ def _shrink_kernel(x_ptr, a_ptr, out_ptr, order_ptr, counts_ptr, starts_ptr, N, 
 @triton.jit
 def _expand_kernel(s_ptr, b_ptr, y_ptr, order_ptr, counts_ptr, starts_ptr, offsets_ptr,
                    stride_sm, stride_sn, stride_bs, stride_bn, stride_br, stride_ym, stride_yn,
-                   TILES_PER_PART: tl.constexpr, RANK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+                   TILES_PER_PART: tl.constexpr, RANK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                   DOT_PRECISION: tl.constexpr):
     pid_m = tl.program_id(0)
     part = tl.program_id(1) // TILES_PER_PART
     tile = tl.program_id(1) % TILES_PER_PART
@@ -76,11 +78,16 @@ def _expand_kernel(s_ptr, b_ptr, y_ptr, order_ptr, counts_ptr, starts_ptr, offse
     mask_n = offs_n < hi
     bt = tl.load(b_ptr + slot.to(tl.int64) * stride_bs + offs_n[None, :] * stride_bn + offs_r[:, None] * stride_br,
                  mask=mask_n[None, :], other=0.0)
-    acc = tl.dot(st.to(bt.dtype), bt, input_precision="ieee")
+    acc = tl.dot(st.to(bt.dtype), bt, input_precision=DOT_PRECISION)
     ptrs = y_ptr + tok[:, None] * stride_ym + offs_n[None, :] * stride_yn
     mask = mask_m[:, None] & mask_n[None, :]
     y = tl.load(ptrs, mask=mask, other=0.0)
     tl.store(ptrs, (y.to(tl.float32) + acc).to(y.dtype), mask=mask)
+
+
+def _dot_precision(t: torch.Tensor) -> str:
+    """float32 models multiply in full float32 (as the torch reference and HF do), not TF32."""
+    return "ieee" if t.dtype == torch.float32 else "tf32"
 
 
 def _block_m(num_tokens: int) -> int:
@@ -99,7 +106,7 @@ def shrink(x: torch.Tensor, a: torch.Tensor, order: torch.Tensor, counts: torch.
     grid = (triton.cdiv(t, block_m), triton.cdiv(n, block_n) * split_k, slots)
     _shrink_kernel[grid](x, a, out, order, counts, starts, n, k, x.stride(0), x.stride(1), a.stride(0), a.stride(1),
                          a.stride(2), out.stride(0), out.stride(1), BLOCK_M=block_m, BLOCK_N=block_n,
-                         BLOCK_K=block_k, SPLIT_K=split_k)
+                         BLOCK_K=block_k, SPLIT_K=split_k, DOT_PRECISION=_dot_precision(x))
     return out
 
 
@@ -113,4 +120,4 @@ def expand(shrunk: torch.Tensor, b: torch.Tensor, y: torch.Tensor, order: torch.
     grid = (triton.cdiv(t, block_m), tiles * (part_offsets.numel() - 1), b.shape[0])
     _expand_kernel[grid](shrunk, b, y, order, counts, starts, part_offsets, shrunk.stride(0), shrunk.stride(1),
                          b.stride(0), b.stride(1), b.stride(2), y.stride(0), y.stride(1), TILES_PER_PART=tiles,
-                         RANK=rank, BLOCK_M=block_m, BLOCK_N=block_n)
+                         RANK=rank, BLOCK_M=block_m, BLOCK_N=block_n, DOT_PRECISION=_dot_precision(b))

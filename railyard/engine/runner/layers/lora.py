@@ -25,14 +25,6 @@ from torch import nn
 from railyard.engine.runner.decode_graphs import staging_free, upload
 from railyard.engine.runner.kernels import lora_ops
 
-MIN_RANK_TILE = 16  # the kernels' rank tile: a tl.dot dimension is at least 16
-
-
-def rank_tile(max_lora_rank: int) -> int:
-    """The rank every slot is padded to: the next power of two, at least MIN_RANK_TILE (zero rows change nothing)."""
-    return max(MIN_RANK_TILE, 1 << (max_lora_rank - 1).bit_length())
-
-
 class LoRABatch:
     """The step's adapter slot per token (-1: the base model) and, derived on the device, the tokens ordered by
     slot: `order` lists the token indices slot by slot, base-model tokens last; slot s owns
