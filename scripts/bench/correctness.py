@@ -2,7 +2,8 @@
 
 1. Kernels: Triton vs torch backend on bf16 batches of the 7B / 0.6B head shapes (decode, prefill,
    prefix hits / chunks), max abs diff.
-2. Greedy tokens identical to HF generate, fp32 tiny models (qwen2 / qwen3 / llama / qwen3moe), Triton backend
+2. Greedy tokens identical to HF generate, fp32 tiny models (qwen2 / qwen3 / llama / qwen3moe / gpt-oss with float32
+   and MXFP4 experts, sinks and a 16-token sliding window), Triton backend
    with CUDA graphs, through prefix-cache hits (a second pass) and chunked prefill (16-token budget);
    and a 0.6B-shape fp32 random model, greedy vs HF on the GPU.
 3. bf16 first-token logits of the Qwen2-7B shape vs HF (same random weights), max abs diff.
@@ -77,9 +78,16 @@ def tiny_greedy():
     variants = {"prefix-cache bs16 + cuda graphs": dict(block_size=16, max_num_seqs=16),
                 "chunked prefill (16-token budget) bs8": dict(block_size=8, max_num_batched_tokens=16, max_num_seqs=16),
                 "eager (no graphs)": dict(enforce_eager=True)}
+    from tests.engine.gpt_oss_checkpoint import write_tiny_gpt_oss
+
     rows = []
-    for arch in ("qwen2", "qwen3", "llama", "qwen3moe"):  # qwen3moe: the fused-MoE kernel in the decode graphs
-        path = str(write_tiny_checkpoint(f"/tmp/tiny-{arch}", arch, seed=0))
+    paths = {arch: write_tiny_checkpoint(f"/tmp/tiny-{arch}", arch, seed=0)  # qwen3moe: the fused-MoE kernel
+             for arch in ("qwen2", "qwen3", "llama", "qwen3moe")}
+    # gpt-oss: sinks and sliding windows in the Triton kernels, sliding blocks in the decode graphs, MXFP4 experts
+    paths.update({"gpt-oss": write_tiny_gpt_oss("/tmp/tiny-gpt-oss"),
+                  "gpt-oss-mxfp4": write_tiny_gpt_oss("/tmp/tiny-gpt-oss-mxfp4", mxfp4=True)})
+    for arch, path in paths.items():
+        path = str(path)
         expected = hf_greedy(path, prompts, 24)
         for vname, kw in variants.items():
             llm = LLM(path, device="cuda", dtype="float32", attention_backend="triton", max_model_len=512,
