@@ -1,9 +1,12 @@
 """Batched LoRA kernels (Punica's segmented gather matmuls, as vLLM's lora_shrink / lora_expand): each program
-takes one adapter slot's tokens (LoRABatch's order, counts and starts, on the device) and one output tile.
+takes one row tile of one adapter slot's tokens (LoRABatch's order, counts and starts, on the device) and one
+output tile.
 
-The grid is fixed by the step's token count and the number of slots, never by how tokens spread over adapters:
-a program whose slot has fewer tokens than its row tile returns at once. So a CUDA graph captured for a token count
-replays for any mix of adapters and base-model tokens (whose group, after the last slot, no program visits).
+The grid is fixed by the step's token count and the number of slots, never by how tokens spread over adapters: the
+slots' row tiles, laid end to end, number at most cdiv(T, BLOCK_M) + slots, and a program finds its slot and tile by
+walking the slots' counts; programs past the last tile return at once. So a CUDA graph captured for a token count
+replays for any mix of adapters and base-model tokens (whose group, after the last slot, no program visits), and a
+long prefill launches no idle programs per slot.
 
 shrink: out[t, :] = x[t] A_s^T in float32 (split over K with atomic adds when few tokens would leave the GPU idle).
 expand: y[t, part columns] += out[t, part's rank block] (rounded to B's dtype) B_s^T, in y's dtype; every output
@@ -18,21 +21,37 @@ import triton.language as tl
 
 
 @triton.jit
+def _row_tile(counts_ptr, starts_ptr, order_ptr, NUM_SLOTS: tl.constexpr, BLOCK_M: tl.constexpr):
+    """This program's (slot, token indices, row mask): its place among the slots' row tiles laid end to end
+    (slot -1: past the last tile)."""
+    pid = tl.program_id(0)
+    slot = -1
+    tile = 0
+    first = 0  # the first tile of slot s
+    for s in tl.static_range(NUM_SLOTS):
+        tiles = tl.cdiv(tl.load(counts_ptr + s), BLOCK_M)
+        hit = (pid >= first) & (pid < first + tiles)
+        slot = tl.where(hit, s, slot)
+        tile = tl.where(hit, pid - first, tile)
+        first += tiles
+    count = tl.load(counts_ptr + tl.maximum(slot, 0))
+    start = tl.load(starts_ptr + tl.maximum(slot, 0))
+    offs_m = tile * BLOCK_M + tl.arange(0, BLOCK_M)
+    mask_m = (offs_m < count) & (slot >= 0)
+    tok = tl.load(order_ptr + start + offs_m, mask=mask_m, other=0).to(tl.int64)
+    return slot, tok, mask_m
+
+
+@triton.jit
 def _shrink_kernel(x_ptr, a_ptr, out_ptr, order_ptr, counts_ptr, starts_ptr, N, K,
                    stride_xm, stride_xk, stride_as, stride_an, stride_ak, stride_om, stride_on,
-                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
-                   DOT_PRECISION: tl.constexpr):
-    pid_m = tl.program_id(0)
+                   NUM_SLOTS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                   SPLIT_K: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    slot, tok, mask_m = _row_tile(counts_ptr, starts_ptr, order_ptr, NUM_SLOTS, BLOCK_M)
+    if slot < 0:
+        return
     pid_n = tl.program_id(1) // SPLIT_K
     pid_k = tl.program_id(1) % SPLIT_K
-    slot = tl.program_id(2)
-    count = tl.load(counts_ptr + slot)
-    if pid_m * BLOCK_M >= count:
-        return
-    start = tl.load(starts_ptr + slot)
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    mask_m = offs_m < count
-    tok = tl.load(order_ptr + start + offs_m, mask=mask_m, other=0).to(tl.int64)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     mask_n = offs_n < N
     a_base = a_ptr + slot.to(tl.int64) * stride_as
@@ -56,21 +75,17 @@ def _shrink_kernel(x_ptr, a_ptr, out_ptr, order_ptr, counts_ptr, starts_ptr, N, 
 @triton.jit
 def _expand_kernel(s_ptr, b_ptr, y_ptr, order_ptr, counts_ptr, starts_ptr, offsets_ptr,
                    stride_sm, stride_sn, stride_bs, stride_bn, stride_br, stride_ym, stride_yn,
-                   TILES_PER_PART: tl.constexpr, RANK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                   DOT_PRECISION: tl.constexpr):
-    pid_m = tl.program_id(0)
+                   NUM_SLOTS: tl.constexpr, TILES_PER_PART: tl.constexpr, RANK: tl.constexpr, BLOCK_M: tl.constexpr,
+                   BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr):
     part = tl.program_id(1) // TILES_PER_PART
     tile = tl.program_id(1) % TILES_PER_PART
-    slot = tl.program_id(2)
-    count = tl.load(counts_ptr + slot)
     lo = tl.load(offsets_ptr + part)
     hi = tl.load(offsets_ptr + part + 1)
-    if pid_m * BLOCK_M >= count or lo + tile * BLOCK_N >= hi:
+    if lo + tile * BLOCK_N >= hi:
         return
-    start = tl.load(starts_ptr + slot)
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    mask_m = offs_m < count
-    tok = tl.load(order_ptr + start + offs_m, mask=mask_m, other=0).to(tl.int64)
+    slot, tok, mask_m = _row_tile(counts_ptr, starts_ptr, order_ptr, NUM_SLOTS, BLOCK_M)
+    if slot < 0:
+        return
     offs_r = tl.arange(0, RANK)
     st = tl.load(s_ptr + tok[:, None] * stride_sm + (part * RANK + offs_r)[None, :] * stride_sn,
                  mask=mask_m[:, None], other=0.0)
@@ -103,9 +118,9 @@ def shrink(x: torch.Tensor, a: torch.Tensor, order: torch.Tensor, counts: torch.
     # Few row tiles per slot leave most of the GPU idle over a long K: split K across programs instead.
     split_k = 1 if t > 256 else max(1, min(16, triton.cdiv(k, 4 * block_k)))
     out = torch.zeros((t, n), dtype=torch.float32, device=x.device)
-    grid = (triton.cdiv(t, block_m), triton.cdiv(n, block_n) * split_k, slots)
+    grid = (triton.cdiv(t, block_m) + slots, triton.cdiv(n, block_n) * split_k)
     _shrink_kernel[grid](x, a, out, order, counts, starts, n, k, x.stride(0), x.stride(1), a.stride(0), a.stride(1),
-                         a.stride(2), out.stride(0), out.stride(1), BLOCK_M=block_m, BLOCK_N=block_n,
+                         a.stride(2), out.stride(0), out.stride(1), NUM_SLOTS=slots, BLOCK_M=block_m, BLOCK_N=block_n,
                          BLOCK_K=block_k, SPLIT_K=split_k, DOT_PRECISION=_dot_precision(x))
     return out
 
@@ -117,7 +132,9 @@ def expand(shrunk: torch.Tensor, b: torch.Tensor, y: torch.Tensor, order: torch.
     block_m = _block_m(t)
     block_n = 64 if max_part >= 64 else 32 if max_part >= 32 else 16
     tiles = triton.cdiv(max_part, block_n)
-    grid = (triton.cdiv(t, block_m), tiles * (part_offsets.numel() - 1), b.shape[0])
+    slots = b.shape[0]
+    grid = (triton.cdiv(t, block_m) + slots, tiles * (part_offsets.numel() - 1))
     _expand_kernel[grid](shrunk, b, y, order, counts, starts, part_offsets, shrunk.stride(0), shrunk.stride(1),
-                         b.stride(0), b.stride(1), b.stride(2), y.stride(0), y.stride(1), TILES_PER_PART=tiles,
+                         b.stride(0), b.stride(1), b.stride(2), y.stride(0), y.stride(1), NUM_SLOTS=slots,
+                         TILES_PER_PART=tiles,
                          RANK=rank, BLOCK_M=block_m, BLOCK_N=block_n, DOT_PRECISION=_dot_precision(b))

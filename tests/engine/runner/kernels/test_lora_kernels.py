@@ -47,6 +47,7 @@ CASES = {
     "gate-up-rank-32": ([0] * 20 + [1] * 7 + [-1] * 3, 2, [96, 96], 32, 80),
     "prefill-many-tokens-split-k-off": ([i % 3 - 1 for i in range(300)], 2, [40], 16, 48),
     "decode-long-k-split-over-programs": ([1, 0, -1, 1], 2, [24], 16, 600),
+    "an-empty-slot-between-busy-ones": ([0, 0, 2, 3, -1, 3, 0] * 5, 4, [32], 16, 48),
     "only-base-tokens": ([-1, -1, -1], 2, [32], 16, 32),
 }
 
