@@ -23,7 +23,8 @@ class LoRASlots:
         self.recent: OrderedDict[int, None] = OrderedDict()  # resident adapters, least recently used first
         self.num_loads = 0
 
-    def assign(self, step: Iterable[LoRARequest], pinned: set[int]) -> tuple[dict[int, int], list[tuple[int, LoRARequest]]]:
+    def assign(self, step: Iterable[LoRARequest],
+               pinned: set[int]) -> tuple[dict[int, int], list[tuple[int, LoRARequest]]]:
         """Slots for a step's adapters: ({lora_int_id: slot}, [(slot, adapter) to load first]).
 
         pinned: adapters of running sequences, never evicted (the step's own are among them)."""

@@ -220,7 +220,8 @@ class ModelRunner:
         if self.quantization:
             raise ConfigError(f"LoRA adapters on a {self.quantization}-quantized checkpoint are not supported")
         if self.device.type == "cuda" and lora_ops() is None:
-            raise ConfigError("LoRA adapters on the GPU need triton (their batched kernels), which does not import here")
+            raise ConfigError("LoRA adapters on the GPU need triton (their batched kernels), which does not import "
+                              "here")
         max_tokens = max(c.max_num_batched_tokens, c.max_num_seqs,
                          profile_tokens(c.max_num_batched_tokens, c.max_model_len, c.max_num_seqs))
         return LoRAAdapters(self.model, self.spec, c, self.dtype, self.device, max_tokens)

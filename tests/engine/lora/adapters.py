@@ -6,10 +6,11 @@ from __future__ import annotations
 import functools
 from pathlib import Path
 
+import pytest
 import torch
 import transformers
 
-peft = __import__("pytest").importorskip("peft")
+peft = pytest.importorskip("peft")
 
 # Three adapters that differ in rank, targets and scaling (one rsLoRA); B is random, so each changes the output.
 ADAPTERS = {
