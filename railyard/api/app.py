@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI, Request
@@ -13,6 +13,8 @@ from railyard.api.chat import create_chat_completion
 from railyard.api.completions import create_completion
 from railyard.api.errors import ERROR_RESPONSES, ModelNotFoundError, error_response, install_error_handlers
 from railyard.api.generation import Generation
+from railyard.api.lora import Adapters, LoRAModule
+from railyard.api.lora_routes import LoRAHost, install_lora_routes, load_adapter
 from railyard.api.metrics import ServerMetrics
 from railyard.api.middleware import BearerAuth, BodySizeLimit
 from railyard.api.protocol import ChatCompletionRequest, CompletionRequest
@@ -38,19 +40,26 @@ def install_openai_routes(app: FastAPI, generation_for: Callable[[str | None], G
 
 
 def engine_app(engine: EngineClient, *, served_model_name: str | None = None, api_key: str | None = None,
-               max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES, on_ready: Callable[[], None] | None = None
-               ) -> FastAPI:
+               max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES, on_ready: Callable[[], None] | None = None,
+               lora_modules: Sequence[LoRAModule] = (), lora_runtime_updates: bool = False) -> FastAPI:
     """The OpenAI app serving one `engine` (any EngineClient; serve.front.openai_app serves a fleet's models); its
-    lifespan starts the client (then calls on_ready: the server listens next) and shuts the engine down."""
+    lifespan starts the client, loads the LoRA adapters of lora_modules (then calls on_ready: the server listens
+    next) and shuts the engine down.
+
+    lora_runtime_updates: /v1/load_lora_adapter and /v1/unload_lora_adapter may change the adapters."""
     info = engine.model_info
     name = served_model_name or info.served_model_name
-    metrics = ServerMetrics(name, engine.stats, healthy=lambda: engine.is_running, startup=info.startup)
+    metrics = ServerMetrics(name, engine.stats, healthy=lambda: engine.is_running, startup=info.startup,
+                            max_loras=info.max_loras)
     engine.listener = metrics
     gen = Generation(engine, name)
+    host = LoRAHost(Adapters(name), engine)
 
     @asynccontextmanager
     async def lifespan(_: FastAPI):
         await engine.start()
+        for module in lora_modules:
+            await load_adapter(host, module, {name})
         if on_ready is not None:
             on_ready()
         yield
@@ -61,25 +70,31 @@ def engine_app(engine: EngineClient, *, served_model_name: str | None = None, ap
     install_error_handlers(app)
 
     def generation_for(model: str | None) -> Generation:
-        if model is not None and model != name:  # as in vLLM, no model means the served one
+        if model is None or model == name:  # as in vLLM, no model means the served one
+            return gen
+        lora = host.adapters.get(model)
+        if lora is None:
             raise ModelNotFoundError(model)
-        return gen
+        return gen.for_adapter(lora)
 
     install_openai_routes(app, generation_for)
+    install_lora_routes(app, lambda: {name: host}, enabled=lora_runtime_updates)
 
-    def model_card() -> dict:
-        return {"id": name, "object": "model", "created": info.created, "owned_by": "railyard", "root": info.model,
-                "max_model_len": info.max_model_len}
+    def model_cards() -> list[dict]:
+        base = {"id": name, "object": "model", "created": info.created, "owned_by": "railyard", "root": info.model,
+                "parent": None, "max_model_len": info.max_model_len}
+        return [base, *host.adapters.cards(info.created)]
 
     @app.get("/v1/models", responses={401: ERROR_RESPONSES[401]})
     async def models() -> dict:
-        return {"object": "list", "data": [model_card()]}
+        return {"object": "list", "data": model_cards()}
 
     @app.get("/v1/models/{model:path}", responses={s: ERROR_RESPONSES[s] for s in (401, 404)})
     async def model(model: str) -> dict:
-        if model != name:
+        card = next((c for c in model_cards() if c["id"] == model), None)
+        if card is None:
             raise ModelNotFoundError(model)
-        return model_card()
+        return card
 
     @app.get("/health", responses={503: ERROR_RESPONSES[503]})
     async def health() -> Response:

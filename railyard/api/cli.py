@@ -11,13 +11,15 @@ import signal
 import socket
 import sys
 import time
+from pathlib import Path
 
+from railyard.api.lora import LoRAModule, lora_request, parse_lora_module
 from railyard.engine.args import add_engine_args, engine_config_from_args
 from railyard.engine.client.base import DEFAULT_MAX_WAITING_REQUESTS
 from railyard.engine.startup.background import Background
 from railyard.engine.tokenizer import with_shape_tokenizer
 from railyard.envs import RAILYARD_API_KEY
-from railyard.errors import STOP_SIGNALS, ConfigError, Stopped
+from railyard.errors import STOP_SIGNALS, ConfigError, InvalidRequestError, Stopped
 
 # A client that reuses a pooled connection just as the server closes it as idle loses that request (a POST is
 # not retried), so the server must be the side that waits longer: longer than httpx's and the openai client's
@@ -45,6 +47,14 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "the step loop (default); --no-engine-process runs it on a thread of the server, for debugging")
     p.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"],
                    help="log level of uvicorn and railyard")
+    p.add_argument("--lora-modules", nargs="+", default=[], metavar="NAME=PATH",
+                   help="LoRA adapters (PEFT directories) to serve from the start, each as name=path or vLLM's JSON "
+                        "form {\"name\": ..., \"path\": ..., \"base_model_name\": ...}; a request's model names "
+                        "one (implies --enable-lora)")
+    p.add_argument("--enable-lora-runtime-updates", action="store_true",
+                   help="allow POST /v1/load_lora_adapter and /v1/unload_lora_adapter (vLLM's "
+                        "VLLM_ALLOW_RUNTIME_LORA_UPDATING; behind --api-key where one is set; implies --enable-lora) "
+                        "(default: off)")
     add_engine_args(p)
     p.add_argument("--config", help="stack YAML: serve its models on Ray Serve instead (see `railyard cluster up`) "
                                     "(default: none: one engine in this process)")
@@ -99,7 +109,10 @@ def run_serve(args: argparse.Namespace) -> int:
         signal.signal(sig, Stopped.handler)
     started_at = getattr(args, "started_at", None) or time.time()
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    config = engine_config_from_args(args, served_model_name=args.served_model_name)
+    lora_modules = [parse_lora_module(m) for m in args.lora_modules]
+    lora = {"enable_lora": True} if lora_modules or args.enable_lora_runtime_updates else {}
+    config = engine_config_from_args(args, served_model_name=args.served_model_name, **lora)
+    check_lora_modules(lora_modules, config)  # a bad adapter is an error before the model loads
     sock = bind_socket(args.host, args.port)  # a taken port is an error before the model loads, not after
     front_ready = time.time()
     # The HTTP front's imports (FastAPI, uvicorn, transformers, torch) run while the engine starts, not before; in
@@ -128,7 +141,8 @@ def run_serve(args: argparse.Namespace) -> int:
             startup.add_rest("server_start", started_at)
 
     app = engine_app(engine, served_model_name=name, api_key=args.api_key, max_request_bytes=args.max_request_bytes,
-                    on_ready=on_ready)
+                     on_ready=on_ready, lora_modules=lora_modules,
+                     lora_runtime_updates=args.enable_lora_runtime_updates)
     server = Server(uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
                                    timeout_keep_alive=args.timeout_keep_alive, timeout_graceful_shutdown=5))
 
@@ -159,6 +173,37 @@ def run_serve(args: argparse.Namespace) -> int:
         print(f"railyard serve: error: could not serve on {args.host}:{args.port}", file=sys.stderr)
         return 2
     return 0
+
+
+def check_lora_modules(modules: list[LoRAModule], config) -> None:
+    """Each --lora-modules adapter checked against the model as the engine checks it (files, format, shapes,
+    rank), and their names unique: a ConfigError naming the adapter, before anything starts."""
+    if not modules:
+        return
+    from railyard.engine.lora.peft import inspect_adapter
+    from railyard.engine.runner.models.checkpoint_dir import resolve_model_dir
+    from railyard.model.spec import ModelSpec, read_model_spec
+    from railyard.shapes import is_shape, shape_config
+
+    served = config.served_model_name or Path(config.model).name  # the engine's own default
+    if is_shape(config.model) and not Path(config.model).exists():
+        spec = ModelSpec.from_hf_config(shape_config(config.model))
+    else:
+        spec = read_model_spec(resolve_model_dir(config.model))
+    names = [m.name for m in modules]
+    if len(set(names)) != len(names):
+        raise ConfigError(f"--lora-modules: adapter names must be unique, got {', '.join(names)}")
+    for module in modules:
+        if module.name == served:
+            raise ConfigError(f"--lora-modules {module.name}: the served model has that name; name the adapter "
+                              "otherwise")
+        if module.base_model_name not in (None, served):
+            raise ConfigError(f"--lora-modules {module.name}: base_model_name {module.base_model_name!r} is not the "
+                              f"served model {served!r}")
+        try:
+            inspect_adapter(lora_request(module.name, module.path), spec, config.max_lora_rank)
+        except InvalidRequestError as exc:
+            raise ConfigError(f"--lora-modules: {exc}") from None
 
 
 def bind_socket(host: str, port: int) -> socket.socket:

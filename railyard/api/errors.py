@@ -15,7 +15,7 @@ from pydantic import BaseModel
 from starlette.exceptions import HTTPException
 
 from railyard.api.protocol import REQUEST_RULE, format_path
-from railyard.errors import EngineDeadError, EngineOverloadedError, InvalidRequestError
+from railyard.errors import EngineDeadError, EngineOverloadedError, InvalidRequestError, UnknownLoRAError
 
 log = logging.getLogger("railyard.api")
 
@@ -41,7 +41,7 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
     400: {"model": ErrorResponse, "description": "Invalid request: unparsable JSON, a wrong, unknown or unsupported "
                                                  "field, invalid Unicode, or a prompt longer than the context"},
     401: {"model": ErrorResponse, "description": "Missing or wrong API key (servers started with --api-key)"},
-    404: {"model": ErrorResponse, "description": "The model is not served here"},
+    404: {"model": ErrorResponse, "description": "The model (or LoRA adapter) is not served here"},
     413: {"model": ErrorResponse, "description": "The request body is over the server's size limit"},
     503: {"model": ErrorResponse, "description": "Overloaded (retry after the Retry-After header's seconds) or the "
                                                  "engine has died"},
@@ -116,6 +116,10 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(InvalidRequestError)
     async def _bad_request(_: Request, exc: InvalidRequestError) -> JSONResponse:
         return error_response(400, str(exc))
+
+    @app.exception_handler(UnknownLoRAError)
+    async def _no_adapter(_: Request, exc: UnknownLoRAError) -> JSONResponse:
+        return error_response(404, str(exc), param="model", code="model_not_found")
 
     @app.exception_handler(ModelNotFoundError)
     async def _no_model(_: Request, exc: ModelNotFoundError) -> JSONResponse:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import copy
 import functools
 import time
 from collections.abc import AsyncIterator
@@ -21,6 +22,7 @@ from railyard.api.output_parsers import resolve_parsers
 from railyard.api.protocol import SamplingRequest
 from railyard.engine.client.base import EngineClient
 from railyard.engine.config import SamplingParams
+from railyard.engine.lora.request import LoRARequest
 from railyard.engine.outputs import OutputKind, RequestOutput
 from railyard.engine.structured import StructuredOutputsParams
 from railyard.engine.tokenizer import encode_prompt
@@ -39,11 +41,13 @@ class Prompt:
 
 
 class Generation:
-    """The server's view of one model: its name, its tokenizer, its engine client and the engine's limits."""
+    """The server's view of one model: its name, its tokenizer, its engine client and the engine's limits; or of
+    one of its LoRA adapters (for_adapter), which shares the rest."""
 
     def __init__(self, client: EngineClient, served_model_name: str, tokenizer=None) -> None:
         self.client = client
         self.model_name = served_model_name
+        self.lora: LoRARequest | None = None
         self.tokenizer = tokenizer if tokenizer is not None else client.tokenizer  # the front's own copy
         self.max_model_len = client.model_info.max_model_len
         self.token_text = lru_cache(maxsize=65536)(self._decode_one)
@@ -51,6 +55,14 @@ class Generation:
         info = client.model_info
         self.parsers = resolve_parsers(info.reasoning_parser, info.tool_call_parser,
                                        getattr(self.tokenizer, "chat_template", None))
+
+    def for_adapter(self, lora: LoRARequest) -> Generation:
+        """This model's view under a LoRA adapter: responses name the adapter, requests run with it."""
+        if self.tokenizer is not None:
+            _ = self.max_prompt_chars  # computed once here, shared by every view
+        view = copy.copy(self)
+        view.model_name, view.lora = lora.lora_name, lora
+        return view
 
     def _decode_one(self, token_id: int) -> str:
         return self.tokenizer.decode([token_id])
@@ -129,7 +141,7 @@ class Generation:
             for i, p in enumerate(prompts):
                 streams.append(await self.client.add_request(
                     f"{request_id}-{i}", p.text, params, prompt_token_ids=p.token_ids, arrival_time=arrival_time,
-                    priority=priority))
+                    priority=priority, lora=self.lora))
         except BaseException:
             for s in streams:
                 s.abort()

@@ -9,6 +9,7 @@ rest when a request finishes. The engine's start-up report (`railyard:startup_*`
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
@@ -68,6 +69,19 @@ class _EngineStatsCollector:
             family = CounterMetricFamily(name, doc, labels=_LABELS)
             family.add_metric(labels, value)
             yield family
+        if self.metrics.max_loras:
+            yield self._lora_info(s, live)
+
+    def _lora_info(self, s: EngineStats, live: int) -> GaugeMetricFamily:
+        """vLLM's LoRA gauge (which the Gateway API inference extension's LoRA affinity reads): the adapters with
+        running and waiting requests, comma-separated, and the adapters one step may mix; the value is when it
+        was read."""
+        family = GaugeMetricFamily("vllm:lora_requests_info", "Running stats on lora requests.",
+                                   labels=("model_name", "max_lora", "waiting_lora_adapters", "running_lora_adapters"))
+        waiting = ",".join(s.waiting_lora_adapters) if live else ""
+        running = ",".join(s.running_lora_adapters) if live else ""
+        family.add_metric([self.metrics.label_values[0], str(self.metrics.max_loras), waiting, running], time.time())
+        return family
 
 
 class _StartupCollector:
@@ -117,8 +131,11 @@ class ServerMetrics:
     """One server's metrics registry; an engine client's StepListener."""
 
     def __init__(self, model_name: str, stats: EngineStats | None = None,
-                 healthy: Callable[[], bool] | None = None, startup: StartupTimes | None = None) -> None:
+                 healthy: Callable[[], bool] | None = None, startup: StartupTimes | None = None,
+                 max_loras: int = 0) -> None:
+        """max_loras: the LoRA adapters one engine step may mix (0: the engine serves none)."""
         self.registry = CollectorRegistry()
+        self.max_loras = max_loras
         self.label_values = [model_name, "0"]
         self.stats = stats or EngineStats()
         self.healthy = healthy or (lambda: True)

@@ -190,3 +190,10 @@ def test_a_model_directory_that_does_not_load_exits_2_with_one_line(tmp_path):
     run = _serve_fails("--model", str(tmp_path))
     assert run.returncode == 2 and "Traceback" not in run.stderr
     assert len([line for line in run.stderr.splitlines() if line.startswith("railyard serve: error:")]) == 1
+
+
+def test_a_bad_lora_module_exits_2_with_one_line_naming_it_before_the_engine_loads(tiny_model, tmp_path):
+    run = _serve_fails("--model", tiny_model, "--lora-modules", f"sql={tmp_path / 'nowhere'}")
+    assert run.returncode == 2 and "Traceback" not in run.stderr
+    errors = [line for line in run.stderr.splitlines() if line.startswith("railyard serve: error:")]
+    assert len(errors) == 1 and "'sql'" in errors[0] and "is not a directory" in errors[0]
