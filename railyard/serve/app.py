@@ -19,6 +19,7 @@ from railyard.serve.ingress import OpenAIIngress
 from railyard.serve.replica import EngineReplica
 from railyard.serve.router import ROUTERS
 from railyard.engine.config import EngineConfig
+from railyard.engine.config import EngineConfig
 from railyard.serve.spec import AppSpec, PoolDeployment, ServedModel, parse_app_args
 
 
@@ -29,7 +30,7 @@ def build_app(args: dict[str, Any]) -> serve.Application:
     ingress = serve.deployment(OpenAIIngress).options(
         name=spec.ingress_name, num_replicas=spec.ingress_replicas,
         ray_actor_options={"num_cpus": 0}, max_ongoing_requests=4096)
-    return ingress.bind(_routes(spec), engines)
+    return ingress.bind(_routes(spec), engines, lora_runtime_updates=spec.lora_runtime_updates)
 
 
 def _routes(spec: AppSpec) -> list[dict[str, Any]]:
@@ -38,8 +39,18 @@ def _routes(spec: AppSpec) -> list[dict[str, Any]]:
              "pools": [{"name": p.name, "deployment": p.deployment, "max_prompt_tokens": p.max_prompt_tokens,
                         "max_model_len": p.engine.get("max_model_len"), "tokenizer": p.engine.get("tokenizer"),
                         **{k: p.engine[k] for k in ("reasoning_parser", "tool_call_parser") if k in p.engine}}
-                       for p in m.pools]}
+                       for p in m.pools],
+             "lora": _lora_route(m)}
             for m in spec.models]
+
+
+def _lora_route(model: ServedModel) -> dict[str, Any]:
+    """A model's LoRA limits as every pool's engines take them (max_loras 0: no adapters), and its adapters."""
+    configs = [EngineConfig(**p.engine) for p in model.pools]
+    if not all(c.enable_lora for c in configs):
+        return {"max_loras": 0, "max_lora_rank": 0, "adapters": []}
+    return {"max_loras": min(c.max_loras for c in configs), "max_lora_rank": min(c.max_lora_rank for c in configs),
+            "adapters": [{"name": n, "path": p} for n, p in model.adapters]}
 
 
 def replica_resources(model: ServedModel, pool: PoolDeployment) -> dict[str, Any]:

@@ -18,9 +18,12 @@ from typing import Any
 
 from railyard.engine.config import SamplingParams
 from railyard.engine.core.model_info import ModelInfo
+from railyard.engine.lora.peft import inspect_adapter
+from railyard.engine.lora.request import LoRARequest
 from railyard.engine.outputs import EngineStats, RequestOutput
 from railyard.engine.core.validation import check_prompt_token_ids, check_sampling_params
-from railyard.errors import EngineDeadError, RailyardError
+from railyard.errors import EngineDeadError, InvalidRequestError, RailyardError, UnknownLoRAError
+from railyard.model.spec import ModelSpec
 from railyard.serve import metrics
 from railyard.serve.replica import EngineRequest, ReplicaReport, ReplicaStarted
 
@@ -78,6 +81,9 @@ def fleet_stats(replicas: list[EngineStats]) -> EngineStats:
         setattr(total, name, sum(getattr(r, name) for r in replicas))
     used = sum(r.num_total_blocks - r.num_free_blocks for r in replicas)
     total.kv_cache_usage = used / total.num_total_blocks if total.num_total_blocks else 0.0
+    # LoRA adapters with running / waiting requests on any replica (names, each once)
+    total.running_lora_adapters = list(dict.fromkeys(a for r in replicas for a in r.running_lora_adapters))
+    total.waiting_lora_adapters = list(dict.fromkeys(a for r in replicas for a in r.waiting_lora_adapters))
     return total
 
 
@@ -160,15 +166,21 @@ class RayEngineClient:
     def __init__(self, model_name: str, pools: list[PoolHandle], tokenizer, *, max_model_len: int, vocab_size: int,
                  model: str | None = None, tokenizer_path: str | None = None,
                  max_attempts: int = DEFAULT_MAX_ATTEMPTS, reasoning_parser: str = "auto",
-                 tool_call_parser: str = "auto") -> None:
+                 tool_call_parser: str = "auto", spec: ModelSpec | None = None, max_loras: int = 0,
+                 max_lora_rank: int = 0) -> None:
+        """spec, max_loras, max_lora_rank: the model's description and its replicas' LoRA limits (max_loras 0:
+        they serve no adapters), against which adapters are checked here, before any replica sees them."""
         if not pools:
             raise ValueError(f"model {model_name!r} has no engine deployments")
         self.model_name = model_name
         self.pools = pools
         self.tokenizer = tokenizer
+        self.spec = spec
         self.model_info = ModelInfo(model=model or model_name, served_model_name=model_name,
                                     tokenizer=tokenizer_path, max_model_len=max_model_len, vocab_size=vocab_size,
-                                    reasoning_parser=reasoning_parser, tool_call_parser=tool_call_parser)
+                                    reasoning_parser=reasoning_parser, tool_call_parser=tool_call_parser,
+                                    max_loras=max_loras, max_lora_rank=max_lora_rank)
+        self._loras: dict[str, LoRARequest] = {}
         self.max_model_len = max_model_len
         self.vocab_size = vocab_size
         self.max_attempts = max_attempts
@@ -211,16 +223,42 @@ class RayEngineClient:
         self._replica_stats[report.replica] = report.stats
         self.stats = fleet_stats(list(self._replica_stats.values()))
 
+    # -- LoRA adapters: checked and named here, loaded by each replica at its first request ----------------
+    async def load_lora(self, request: LoRARequest) -> None:
+        """Serve an adapter by name: checked against the model as the engines check it (InvalidRequestError for a
+        bad one); each replica loads it when the router first sends it one of its requests."""
+        info = self.model_info
+        if not info.max_loras:
+            raise InvalidRequestError(f"model {self.model_name!r} serves no LoRA adapters: set enable_lora in its "
+                                      "engine options")
+        if request.lora_name in self._loras:
+            raise InvalidRequestError(f"LoRA adapter {request.lora_name!r} is already loaded; unload it first")
+        if self.spec is not None:
+            await asyncio.to_thread(inspect_adapter, request, self.spec, info.max_lora_rank)
+        self._loras[request.lora_name] = request
+        info.loras = list(self._loras.values())
+
+    async def unload_lora(self, lora_name: str) -> None:
+        """Stop routing requests to an adapter (requests running with it finish on their replicas)."""
+        if self._loras.pop(lora_name, None) is None:
+            raise UnknownLoRAError(f"no LoRA adapter named {lora_name!r} is loaded")
+        self.model_info.loras = list(self._loras.values())
+
+    async def list_loras(self) -> list[LoRARequest]:
+        return list(self._loras.values())
+
     async def add_request(self, request_id: str, prompt: str | None, params: SamplingParams, *,
                           prompt_token_ids: list[int], arrival_time: float | None = None,
-                          priority: int = 0) -> RayRequestStream:
+                          priority: int = 0, lora: LoRARequest | None = None) -> RayRequestStream:
         """A stream for the request, checked at the door; it is sent when the stream is first read. (arrival_time
         is this process's clock: the replica stamps its own, so latencies are measured on one clock.)"""
         ids = list(prompt_token_ids)
         check_prompt_token_ids(ids, vocab_size=self.vocab_size, max_model_len=self.max_model_len)
         check_sampling_params(params, vocab_size=self.vocab_size)
+        if lora is not None and self._loras.get(lora.lora_name) != lora:
+            raise UnknownLoRAError(f"no LoRA adapter named {lora.lora_name!r} is loaded")
         pool = choose_pool(self.pools, len(ids))
-        stream = RayRequestStream(self, pool, EngineRequest(request_id, prompt, ids, params, priority))
+        stream = RayRequestStream(self, pool, EngineRequest(request_id, prompt, ids, params, priority, lora))
         self._live[request_id] = stream
         return stream
 

@@ -13,6 +13,7 @@ from typing import Any
 
 from ray import serve
 
+from railyard.api.lora import LoRAModule
 from railyard.engine.runner.models.loader import resolve_model_dir
 from railyard.engine.tokenizer import load_tokenizer
 from railyard.model.spec import ModelSpec, read_model_spec
@@ -45,10 +46,12 @@ def make_clients(routes: list[dict[str, Any]], handles: dict[str, Any]) -> dict[
         # The front's chat parsers, as the model's engine options name them (pools share them; "auto" if unset).
         parsers = {k: next((p[k] for p in route["pools"] if k in p), "auto")
                    for k in ("reasoning_parser", "tool_call_parser")}
+        lora = route.get("lora") or {}  # the replicas' LoRA limits (max_loras 0: no adapters)
         clients[route["name"]] = RayEngineClient(
             route["name"], pools, load_tokenizer(tokenizer_dir),
             max_model_len=max(p.max_model_len for p in pools), vocab_size=spec.vocab_size, model=route["model"],
-            tokenizer_path=str(tokenizer_dir), **parsers)
+            tokenizer_path=str(tokenizer_dir), **parsers, spec=spec, max_loras=lora.get("max_loras", 0),
+            max_lora_rank=lora.get("max_lora_rank", 0))
     return clients
 
 
@@ -56,12 +59,17 @@ def make_clients(routes: list[dict[str, Any]], handles: dict[str, Any]) -> dict[
 class OpenAIIngress:
     """Ingress replica: builds the engine clients, then the OpenAI app over them."""
 
-    def __init__(self, routes: list[dict[str, Any]], engines: dict[str, Any]) -> None:
+    def __init__(self, routes: list[dict[str, Any]], engines: dict[str, Any],
+                 lora_runtime_updates: bool = False) -> None:
         self.clients = make_clients(routes, engines)
+        self.lora_modules = {r["name"]: [LoRAModule(a["name"], a["path"]) for a in (r.get("lora") or {}).get(
+            "adapters", [])] for r in routes}
+        self.lora_runtime_updates = lora_runtime_updates
         context = serve.get_replica_context()
         self.watcher = ReplicaWatcher(context.app_name, list(engines))
 
     def __serve_build_asgi_app__(self):
         from railyard.serve.front import openai_app
 
-        return openai_app(self.clients, on_startup=self.watcher.start, on_shutdown=self.watcher.stop)
+        return openai_app(self.clients, on_startup=self.watcher.start, on_shutdown=self.watcher.stop,
+                          lora_modules=self.lora_modules, lora_runtime_updates=self.lora_runtime_updates)

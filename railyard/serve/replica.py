@@ -4,7 +4,8 @@ The replica's engine core runs in its own process (EngineProcessClient, with the
 it spawns), so the replica's event loop (Ray's streaming, detokenisation) never shares a GIL with the
 step loop. It streams delta RequestOutputs back through Ray Serve (merged over a stream interval that grows with the
 streams in flight, since every Ray item costs CPU on three processes),
-reports its EngineStats to the request router (`record_routing_stats`) and to the autoscaler
+loads a request's LoRA adapter into its engine at the adapter's first request here, reports its EngineStats and
+the adapters it holds to the request router (`record_routing_stats`) and its load to the autoscaler
 (`record_autoscaling_stats`), and fails its health check once its engine has died, so the Serve
 controller replaces it.
 """
@@ -21,6 +22,7 @@ from typing import Any
 from railyard.engine.tokenizer import with_shape_tokenizer
 from railyard.engine.client.base import DEFAULT_MAX_WAITING_REQUESTS, EngineClient
 from railyard.engine.config import EngineConfig, SamplingParams
+from railyard.engine.lora.request import LoRARequest
 from railyard.engine.outputs import EngineStats, RequestOutput
 from railyard.errors import EngineDeadError
 from railyard.serve.placement import expose_reserved_gpus
@@ -59,10 +61,11 @@ class EngineRequest:
     prompt_token_ids: list[int]
     params: SamplingParams
     priority: int = 0
+    lora: LoRARequest | None = None  # the LoRA adapter it runs with (the router also reads it)
 
     def to_dict(self) -> dict[str, Any]:
         return {"request_id": self.request_id, "prompt": self.prompt, "prompt_token_ids": self.prompt_token_ids,
-                "params": self.params, "priority": self.priority}
+                "params": self.params, "priority": self.priority, "lora": self.lora}
 
 
 class EngineReplica:
@@ -102,6 +105,8 @@ class EngineReplica:
         self.node_id = ray.get_runtime_context().get_node_id()
         self._prefix_version = 0
         self._last_hashes: frozenset[int] = frozenset()
+        self._loras: dict[str, LoRARequest] = {}  # the adapters this replica's engine has loaded, by name
+        self._lora_locks: dict[str, asyncio.Lock] = {}
         await self.client.start()  # on the replica's event loop, where every method runs
         log.info("engine replica %s of %s ready on node %s", self.replica_id, self.deployment, self.node_id)
 
@@ -113,11 +118,31 @@ class EngineReplica:
         stream interval, which grows with the replica's live streams), the final one inside a ReplicaReport:
         about output tokens / tokens per interval + 2."""
         yield ReplicaStarted(self.replica_id, self.node_id)
+        lora = request.get("lora")
+        if lora is not None:
+            await self._ensure_lora(lora)
         stream = await self.client.add_request(
             request["request_id"], request.get("prompt"), request["params"],
-            prompt_token_ids=request["prompt_token_ids"], priority=request.get("priority", 0))
+            prompt_token_ids=request["prompt_token_ids"], priority=request.get("priority", 0), lora=lora)
         async for out in stream:
             yield ReplicaReport(self.replica_id, self.client.stats, out) if out.finished else out
+
+    async def _ensure_lora(self, lora: LoRARequest) -> None:
+        """Load a request's LoRA adapter into this replica's engine at its first request here (as Ray Serve's
+        model multiplexing loads a model where its requests are routed); first requests arriving together wait for
+        one load. The engine keeps it (its device slots and host tier evict by use, never a running request's)."""
+        if self._loras.get(lora.lora_name) == lora:
+            return
+        async with self._lora_locks.setdefault(lora.lora_name, asyncio.Lock()):
+            held = self._loras.get(lora.lora_name)
+            if held == lora:
+                return
+            if held is not None:  # the name was loaded again from another path: the old adapter goes
+                await self.client.unload_lora(lora.lora_name)
+                del self._loras[lora.lora_name]
+            await self.client.load_lora(lora)
+            self._loras[lora.lora_name] = lora
+            log.info("replica %s loaded LoRA adapter %r", self.replica_id, lora.lora_name)
 
     async def abort(self, request_id: str) -> None:
         self.client.abort(request_id)
@@ -144,6 +169,7 @@ class EngineReplica:
                 self._prefix_version += 1
         report["prefix_version"] = self._prefix_version
         report["prefix_hashes"] = list(self._last_hashes)[:MAX_REPORTED_PREFIX_HASHES]
+        report["lora_ids"] = [lora.lora_int_id for lora in self._loras.values()]
         return report
 
     async def record_autoscaling_stats(self) -> dict[str, float]:

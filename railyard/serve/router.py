@@ -3,8 +3,16 @@
 `PendingPrefixRouter` (the default) ranks replicas on the load their engines report (EngineStats
 through `record_routing_stats`, refreshed by the router's own count of requests it has sent since)
 and on the prompt's prefix blocks each replica's KV cache really holds (the engine's block hash
-chain, not the prompt text), with bounded load; a prefix no replica is known to hold goes to its
-rendezvous replica, so the routers of several ingress processes agree without talking.
+chain, not the prompt text, under the request's LoRA adapter), with bounded load; a prefix no replica is known to
+hold goes to its rendezvous replica, so the routers of several ingress processes agree without talking. A LoRA
+adapter's request prefers the replicas that hold the adapter (they report which; the router remembers where it just
+sent one), within the same bound (routing.py has the rule).
+
+Adapter affinity is ours rather than Ray Serve's model multiplexing (@serve.multiplexed with
+handle.options(multiplexed_model_id=...)), whose router keeps a request on the replicas holding its model until they
+are full or a 0.1-0.2 s timeout passes, then tries those with the fewest models: that would lose the bounded-load
+and prefix-cache ranking this router does, and its per-replica LRU unloads a model whatever requests still run with
+it, where the engine's own slots and host tier never evict a running request's adapter.
 `RoundRobinRouter` is the naive baseline for `railyard bench serve`.
 
 Both return one replica per tier, so Ray tries them in our order and only skips a replica that
@@ -54,6 +62,20 @@ def request_token_ids(pending_request: PendingRequest | None) -> list[int] | Non
     return None
 
 
+def request_lora_id(pending_request: PendingRequest | None) -> int:
+    """The lora_int_id of an engine request's LoRA adapter (0: the base model, as the engine's hash chain has it)."""
+    if pending_request is None or not pending_request.args or not isinstance(pending_request.args[0], dict):
+        return 0
+    lora = pending_request.args[0].get("lora")
+    return getattr(lora, "lora_int_id", 0) or 0
+
+
+def _prompt_hashes(pending_request: PendingRequest | None, block_size: int) -> list[int]:
+    """The prompt's block hash chain under its adapter: a prefix cached for another adapter is no match."""
+    token_ids = request_token_ids(pending_request)
+    return prefix_block_hashes(token_ids, block_size, request_lora_id(pending_request)) if token_ids else []
+
+
 class _CachedHashes:
     """A replica's reported prefix hashes as a set, rebuilt only when the replica reports a change."""
 
@@ -76,6 +98,8 @@ class PendingPrefixRouter(RequestRouter):
         self._affinity_ttl_s = affinity_ttl_s
         self._affinity_max_blocks = affinity_max_blocks
         self._recent: dict[ReplicaID, OrderedDict[int, float]] = {}
+        # (replica, lora_int_id) -> until when: an adapter we sent a replica that its report does not show yet
+        self._adapter_sent: dict[tuple[ReplicaID, int], float] = {}
         self._reported: dict[ReplicaID, _CachedHashes] = {}
         # When the replica last told this router its own count of requests (accepting one we sent), and when its
         # report last changed, with what we sent it since: which of the two load figures is fresher (routing.py's
@@ -92,13 +116,13 @@ class PendingPrefixRouter(RequestRouter):
                               pending_request: PendingRequest | None = None) -> list[list[RunningReplica]]:
         if not candidate_replicas:
             return []
-        token_ids = request_token_ids(pending_request)
-        block_size = self._block_size(candidate_replicas)
-        hashes = prefix_block_hashes(token_ids, block_size) if token_ids else []
+        hashes = _prompt_hashes(pending_request, self._block_size(candidate_replicas))
+        lora_id = request_lora_id(pending_request)
         now = time.monotonic()
         provisional = self._provisional_counts(now, pending_request)
-        loads = [self._load(r, hashes, now, provisional.get(r.replica_id.unique_id, 0)) for r in candidate_replicas]
-        decision = rank(loads, self.options, self._rng, prefix_key(hashes, self.options))
+        loads = [self._load(r, hashes, now, provisional.get(r.replica_id.unique_id, 0), lora_id)
+                 for r in candidate_replicas]
+        decision = rank(loads, self.options, self._rng, prefix_key(hashes, self.options), lora_id or None)
         by_id = {r.replica_id.unique_id: r for r in candidate_replicas}
         if pending_request is not None and decision.ranked:
             self._provisional[pending_request.metadata.internal_request_id] = (decision.ranked[0], now)
@@ -120,7 +144,8 @@ class PendingPrefixRouter(RequestRouter):
                 counts[rid] = counts.get(rid, 0) + 1
         return counts
 
-    def _load(self, replica: RunningReplica, hashes: list[int], now: float, provisional: int) -> ReplicaLoad:
+    def _load(self, replica: RunningReplica, hashes: list[int], now: float, provisional: int,
+              lora_id: int = 0) -> ReplicaLoad:
         stats = replica.routing_stats or {}
         # Ray's count of requests at this replica (from the replica on every accept, plus our sends, minus our
         # completions) is fresher than the replica's periodic EngineStats report, which lags both ways (it still
@@ -139,7 +164,10 @@ class PendingPrefixRouter(RequestRouter):
             recent = self._recent.get(replica.replica_id)
             if recent:
                 matched = max(matched, _matched_recent(hashes, recent, now))
-        return ReplicaLoad(replica.replica_id.unique_id, pending, int(stats.get("free_blocks", 0)), matched)
+        has_adapter = bool(lora_id) and (lora_id in (stats.get("lora_ids") or ())
+                                         or self._adapter_sent.get((replica.replica_id, lora_id), 0.0) > now)
+        return ReplicaLoad(replica.replica_id.unique_id, pending, int(stats.get("free_blocks", 0)), matched,
+                           has_adapter)
 
     def _reported_hashes(self, replica: RunningReplica) -> frozenset[int]:
         stats = replica.routing_stats or {}
@@ -177,15 +205,17 @@ class PendingPrefixRouter(RequestRouter):
     def on_request_routed(self, pending_request: PendingRequest, replica_id: ReplicaID, result: Any) -> None:
         # Sent and accepted: Ray's queue-length cache counts it from now on.
         self._provisional.pop(pending_request.metadata.internal_request_id, None)
-        token_ids = request_token_ids(pending_request)
         replica = self.curr_replicas.get(replica_id)
-        if not token_ids or replica is None:
+        if replica is None:
             return
-        hashes = prefix_block_hashes(token_ids, self._block_size([replica]))
+        expires = time.monotonic() + self._affinity_ttl_s
+        lora_id = request_lora_id(pending_request)
+        if lora_id:
+            self._adapter_sent[(replica_id, lora_id)] = expires
+        hashes = _prompt_hashes(pending_request, self._block_size([replica]))
         if not hashes:
             return
         recent = self._recent.setdefault(replica_id, OrderedDict())
-        expires = time.monotonic() + self._affinity_ttl_s
         for h in hashes:
             recent[h] = expires
             recent.move_to_end(h)
@@ -198,6 +228,9 @@ class PendingPrefixRouter(RequestRouter):
         for table in (self._recent, self._reported, self._accepted_at, self._report_seen):
             for rid in [rid for rid in table if rid not in live]:
                 del table[rid]
+        now = time.monotonic()
+        for key in [k for k, until in self._adapter_sent.items() if k[0] not in live or until < now]:
+            del self._adapter_sent[key]
         metrics.set_routable_replicas(self._deployment_id.name, len(live))
 
     def on_replica_actor_died(self, replica_id: ReplicaID) -> None:
@@ -206,6 +239,8 @@ class PendingPrefixRouter(RequestRouter):
         self._reported.pop(replica_id, None)
         self._accepted_at.pop(replica_id, None)
         self._report_seen.pop(replica_id, None)
+        for key in [k for k in self._adapter_sent if k[0] == replica_id]:
+            del self._adapter_sent[key]
 
 
 class _ReportSeen:

@@ -5,7 +5,9 @@ The shape is what `railyard.stack.to_serve_config` writes:
 "stream_items_per_s"?, "pools": [{"name", "max_prompt_tokens", "deployment", "engine"}]}], "ingress": {"num_replicas"}}`.
 Optional extras, for running without a stack file: per pool `num_replicas`, `autoscaling`, `ray_actor_options`,
 `max_ongoing_requests`; top level `router` (name and options), `replica` (the stack's lifecycle options and
-max_waiting_requests) and the ingress's `name`. Every default is the stack schema's (railyard.stack), or the engine's
+max_waiting_requests) and the ingress's `name`. A model's `lora: {"adapters": [{"name", "path"}]}` serves LoRA
+adapters from the start (and turns its engines' enable_lora on); the ingress's `lora_runtime_updates` lets
+/v1/load_lora_adapter and /v1/unload_lora_adapter change them. Every default is the stack schema's (railyard.stack), or the engine's
 (EngineConfig) for engine options, whether a stack file wrote the args or not.
 """
 
@@ -54,6 +56,7 @@ class ServedModel:
     pools: list[PoolDeployment]
     stream_interval_s: float = DEFAULT_STREAM_INTERVAL_S
     stream_items_per_s: float = DEFAULT_STREAM_ITEMS_PER_S
+    adapters: list[tuple[str, str]] = field(default_factory=list)  # LoRA adapters from the start: (name, path)
 
 
 @dataclass(frozen=True)
@@ -71,6 +74,7 @@ class AppSpec:
     max_waiting_requests: int = DEFAULT_MAX_WAITING_REQUESTS
     ingress_name: str = INGRESS_NAME
     ingress_replicas: int = DEFAULT_INGRESS_REPLICAS
+    lora_runtime_updates: bool = False
 
     def deployments(self) -> list[str]:
         return [p.deployment for m in self.models for p in m.pools]
@@ -97,7 +101,10 @@ def parse_app_args(args: dict[str, Any]) -> AppSpec:
     replicas = int(ingress.get("num_replicas", DEFAULT_INGRESS_REPLICAS))
     if replicas < 1:
         raise ConfigError(f"ingress.num_replicas must be >= 1, got {replicas}")
-    return AppSpec(models, router, lifecycle, waiting, ingress.get("name", INGRESS_NAME), replicas)
+    runtime_updates = ingress.get("lora_runtime_updates", False)
+    if not isinstance(runtime_updates, bool):
+        raise ConfigError(f"ingress.lora_runtime_updates must be true or false, got {runtime_updates!r}")
+    return AppSpec(models, router, lifecycle, waiting, ingress.get("name", INGRESS_NAME), replicas, runtime_updates)
 
 
 def _model(raw: Any, i: int) -> ServedModel:
@@ -107,6 +114,9 @@ def _model(raw: Any, i: int) -> ServedModel:
     name, path = str(raw["name"]), str(raw["model"])
     tp = int(raw.get("tensor_parallel_size", 1))
     base_engine = dict(raw.get("engine") or {})
+    adapters = _adapters(raw.get("lora"), where)
+    if adapters is not None:
+        base_engine["enable_lora"] = True
     model_auto = raw.get("autoscaling")
     raw_pools = raw.get("pools") or [{"name": "default", "max_prompt_tokens": None,
                                       "deployment": deployment_name(name, None)}]
@@ -141,7 +151,25 @@ def _model(raw: Any, i: int) -> ServedModel:
     budget = float(raw.get("stream_items_per_s", DEFAULT_STREAM_ITEMS_PER_S))
     if budget < 0:
         raise ConfigError(f"{where}.stream_items_per_s must be >= 0, got {budget}")
-    return ServedModel(name, path, tp, pools, interval, budget)
+    return ServedModel(name, path, tp, pools, interval, budget, adapters or [])
+
+
+def _adapters(raw: Any, where: str) -> list[tuple[str, str]] | None:
+    """A model's LoRA adapters as (name, path); None where it has no `lora`."""
+    if raw is None:
+        return None
+    if not isinstance(raw, dict) or set(raw) - {"adapters"} or not isinstance(raw.get("adapters", []), list):
+        raise ConfigError(f"{where}.lora must be {{\"adapters\": [{{\"name\": ..., \"path\": ...}}]}}")
+    out = []
+    for k, a in enumerate(raw.get("adapters", [])):
+        if not isinstance(a, dict) or set(a) != {"name", "path"} or not all(isinstance(v, str) and v
+                                                                               for v in a.values()):
+            raise ConfigError(f"{where}.lora.adapters[{k}] needs a 'name' and a 'path' (strings)")
+        out.append((a["name"], a["path"]))
+    names = [n for n, _ in out]
+    if len(set(names)) != len(names):
+        raise ConfigError(f"{where}.lora.adapters: names must be unique, got {names}")
+    return out
 
 
 def _router(raw: dict[str, Any]) -> RouterSpec:

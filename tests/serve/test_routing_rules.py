@@ -189,6 +189,14 @@ def test_a_replica_caching_the_prompt_under_the_adapter_wins_over_a_mere_holder(
     assert decision.reason == "prefix"
 
 
+def test_a_prefix_cached_under_one_adapter_is_no_hit_for_another_or_for_the_base_model():
+    prompt = list(range(64))
+    cached_under_a = set(prefix_block_hashes(prompt, 16, lora_int_id=1))
+    assert matched_prefix_blocks(prefix_block_hashes(prompt, 16, lora_int_id=1), cached_under_a) == 4
+    assert matched_prefix_blocks(prefix_block_hashes(prompt, 16, lora_int_id=2), cached_under_a) == 0
+    assert matched_prefix_blocks(prefix_block_hashes(prompt, 16), cached_under_a) == 0
+
+
 def test_a_base_model_request_ignores_which_adapters_replicas_hold():
     decision = rank([ReplicaLoad("holder", 2, has_adapter=True), ReplicaLoad("idle", 0)])
     assert decision.ranked == ["idle", "holder"]
