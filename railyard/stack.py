@@ -6,6 +6,7 @@ Ray Serve config that `serve run` takes and that a KubeRay RayService embeds unc
 
 from __future__ import annotations
 
+import posixpath
 import re
 from pathlib import Path
 from typing import Any, Literal
@@ -37,6 +38,10 @@ ENGINE_DEFAULTS: dict[str, Any] = {
     "quantization": None,
     "enforce_eager": False,
     "piecewise_cuda_graphs": True,
+    # LoRA adapters (EngineConfig's defaults): a model's `lora` turns enable_lora on; the planner counts the slots
+    "enable_lora": False,
+    "max_loras": 1,
+    "max_lora_rank": 16,
 }
 BATCHED_TOKENS_FLOOR = 8192
 
@@ -106,6 +111,12 @@ class EngineOptions(_Strict):
     # torch's intra-op threads per engine (unset: every core but one on the CPU): CPU replicas sharing few cores
     # take 1 each.
     torch_threads: int | None = Field(None, ge=1)
+    # LoRA adapters (vLLM's names; a model's `lora` turns enable_lora on): adapters mixed in one step (each a
+    # device slot the planner counts), the widest rank, adapters kept in host memory.
+    enable_lora: bool | None = None
+    max_loras: int | None = Field(None, ge=1)
+    max_lora_rank: int | None = Field(None, ge=1, le=64)
+    max_cpu_loras: int | None = Field(None, ge=1)
     # How the chat endpoint reads the model's reasoning and tool calls (railyard serve's flags; unset: auto, by
     # the chat template).
     reasoning_parser: ReasoningParserName | None = None
@@ -197,6 +208,81 @@ class Resources(_Strict):
         return text
 
 
+# -- LoRA adapters: which a model serves and where their directories come from in its pods ---------------------
+DEFAULT_LORA_MOUNT_PATH = "/lora-adapters"
+
+
+class AdapterSource(_Strict):
+    """Where the adapter directories come from, mounted read-only at mount_path: exactly one of a
+    PersistentVolumeClaim, a node's hostPath directory, or an image whose image_path an init container copies
+    into an emptyDir (nothing is fetched from a URL at start; the image needs `cp`)."""
+
+    persistent_volume_claim: str | None = Field(
+        None, description="the claim's name; pods of several nodes share it only if its access mode is "
+        "ReadOnlyMany or ReadWriteMany")
+    host_path: str | None = Field(None, description="a directory present on every node the model's pods run on")
+    image: str | None = Field(None, description="an image holding the adapters under image_path, copied by an "
+                              "init container into an emptyDir each pod starts with")
+    image_path: str = "/adapters"
+    mount_path: str = DEFAULT_LORA_MOUNT_PATH
+    size_limit: str | None = Field(None, description="the emptyDir's sizeLimit (image source only), e.g. 2Gi")
+
+    @field_validator("host_path", "image_path", "mount_path")
+    @classmethod
+    def _absolute(cls, value: str | None) -> str | None:
+        if value is not None and not value.startswith("/"):
+            raise ValueError(f"{value!r} must be an absolute path")
+        return value
+
+    @field_validator("size_limit")
+    @classmethod
+    def _quantity(cls, value: str | None) -> str | None:
+        if value is not None and not _QUANTITY.match(value):
+            raise ValueError(f"size_limit {value!r} is not a Kubernetes quantity (e.g. 2Gi)")
+        return value
+
+    @model_validator(mode="after")
+    def _one_kind(self) -> AdapterSource:
+        given = [k for k in ("persistent_volume_claim", "host_path", "image") if getattr(self, k)]
+        if len(given) != 1:
+            raise ValueError("an adapter source is exactly one of persistent_volume_claim, host_path or image, "
+                             f"got {', '.join(given) or 'none'}")
+        if self.size_limit is not None and self.image is None:
+            raise ValueError("size_limit sizes the emptyDir an image source is copied into; a volume has its own")
+        return self
+
+
+class StackAdapter(_Strict):
+    """One adapter: the name requests give as `model`, and its PEFT directory (relative to the source's mount)."""
+
+    name: str = Field(..., min_length=1)
+    path: str = Field(..., min_length=1)
+
+
+class ModelLoRA(_Strict):
+    """The LoRA adapters a model serves from the start, and where they come from; engine.max_loras,
+    max_lora_rank and max_cpu_loras size them (the planner counts their device memory)."""
+
+    adapters: list[StackAdapter] = Field(default_factory=list)
+    source: AdapterSource | None = None
+
+    @model_validator(mode="after")
+    def _consistent(self) -> ModelLoRA:
+        names = [a.name for a in self.adapters]
+        if len(set(names)) != len(names):
+            raise ValueError(f"adapter names must be unique, got {names}")
+        relative = [a.name for a in self.adapters if not a.path.startswith("/")]
+        if relative and self.source is None:
+            raise ValueError(f"adapters {', '.join(relative)} have relative paths: give a source (a volume or an "
+                             "image) they are relative to")
+        return self
+
+    def pod_paths(self) -> dict[str, str]:
+        """Each adapter's directory inside a pod: relative paths under the source's mount path."""
+        root = self.source.mount_path if self.source is not None else "/"
+        return {a.name: posixpath.normpath(posixpath.join(root, a.path)) for a in self.adapters}
+
+
 class StackPool(_Strict):
     """A length pool of a stack's model: prompts up to max_prompt_tokens go here; a pool without a limit takes the
     rest (the serve layer deploys each as a serve.spec.PoolDeployment)."""
@@ -228,6 +314,9 @@ class StackModel(_Strict):
     resources: Resources = Resources()
     gpu_product: str | None = None
     shape: str | None = None  # named model shape for sizing when the checkpoint is not on this machine
+    lora: ModelLoRA | None = Field(
+        None, description="LoRA adapters served beside the model (a request's model names one) and where their "
+        "directories come from; turns on the engine's enable_lora")
     gpu_fraction: float = Field(
         1.0, gt=0, le=1, description="the share of one GPU each replica asks Ray for: below 1 (e.g. 0.5) several "
         "replicas of a small model share a GPU; tensor_parallel_size 1 only, and engine.num_gpu_blocks sizes each "
@@ -308,6 +397,10 @@ class Ingress(_Strict):
         "serve it themselves; ray is Serve's Python ProxyActor, one event loop per node that every request and "
         "stream item crosses (ray #52746). haproxy is the default: a fraction of the Python proxy's CPU, lower "
         "TTFT, and the fleet as fast as one direct `railyard serve` (BENCHMARKS.md, serve layer)")
+
+    lora_runtime_updates: bool = Field(
+        False, description="POST /v1/load_lora_adapter and /v1/unload_lora_adapter may change the adapters while "
+        "serving (vLLM's VLLM_ALLOW_RUNTIME_LORA_UPDATING; behind the API key where one is set)")
 
     def ray_env(self) -> dict[str, str]:
         """The environment every Ray process of the stack's cluster needs for its proxy (Serve reads it at import)."""
@@ -417,6 +510,8 @@ def engine_options(model: StackModel, pool: StackPool | None = None) -> dict[str
     if pool is not None:
         options.update(pool.engine.set_options())
     options["tensor_parallel_size"] = model.tensor_parallel_size
+    if model.lora is not None:
+        options["enable_lora"] = True
     return options
 
 
@@ -461,6 +556,8 @@ def _model_args(model: StackModel) -> dict[str, Any]:
     }
     if model.autoscaling is not None:
         args["autoscaling"] = model.autoscaling.model_dump(exclude_none=True)
+    if model.lora is not None:
+        args["lora"] = {"adapters": [{"name": n, "path": p} for n, p in model.lora.pod_paths().items()]}
     return args
 
 
@@ -511,7 +608,8 @@ def to_serve_config(stack: Stack) -> dict[str, Any]:
         "route_prefix": "/",
         "import_path": SERVE_IMPORT_PATH,
         "args": {"models": [_model_args(m) for m in stack.models],
-                 "ingress": stack.ingress.model_dump(exclude={"proxy"})},
+                 "ingress": stack.ingress.model_dump(exclude={"proxy"} if stack.ingress.lora_runtime_updates
+                                                     else {"proxy", "lora_runtime_updates"})},
         "deployments": deployments,
     }
     return {"applications": [app]}

@@ -198,6 +198,13 @@ def engine_limits(engine: dict[str, Any], spec: ModelSpec) -> dict[str, int]:
             or max(BATCHED_TOKENS_FLOOR, engine["max_num_seqs"])}
 
 
+def _lora_slots(engine: dict[str, Any]) -> dict[str, int]:
+    """The LoRA adapter slots an engine with these resolved options allocates (none unless enable_lora)."""
+    if not engine.get("enable_lora"):
+        return {}
+    return {key: engine[key] for key in ("max_loras", "max_lora_rank")}
+
+
 def _size_model(stack: Stack, model: StackModel, nodes: list[Node], profile: EngineProfile | None,
                 target_rps: float | None) -> list[DeploymentSizing]:
     out = []
@@ -234,6 +241,7 @@ def _size_model(stack: Stack, model: StackModel, nodes: list[Node], profile: Eng
                 max_num_batched_tokens=engine["max_num_batched_tokens"],
                 enforce_eager=engine["enforce_eager"],
                 piecewise_cuda_graphs=engine["piecewise_cuda_graphs"],
+                **_lora_slots(engine),
             )
             entry.note = f"shape from {found[1]}"
             if entry.kv.num_blocks == 0:

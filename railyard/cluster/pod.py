@@ -19,6 +19,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from railyard.cluster.lora import lora_cli_args, mount_adapters
 from railyard.stack import Policies, Stack, StackModel
 
 GPU_RESOURCE = "nvidia.com/gpu"
@@ -208,7 +209,7 @@ def engine_pod(stack: Stack, model: StackModel, component: str, engine: dict[str
         "name": "engine",
         "image": stack.image,
         "command": ["railyard"],
-        "args": engine_cli_args(model, engine),
+        "args": engine_cli_args(model, engine) + lora_cli_args(model.lora, stack.ingress.lora_runtime_updates),
         "ports": [{"name": "http", "containerPort": HTTP_PORT, "protocol": "TCP"}],
     }
     resources = _resources(model.resources.cpu, model.resources.memory, model.tensor_parallel_size, stack.policies)
@@ -216,7 +217,7 @@ def engine_pod(stack: Stack, model: StackModel, component: str, engine: dict[str
         container["resources"] = resources
     if stack.policies.probes:
         container.update(_probes("/health", "http"))
-    return _pod(
+    template = _pod(
         stack,
         component,
         container,
@@ -225,6 +226,8 @@ def engine_pod(stack: Stack, model: StackModel, component: str, engine: dict[str
         shm=model.resources.shm,
         metrics_port=HTTP_PORT,
     )
+    mount_adapters(template, model.name, model.lora)
+    return template
 
 
 def _ray_ports(head: bool) -> list[dict[str, Any]]:
@@ -269,6 +272,7 @@ def ray_worker_pod(stack: Stack, model: StackModel, component: str) -> dict[str,
     if model.mps_shared:  # the reason, on the pod where the daemon runs
         annotations = template["metadata"].setdefault("annotations", {})
         annotations[GPU_SHARING_ANNOTATION] = type(model).model_fields["gpu_sharing"].description
+    _mount_every_models_adapters(stack, template)
     return template
 
 
@@ -286,7 +290,15 @@ def ray_head_pod(stack: Stack) -> dict[str, Any]:
     # The proxy's reason, on the pod whose Serve controller starts the proxies (every Ray pod has the env).
     template["metadata"].setdefault("annotations", {})[SERVE_PROXY_ANNOTATION] = (
         type(stack.ingress).model_fields["proxy"].description)
+    _mount_every_models_adapters(stack, template)
     return template
+
+
+def _mount_every_models_adapters(stack: Stack, template: dict[str, Any]) -> None:
+    """Every Ray pod mounts every model's LoRA adapters: a replica loads its model's, and an ingress replica (on
+    any pod) checks an adapter's files when it is named, before any replica loads it."""
+    for model in stack.models:
+        mount_adapters(template, model.name, model.lora)
 
 
 def _ray_env(stack: Stack) -> list[dict[str, str]]:
