@@ -71,3 +71,17 @@ def test_planner_predicts_the_h200_engines_start_up_report(name, max_model_len, 
     measured = MemoryBudget(int(139.8 * GIB), 0.9, int(weights_gib * GIB), int(step_gib * GIB),
                             int(others_gib * GIB), planned.per_gpu.reserve_bytes, planned.bytes_per_block)
     assert measured.num_blocks == pytest.approx(blocks, rel=0.001)
+
+
+@pytest.mark.parametrize(("arch", "max_loras", "max_lora_rank"), [("qwen2", 3, 8), ("llama", 2, 40)])
+def test_planner_predicts_the_lora_slots_the_engine_allocates(tiny_models, arch, max_loras, max_lora_rank):
+    from railyard.model.memory import lora_slot_bytes
+
+    engine = Engine(EngineConfig(model=tiny_models[arch], device="cpu", max_model_len=128, enable_lora=True,
+                                 max_loras=max_loras, max_lora_rank=max_lora_rank))
+    model = engine.executor.runner.model
+    held = sum(buffer.numel() * buffer.element_size() for module in model.modules()
+               if getattr(module, "lora", None) is not None
+               for name, buffer in module.lora.named_buffers() if name in ("a", "b"))
+    spec = read_model_spec(tiny_models[arch]).with_precision("float32", device_type="cpu")
+    assert held > 0 and lora_slot_bytes(spec, max_loras, max_lora_rank) == held
