@@ -65,6 +65,9 @@ class _EngineStatsCollector:
              s.decode_rows_total),
             ("railyard:prefill_steps", "Of the forward passes, those that carried prefill tokens.",
              s.prefill_steps_total),
+            ("railyard:triton_jit_after_ready", "Triton kernels compiled or loaded after the engine was ready "
+             "(first-use work on the step loop; 0 when the start-up warm-up covered every step).",
+             s.jit_after_ready_total),
         ):
             family = CounterMetricFamily(name, doc, labels=_LABELS)
             family.add_metric(labels, value)

@@ -124,6 +124,9 @@ class EngineStats:
     num_preemptions_total: int = 0
     num_requests_finished_total: int = 0
     num_requests_added_total: int = 0  # requests the engine core accepted (the front counts what is in transit)
+    # Triton kernels compiled or loaded after the engine was ready (startup/jit_watch.py): each is first-use work
+    # that stalled the step loop, and should stay 0 (the start-up warm-up runs every kind of step first)
+    jit_after_ready_total: int = 0
     block_size: int = 16
     max_num_seqs: int = 0
     max_num_batched_tokens: int = 0

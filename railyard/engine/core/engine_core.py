@@ -9,6 +9,7 @@ It has no threads of its own: the engine-core process, the in-process client or 
 
 from __future__ import annotations
 
+import functools
 import itertools
 import logging
 import os
@@ -24,6 +25,7 @@ from railyard.engine.core.wire import RequestRefused
 from railyard.engine.outputs import EngineStats, SeqDelta
 from railyard.engine.lora.peft import inspect_adapter
 from railyard.engine.lora.request import LoRARequest
+from railyard.engine.runner.logits_mask import warm_up_bitmask
 from railyard.engine.runner.model_runner import ModelRunner
 from railyard.engine.runner.models.loader import resolve_model_dir
 from railyard.engine.runner.sampler import DoneSample, PendingSample
@@ -31,6 +33,7 @@ from railyard.engine.sched.block_manager import BlockManager
 from railyard.engine.sched.scheduler import Scheduler
 from railyard.engine.sched.sequence import PLACEHOLDER, Sequence
 from railyard.engine.startup.caches import configure_triton_cache
+from railyard.engine.startup.jit_watch import jit_after_ready
 from railyard.engine.startup.timings import StartupTimes
 from railyard.engine.structured.manager import Accepted, StructuredOutputManager
 from railyard.engine.tokenizer import LazyTokenizer, expects_tokenizer
@@ -128,7 +131,8 @@ class EngineCore:
         # [structured outputs] grammars and matchers of constrained sequences (idle until the first one)
         self.structured = StructuredOutputManager(self._tokenizer.get if self._tokenizer.path is not None else None,
                                                   spec.vocab_size, self.eos_token_ids,
-                                                  config.structured_outputs_disable_any_whitespace)
+                                                  config.structured_outputs_disable_any_whitespace,
+                                                  warm_up_mask=_mask_warm_up(self.executor, spec.vocab_size))
         self._refused: list[RequestRefused] = []  # refused after the door: a bad add, a constraint that failed
         self._seq_ids = itertools.count()
         self.prompt_tokens_total = 0
@@ -465,7 +469,7 @@ class EngineCore:
             prefill_steps_total=self.prefill_steps_total,
             generation_tokens_total=self.generation_tokens_total,
             num_preemptions_total=sch.num_preemptions, num_requests_finished_total=self.requests_finished_total,
-            num_requests_added_total=self.requests_added_total,
+            num_requests_added_total=self.requests_added_total, jit_after_ready_total=jit_after_ready(),
             block_size=self.config.block_size, max_num_seqs=self.config.max_num_seqs,
             max_num_batched_tokens=self.config.max_num_batched_tokens,
             **(self._lora_stats() if sch.lora_slots is not None else {}))
@@ -494,6 +498,15 @@ class EngineCore:
     def shutdown(self) -> None:
         self.structured.shutdown()
         self.executor.shutdown()
+
+
+def _mask_warm_up(executor, model_vocab_size: int):
+    """The grammar thread's warm-up of the mask kernel on the sampling rank's logits (None: no runner here)."""
+    runner = getattr(executor, "runner", None)
+    if runner is None:
+        return None
+    return functools.partial(warm_up_bitmask, model_vocab_size=model_vocab_size, dtype=runner.dtype,
+                             device=runner.device)
 
 
 def _make_executor(config: EngineConfig, spec: ModelSpec, model_dir):

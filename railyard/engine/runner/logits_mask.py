@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from railyard.engine.runner.sampler import host_tensor, to_device
+from railyard.engine.startup.jit_watch import starting
 from railyard.engine.structured.manager import GrammarBitmask
 
 
@@ -31,3 +32,21 @@ def apply_bitmask(logits: torch.Tensor, bitmask: GrammarBitmask) -> None:
             else:
                 index = rows if isinstance(rows, torch.Tensor) else torch.tensor(rows)
                 logits[index.long(), bitmask.vocab_size:] = float("-inf")
+
+
+def warm_up_bitmask(vocab_size: int, *, model_vocab_size: int, dtype: torch.dtype, device: torch.device) -> None:
+    """Apply a mask once for each kind of batch the step loop will meet (one row, a multiple of 16 rows, neither;
+    every row constrained or some), so its kernel's specialisations are compiled before the first constrained row
+    is sampled. Called on the grammar thread once the tokenizer, and with it the masks' width, is known; runs on
+    a stream of its own, as start-up work (jit_watch). Nothing to do off CUDA."""
+    if device.type != "cuda":
+        return
+    with starting(), torch.inference_mode():
+        stream = torch.cuda.Stream(device)
+        with torch.cuda.stream(stream):
+            for rows in (1, 2, 16):
+                mask = torch.full((rows, (vocab_size + 31) // 32), -1, dtype=torch.int32)
+                for batch in (rows, rows + 1):
+                    logits = torch.zeros((batch, model_vocab_size), dtype=dtype, device=device)
+                    apply_bitmask(logits, GrammarBitmask(mask, list(range(rows)), vocab_size))
+        stream.synchronize()

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -18,17 +19,19 @@ import torch
 from railyard.engine.runner.attention import AttentionMetadata, get_backend
 from railyard.engine.startup.background import Background
 from railyard.engine.runner.decode_graphs import DecodeGraphs, padded_block_tables
-from railyard.engine.config import EngineConfig
+from railyard.engine.config import EngineConfig, SamplingParams
 from railyard.engine.lora.request import LoRARequest
 from railyard.engine.runner.kernels import fp8_ops
 from railyard.engine.runner.layers.fp8 import FP8, cache_bits, gemm_path, scaled_mm_supported
 from railyard.engine.runner.models.loader import build_empty, fill_from_checkpoint, random_weights
 from railyard.engine.runner.layers.parallel import SINGLE, ParallelState
 from railyard.engine.runner.piecewise_graphs import PiecewiseGraphs
+from railyard.engine.runner.warmup import WarmLimits, WarmStep, ladder, sampling_variants, warm_steps
 from railyard.engine.runner.sampler import (DoneSample, PendingSample, SamplerOutput, SamplingRow, host_tensor, sample_async,
                                     to_device)
 from railyard.engine.sched.scheduler import SchedulerOutput
 from railyard.engine.sched.sequence import PLACEHOLDER
+from railyard.engine.startup.jit_watch import as_start_up, starting, watch_after_ready
 from railyard.engine.startup.timings import StartupTimes, TritonJitTimer, WeightLoad
 from railyard.errors import ConfigError
 from railyard.model.memory import GIB, MemoryBudget, piecewise_tokens, profile_tokens, reserve_bytes
@@ -120,6 +123,13 @@ class ModelRunner:
 
     def __init__(self, config: EngineConfig, spec: ModelSpec, model_dir: Path | None,
                  ps: ParallelState = SINGLE, device: torch.device | None = None) -> None:
+        with starting():  # Triton JIT in here is start-up work; once built, jit_watch counts any as first use
+            self._build(config, spec, model_dir, ps, device)
+        if self.device.type == "cuda":  # only there do kernels compile on first use
+            watch_after_ready()
+
+    def _build(self, config: EngineConfig, spec: ModelSpec, model_dir: Path | None, ps: ParallelState,
+               device: torch.device | None) -> None:
         self.config = config
         self.ps = ps
         self.device = device or resolve_device(config.device)
@@ -165,7 +175,7 @@ class ModelRunner:
                 random_weights(model, config.seed)
                 _synchronize(self.device)
         elif beside:
-            loader = Background(fill_from_checkpoint, model, model_dir, name="railyard-weights")
+            loader = Background(as_start_up(fill_from_checkpoint), model, model_dir, name="railyard-weights")
         else:
             with timed("weight_loading"):
                 load = fill_from_checkpoint(model, model_dir)
@@ -207,6 +217,9 @@ class ModelRunner:
             self._fed: torch.Tensor | None = None  # the last launched step's sampled ids, on the device
             with timed("cuda_graphs"):
                 self.graphs = self._capture_graphs()
+            if self.device.type == "cuda":  # nothing compiles on the CPU (tests call warm_up themselves)
+                with timed("warm_up"):
+                    self.warm_up()
         jit.record(self.startup)
 
     def _attach_lora(self):
@@ -504,3 +517,68 @@ class ModelRunner:
         """One whole step in this process: plan, forward, sample, and wait for the sampled ids."""
         return self.launch(out).result()
 
+    # -- the start-up warm-up (warmup.py) ----------------------------------------------------------
+    def warm_limits(self) -> WarmLimits:
+        """The limits a step can reach here, and what the captured graphs cover."""
+        c = self.config
+        return WarmLimits(c.max_num_seqs, c.max_num_batched_tokens, c.max_model_len, self.block_size,
+                          decode_graph_batch=self.graphs.max_batch if self.graphs is not None else 0,
+                          piecewise_tokens=self.piecewise.max_tokens if self.piecewise is not None else 0)
+
+    @torch.inference_mode()
+    def warm_up(self) -> int:
+        """Run every warm-up step (warmup.warm_steps) through this runner's own step path, sampling each, and swap
+        blocks out and back where swapping is on; returns the number of steps. Every tensor-parallel rank runs the
+        same steps, so their collectives meet. Leaves no per-sequence state behind."""
+        steps = warm_steps(self.warm_limits())
+        variants = sampling_variants()
+        fed = None
+        start = time.perf_counter()
+        for i, step in enumerate(steps):
+            plan = self._warm_plan(step, first_block=i, fed_rows=0 if fed is None else fed.shape[0])
+            rows = [self._warm_row(variants[(i + r) % len(variants)] if i % 2 else variants[0], r)
+                    for r in range(step.num_seqs)]
+            pending = self.launch_sample(ForwardPass(self.compute_logits(plan, fed), rows))
+            pending.result()
+            fed = pending.token_ids
+        if self.num_cpu_blocks:
+            for n in ladder(1, min(self.num_cpu_blocks, self.num_gpu_blocks, 17)):
+                pairs = [(b, b) for b in range(n)]
+                self.swap(StepPlan([], [], [], [0], [], [], [], swap_out=pairs, swap_in=pairs))
+        self._fed = None
+        _synchronize(self.device)
+        log.info("warm-up: %d steps (up to %d tokens, %d sequences, contexts of %d) in %.2f s", len(steps),
+                 max((s.num_tokens for s in steps), default=0), max((s.num_seqs for s in steps), default=0),
+                 self.config.max_model_len, time.perf_counter() - start)
+        return len(steps)
+
+    def _warm_plan(self, step: WarmStep, first_block: int, fed_rows: int) -> StepPlan:
+        """A warm-up step as a StepPlan over KV blocks no sequence holds yet; its decodes read the previous warm-up
+        step's sampled ids on the device where there was one (as asynchronous scheduling feeds them)."""
+        bs, blocks, vocab = self.block_size, self.num_gpu_blocks, self.spec.vocab_size
+        ids, positions, slots, starts, seq_lens, tables, sample = [], [], [], [0], [], [], []
+        block = first_block
+        for new, cached in step.rows():
+            table = [(block + j) % blocks for j in range(-(-(cached + new) // bs))]
+            block += len(table)
+            for p in range(cached, cached + new):
+                ids.append((7 * p + 3) % vocab)
+                positions.append(p)
+                slots.append(table[p // bs] * bs + p % bs)
+            starts.append(starts[-1] + new)
+            seq_lens.append(cached + new)
+            tables.append(table)
+            sample.append(starts[-1] - 1)
+        feed = list(range(len(step.decodes))) if fed_rows else []
+        for row in feed:
+            ids[row] = PLACEHOLDER
+        return StepPlan(ids, positions, slots, starts, seq_lens, tables, sample, [], [], feed_dst=feed,
+                        feed_src=[r % max(fed_rows, 1) for r in feed])
+
+    def _warm_row(self, params: SamplingParams, r: int) -> SamplingRow:
+        """A sampling row of the given kind for a warm-up step (its own generator where it is seeded)."""
+        gen = None
+        if params.seed is not None and not params.greedy:
+            gen = torch.Generator(device=self.device).manual_seed(params.seed + r)
+        suppress = list(params.stop_token_ids) if params.min_tokens else []
+        return SamplingRow(params, [1, 2, 3], [4, 5], suppress, gen)

@@ -27,7 +27,7 @@ from pathlib import Path
 WEIGHT_PARTS = ("read", "to_device", "copy", "other")
 # The order phases happen in (a phase that did not happen is absent).
 PHASE_ORDER = ("front_imports", "engine_spawn", "imports", "tokenizer_eos", "model_construction", "weight_loading",
-               "kv_profile", "kv_allocation", "cuda_graphs", "executor", "engine_other", "front_tokenizer",
+               "kv_profile", "kv_allocation", "cuda_graphs", "warm_up", "executor", "engine_other", "front_tokenizer",
                "front_imports_wait", "server_start")
 
 
@@ -94,6 +94,17 @@ class StartupTimes:
         return sum(self.phases.values())
 
     @property
+    def kernel_cache(self) -> str | None:
+        """How the start met its Triton kernel cache: "cold" (every kernel it JIT'd was compiled anew), "warm" (all
+        loaded from the cache), "partial" (some of each); None where no kernel was JIT'd (CPU, or a process that had
+        them in memory already)."""
+        if not self.triton_kernels:
+            return None
+        if not self.triton_compiled:
+            return "warm"
+        return "cold" if self.triton_compiled >= self.triton_kernels else "partial"
+
+    @property
     def weights_gb_per_s(self) -> float | None:
         seconds = self.background["weights"] if "weights" in self.background else self.phases.get("weight_loading", 0.0)
         return self.weight_bytes / seconds / 1e9 if self.weight_bytes and seconds > 0 else None
@@ -116,6 +127,8 @@ class StartupTimes:
         """The one start-up log line."""
         parts = [f"{name} {seconds:.2f}" for name, seconds in self.ordered()]
         line = f"start-up: total {self.total_s:.2f} s = " + " + ".join(parts)
+        if self.kernel_cache is not None:
+            line = f"start-up ({self.kernel_cache} kernel cache):" + line.removeprefix("start-up:")
         rate = self.weights_gb_per_s
         if rate is not None:
             line += f"; weights {readable_bytes(self.weight_bytes)} at {rate:.2f} GB/s"
@@ -135,6 +148,7 @@ class StartupTimes:
                 "weight_bytes": self.weight_bytes, "weights_gb_per_s": None if rate is None else round(rate, 3),
                 "triton_jit_s": round(self.triton_jit_s, 3), "triton_kernels": self.triton_kernels,
                 "triton_compiled": self.triton_compiled, "triton_cache_dir": self.triton_cache_dir,
+                "kernel_cache": self.kernel_cache,
                 "weights_reader": self.weights_reader,
                 "weight_parts_s": {p: round(s, 3) for p, s in self.weight_parts.items()},
                 "background_s": {n: round(s, 3) for n, s in self.background.items()}}
@@ -144,7 +158,8 @@ class TritonJitTimer:
     """Times Triton's JIT while installed: from its cache hook (before it compiles or loads a kernel) to its
     post-compile hook, and counts the kernels it compiled anew as the new entries of its cache directory.
 
-    Does nothing where Triton is absent or another tool already holds its hooks."""
+    Hooks held before it (jit_watch's, a profiler's) run after its own, their answer standing; they are put back
+    on exit. Does nothing where Triton is absent."""
 
     def __init__(self, enabled: bool = True) -> None:
         self.enabled = enabled  # off on the CPU: no Triton to import there
@@ -153,6 +168,7 @@ class TritonJitTimer:
         self._started: list[float] = []
         self._installed = False
         self._knobs = None
+        self._held: tuple = (None, None)  # the cache and post-compile hooks held before it
         self.cache_dir: Path | None = None
         self._entries_before = 0
 
@@ -164,22 +180,25 @@ class TritonJitTimer:
         except Exception:  # no Triton (CPU-only installs): nothing compiles
             return self
         rt = knobs.runtime
-        if rt.jit_cache_hook is not None or rt.jit_post_compile_hook is not None:
-            return self
         self._knobs = rt
+        self._held = (rt.jit_cache_hook, rt.jit_post_compile_hook)
         rt.jit_cache_hook, rt.jit_post_compile_hook = self._before, self._after
         self._installed = True
         self.cache_dir = Path(knobs.cache.dir)
         self._entries_before = _count_entries(self.cache_dir)
         return self
 
-    def _before(self, **kwargs) -> None:  # returning True would make Triton skip the compile
+    def _before(self, **kwargs) -> bool | None:  # True would make Triton skip the compile: only a held hook's
         self._started.append(time.perf_counter())
+        held = self._held[0]
+        return held(**kwargs) if held is not None else None
 
     def _after(self, **kwargs) -> None:
         if self._started:
             self.seconds += time.perf_counter() - self._started.pop()
         self.kernels += 1
+        if self._held[1] is not None:
+            self._held[1](**kwargs)
 
     @property
     def compiled(self) -> int:
@@ -187,7 +206,7 @@ class TritonJitTimer:
 
     def __exit__(self, *exc) -> None:
         if self._installed:
-            self._knobs.jit_cache_hook = self._knobs.jit_post_compile_hook = None
+            self._knobs.jit_cache_hook, self._knobs.jit_post_compile_hook = self._held
             self._installed = False
 
     def record(self, times: StartupTimes) -> None:

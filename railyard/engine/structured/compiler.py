@@ -29,13 +29,16 @@ class GrammarCompiler:
     """xgrammar's GrammarCompiler over the engine's tokenizer, behind a cache of futures."""
 
     def __init__(self, load_tokenizer: Callable[[], Any], model_vocab_size: int, stop_token_ids: tuple[int, ...],
-                 max_entries: int = DEFAULT_CACHE_ENTRIES) -> None:
+                 max_entries: int = DEFAULT_CACHE_ENTRIES,
+                 warm_up_mask: Callable[[int], None] | None = None) -> None:
+        """warm_up_mask(vocab_size): run on the compile thread once the masks' width is known, before the first
+        grammar is compiled (logits_mask.warm_up_bitmask: no constrained row then meets a kernel on its first use)."""
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="railyard-grammar")
         # The tokenizer is loaded (importing transformers), xgrammar imported and the token table read once, on the
         # compile thread, when the first constraint arrives (as vLLM sets up its grammar backend): seconds of Python
         # that would otherwise take the GIL from the engine's start-up or its first steps, which most engines
         # never need; the step loop never waits for it.
-        self._setup = (load_tokenizer, model_vocab_size, stop_token_ids)
+        self._setup = (load_tokenizer, model_vocab_size, stop_token_ids, warm_up_mask)
         self._compiler: Future | None = None
         self._cache: OrderedDict[str, Future] = OrderedDict()
         self.max_entries = max_entries
@@ -90,7 +93,8 @@ def grammar_vocab_size(tokenizer, model_vocab_size: int) -> int:
     return min(len(tokenizer), model_vocab_size)
 
 
-def _make_compiler(load_tokenizer: Callable[[], Any], model_vocab_size: int, stop_token_ids: tuple[int, ...]):
+def _make_compiler(load_tokenizer: Callable[[], Any], model_vocab_size: int, stop_token_ids: tuple[int, ...],
+                   warm_up_mask: Callable[[int], None] | None = None):
     """(xgrammar's compiler, the ids it covers)."""
     import xgrammar as xgr
 
@@ -100,5 +104,7 @@ def _make_compiler(load_tokenizer: Callable[[], Any], model_vocab_size: int, sto
     stops = [t for t in stop_token_ids if t < vocab_size] or None
     info = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size, stop_token_ids=stops)
     threads = max(1, min(8, (os.cpu_count() or 2) // 2))
+    if warm_up_mask is not None:
+        warm_up_mask(vocab_size)
     # Our own cache (by constraint) holds the compiled grammars; xgrammar's second one would only double them.
     return xgr.GrammarCompiler(info, max_threads=threads, cache_enabled=False), vocab_size

@@ -61,13 +61,14 @@ class StructuredOutputManager:
     """Grammars and matchers for one engine's constrained sequences (idle until the first one)."""
 
     def __init__(self, load_tokenizer: Callable[[], Any] | None, vocab_size: int, stop_token_ids: tuple[int, ...],
-                 disable_any_whitespace: bool = False) -> None:
-        """load_tokenizer: the engine's tokenizer, called once on the compile thread (None: the engine has none)."""
+                 disable_any_whitespace: bool = False, warm_up_mask: Callable[[int], None] | None = None) -> None:
+        """load_tokenizer: the engine's tokenizer, called once on the compile thread (None: the engine has none);
+        warm_up_mask: GrammarCompiler's."""
         self.disable_any_whitespace = disable_any_whitespace  # the default of requests that leave it unset
         # The tokenizer's load, xgrammar's import and the token table run on the compile thread when the first
         # constrained request arrives (GrammarCompiler), not on the step loop and not at start-up.
-        self._compiler = GrammarCompiler(load_tokenizer, vocab_size, stop_token_ids) if load_tokenizer is not None \
-            else None
+        self._compiler = GrammarCompiler(load_tokenizer, vocab_size, stop_token_ids, warm_up_mask=warm_up_mask) \
+            if load_tokenizer is not None else None
         self._compiling: dict[str, _Compiling] = {}  # by request id
         self._matchers: dict[int, object] = {}  # by seq id: xgrammar GrammarMatcher
         self._buffers: list[torch.Tensor] = []  # two host bitmasks, used in turn

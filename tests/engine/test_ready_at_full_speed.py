@@ -1,0 +1,101 @@
+"""Ready means ready at full speed: once an engine is built (what /health's first 200 waits for), a workload that
+spans its limits compiles or loads no Triton kernel and captures no CUDA graph, from an empty kernel cache.
+
+The workload: 1 to max_num_seqs sequences, steps up to max_num_batched_tokens (beyond the piecewise graphs too),
+contexts up to max_model_len, every kind of sampling row, structured outputs beside unconstrained rows, prefix
+hits, and preemption (recompute in bf16, swap over an FP8 cache with FP8 weights). Oracle: Triton's own cache hook
+(startup/jit_watch.py counts every kernel it is about to compile or load) and torch's graph capture entry point.
+GPU only: on the CPU nothing compiles and nothing is captured."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from railyard.engine.config import SamplingParams
+from railyard.engine.llm import LLM
+from railyard.engine.startup.jit_watch import first_jit_after_ready, jit_after_ready
+from railyard.engine.startup.tiny_model import write_tiny_checkpoint
+from railyard.engine.structured import StructuredOutputsParams
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="Triton kernels and CUDA graphs need a GPU")
+
+# Small enough to start in seconds, large enough that every regime exists: decode graphs up to 32 rows, piecewise
+# graphs up to 2,048 tokens and eager steps beyond them, head_dim 128 (the FP8 cache's tensor-core decode kernel).
+LIMITS = dict(max_num_seqs=32, max_num_batched_tokens=4096, max_model_len=4096, block_size=16,
+              num_gpu_blocks=400)  # 32 sequences of ~600 tokens need more: preemption
+PRECISIONS = {"bf16": dict(), "fp8": dict(quantization="fp8", kv_cache_dtype="fp8", preemption_mode="swap",
+                                          num_cpu_blocks=1024)}
+KINDS = [SamplingParams(temperature=0.0), SamplingParams(temperature=0.8, seed=3),
+         SamplingParams(temperature=0.7, top_k=20, top_p=0.9, min_p=0.05),
+         SamplingParams(temperature=0.0, repetition_penalty=1.2, presence_penalty=0.5, frequency_penalty=0.5),
+         SamplingParams(temperature=0.0, logprobs=5), SamplingParams(temperature=1.0, seed=5, n=2, min_tokens=4)]
+CONSTRAINTS = [StructuredOutputsParams(json_object=True), StructuredOutputsParams(regex=r"[a-f]{2,8}-\d{2}"),
+               StructuredOutputsParams(choice=["yes", "no", "maybe"])]
+
+
+@pytest.fixture(scope="module")
+def gpu_model(tmp_path_factory) -> str:
+    path = tmp_path_factory.mktemp("ready-model")
+    return str(write_tiny_checkpoint(path, "qwen3", hidden_size=256, intermediate_size=512, num_attention_heads=4,
+                                     num_key_value_heads=2, head_dim=128, max_position_embeddings=4096,
+                                     torch_dtype="bfloat16"))
+
+
+class _Captures:
+    """Counts CUDA graph captures begun through torch (every capture railyard makes goes through it)."""
+
+    def __init__(self, monkeypatch) -> None:
+        self.count = 0
+        begin = torch.cuda.CUDAGraph.capture_begin
+
+        def counted(graph, *args, **kwargs):
+            self.count += 1
+            return begin(graph, *args, **kwargs)
+
+        monkeypatch.setattr(torch.cuda.CUDAGraph, "capture_begin", counted)
+
+
+def _params(kind: int, max_tokens: int) -> SamplingParams:
+    base = KINDS[kind % len(KINDS)]
+    return SamplingParams(**{**base.__dict__, "max_tokens": max_tokens, "ignore_eos": True})
+
+
+def _workloads(rng: random.Random, max_model_len: int):
+    """(prompts, params) batches across the limits, each prompt distinct (no accidental prefix hits)."""
+    def prompt(n: int) -> list[int]:
+        return [rng.randrange(256) for _ in range(n)]
+
+    for n in (1, 2, 3, 16, 17, 32):  # sequences per batch, mixed lengths and kinds
+        yield [prompt(rng.randrange(1, 700)) for _ in range(n)], [_params(i, rng.randrange(4, 48)) for i in range(n)]
+    # contexts up to max_model_len: long prompts, decoded to the end
+    yield [prompt(max_model_len - 80), prompt(max_model_len // 2 + 3)], [_params(0, 64), _params(1, 64)]
+    shared = prompt(1040)  # prefix hits: whole cached blocks, then short and long suffixes
+    yield [shared + prompt(n) for n in (1, 9, 16, 300)] * 2, [_params(i, 16) for i in range(8)]
+    # structured outputs beside unconstrained rows (the mask applied to some rows, then to every row)
+    constrained = [SamplingParams(temperature=0.0, max_tokens=32, structured_outputs=c) for c in CONSTRAINTS]
+    yield [prompt(rng.randrange(5, 200)) for _ in range(6)], constrained + [_params(i, 32) for i in range(3)]
+    yield [prompt(rng.randrange(5, 50)) for _ in range(3)], constrained
+
+
+@pytest.mark.parametrize("precision", list(PRECISIONS), ids=list(PRECISIONS))
+def test_a_workload_across_the_limits_compiles_and_captures_nothing_after_ready(gpu_model, precision, monkeypatch,
+                                                                                 tmp_path):
+    monkeypatch.setenv("RAILYARD_CACHE", str(tmp_path))  # an empty kernel cache: every kernel is new to the disk
+    monkeypatch.delenv("TRITON_CACHE_DIR", raising=False)
+    llm = LLM(gpu_model, **LIMITS, **PRECISIONS[precision])
+    captures = _Captures(monkeypatch)
+    jit_before = jit_after_ready()
+    rng = random.Random(7)
+    for prompts, params in _workloads(rng, LIMITS["max_model_len"]):
+        outs = llm.generate(prompt_token_ids=prompts, sampling_params=params, use_tqdm=False)
+        assert all(o.finished for o in outs)
+    stats = llm.engine.stats()
+    assert stats.num_preemptions_total > 0  # the workload did reach preemption
+    assert stats.prefix_cache_hits > 0
+    new = jit_after_ready() - jit_before
+    assert new == 0, f"{new} Triton kernels JIT'd after ready, the first: {first_jit_after_ready()[:5]}"
+    assert captures.count == 0
+    assert stats.jit_after_ready_total == jit_after_ready()
