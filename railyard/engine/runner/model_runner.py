@@ -572,8 +572,10 @@ class ModelRunner:
         feed = list(range(len(step.decodes))) if fed_rows else []
         for row in feed:
             ids[row] = PLACEHOLDER
+        sliding = self.sliding_blocks  # the window's tables: the same blocks (any block will do here)
         return StepPlan(ids, positions, slots, starts, seq_lens, tables, sample, [], [], feed_dst=feed,
-                        feed_src=[r % max(fed_rows, 1) for r in feed])
+                        feed_src=[r % max(fed_rows, 1) for r in feed], sliding_slot_mapping=slots if sliding else [],
+                        sliding_block_tables=tables if sliding else [])
 
     def _warm_row(self, params: SamplingParams, r: int) -> SamplingRow:
         """A sampling row of the given kind for a warm-up step (its own generator where it is seeded)."""
