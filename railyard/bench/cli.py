@@ -24,6 +24,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     tp.add_argument("--warmup-prompts", type=int, default=8,
                     help="untimed prompts of the same lengths (4 output tokens) run first, so JIT compilation "
                          "is not measured; 0: none")
+    tp.add_argument("--runs", type=int, default=1,
+                    help="run the workload this many times in the one engine, each run its own prompts (the same "
+                         "lengths, other token ids: no prefix hits between runs); the JSON's `runs` lists each, and "
+                         "first_over_last compares the first run's output tok/s with the last's (a first run slowed by "
+                         "first-use work shows below 1). Give --warmup-prompts 0 to measure the first run as a "
+                         "server's first requests meet the engine")
     tp.add_argument("--token-id-range", type=int, default=None,
                     help="draw prompt token ids below this, as `railyard bench serve` does, so both run the very same "
                          "requests (default: the model's vocabulary)")
@@ -58,6 +64,8 @@ def run_throughput_cmd(args: argparse.Namespace) -> int:
 
     if args.num_prompts < 1:
         raise ConfigError("--num-prompts must be at least 1")
+    if args.runs < 1:
+        raise ConfigError("--runs must be at least 1")
     input_len, output_len = LengthRange.parse(args.input_len), LengthRange.parse(args.output_len)
     if args.warmup_prompts < 0:
         raise ConfigError("--warmup-prompts must be >= 0")
@@ -66,8 +74,10 @@ def run_throughput_cmd(args: argparse.Namespace) -> int:
     engine = Engine.from_config(engine_config_from_args(args))
     if args.token_id_range is not None and not 1 <= args.token_id_range <= engine.spec.vocab_size:
         raise ConfigError(f"--token-id-range must be in [1, {engine.spec.vocab_size}] (the vocabulary)")
-    result = run_throughput(engine, args.num_prompts, input_len, output_len, args.workload_seed,
-                            args.warmup_prompts, args.token_id_range, progress=sys.stderr.isatty())
+    results = [run_throughput(engine, args.num_prompts, input_len, output_len, args.workload_seed,
+                              args.warmup_prompts if k == 0 else 0, args.token_id_range,
+                              progress=sys.stderr.isatty(), repeat=k) for k in range(args.runs)]
+    result = results[0]
     report = result.to_dict()
     # What the figures were measured on: `railyard plan --profile` refuses them for another model or device.
     report["device"] = device_name(engine)
@@ -76,6 +86,10 @@ def run_throughput_cmd(args: argparse.Namespace) -> int:
     report["warnings"] = [w for w in [reuse_warning(result.prefix_cache_hit_rate, shared_prefixes=False)] if w]
     for warning in report["warnings"]:
         print(f"railyard bench throughput: warning: {warning}", file=sys.stderr)
+    if args.runs > 1:
+        report["runs"] = [r.to_dict() for r in results]
+        report["first_over_last"] = round(result.output_tokens_per_s / results[-1].output_tokens_per_s, 4)
+        report["jit_after_ready"] = engine.stats().jit_after_ready_total
     memory = getattr(getattr(engine.executor, "runner", None), "memory", None)
     if memory is not None:  # the engine's start-up report: how its memory divided into weights and KV blocks
         report["memory"] = memory.as_dict()

@@ -250,12 +250,14 @@ async def run_serve_bench(cfg: ServeBenchConfig) -> tuple[list[RequestResult], f
 
 
 def stats_ms(values: list[float]) -> dict[str, float | None]:
-    """Mean and percentiles of durations in seconds, in milliseconds."""
+    """Mean, percentiles and the largest (for inter-token gaps: the longest stall any stream saw), of durations in
+    seconds, in milliseconds."""
     if not values:
-        return {"mean": None, **{f"p{p}": None for p in PERCENTILES}}
+        return {"mean": None, **{f"p{p}": None for p in PERCENTILES}, "max": None}
     ordered = sorted(values)
     return {"mean": round(1000 * sum(ordered) / len(ordered), 3),
-            **{f"p{p}": round(1000 * percentile(ordered, p), 3) for p in PERCENTILES}}
+            **{f"p{p}": round(1000 * percentile(ordered, p), 3) for p in PERCENTILES},
+            "max": round(1000 * ordered[-1], 3)}
 
 
 def percentile(ordered: list[float], p: float) -> float:

@@ -37,20 +37,22 @@ class ThroughputResult:
 
 def run_throughput(engine: Engine, num_prompts: int, input_len: LengthRange, output_len: LengthRange,
                    seed: int = 0, warmup_prompts: int = 0, token_id_range: int | None = None,
-                   progress: bool = False, loras: list[LoRARequest] | None = None) -> ThroughputResult:
+                   progress: bool = False, loras: list[LoRARequest] | None = None,
+                   repeat: int = 0) -> ThroughputResult:
     """Submit every request at once (ignore_eos, greedy) and time until all have finished.
 
     warmup_prompts: first run that many other prompts (another seed: no prefix-cache hits on the measured
     ones) of the same lengths for 4 tokens, untimed, so kernel compilation is not measured.
     progress: a progress bar of finished requests on stderr (for a terminal).
-    loras: LoRA adapters (loaded) the requests are spread over evenly, request i to loras[i % len(loras)]."""
+    loras: LoRA adapters (loaded) the requests are spread over evenly, request i to loras[i % len(loras)].
+    repeat: k > 0 runs the same lengths with other token ids (no prefix hits on an earlier run's prompts)."""
     if warmup_prompts:
         warm = workload_requests(engine, warmup_prompts, input_len, LengthRange(4, 4), seed + 1, token_id_range)
         _run(engine, warm, "warmup", progress, loras)
     before = engine.stats()
-    reqs = workload_requests(engine, num_prompts, input_len, output_len, seed, token_id_range)
+    reqs = workload_requests(engine, num_prompts, input_len, output_len, seed, token_id_range, repeat)
     start = time.perf_counter()
-    out_tokens, ttfts, tpots = _run(engine, reqs, "bench", progress, loras)
+    out_tokens, ttfts, tpots = _run(engine, reqs, f"bench{repeat or ''}", progress, loras)
     elapsed = time.perf_counter() - start
     prompt_tokens = sum(len(r.prompt_token_ids) for r in reqs)
     stats = engine.stats()
@@ -92,13 +94,15 @@ def _run(engine: Engine, reqs: list[Request], prefix: str, progress: bool = Fals
 
 
 def workload_requests(engine: Engine, num_prompts: int, input_len: LengthRange, output_len: LengthRange,
-                      seed: int = 0, token_id_range: int | None = None) -> list[Request]:
+                      seed: int = 0, token_id_range: int | None = None, repeat: int = 0) -> list[Request]:
     """The seeded workload; for a named shape, token ids in [100, vocab - 100) as hf_baseline.py draws them,
     so both run the very same prompts. With token_id_range, ids below it, exactly as `railyard bench serve`
-    draws them (the same requests offline and served)."""
+    draws them (the same requests offline and served). repeat k > 0: the same lengths, other token ids."""
     from railyard.shapes import is_shape
 
+    tokens_seed = None if repeat == 0 else seed * 1000 + 997 * repeat
     if token_id_range is not None:
-        return synthetic_requests(num_prompts, input_len, output_len, token_id_range, seed)
+        return synthetic_requests(num_prompts, input_len, output_len, token_id_range, seed, tokens_seed=tokens_seed)
     margin = 100 if is_shape(engine.config.model) else 0
-    return synthetic_requests(num_prompts, input_len, output_len, engine.spec.vocab_size, seed, margin, margin)
+    return synthetic_requests(num_prompts, input_len, output_len, engine.spec.vocab_size, seed, margin, margin,
+                              tokens_seed)

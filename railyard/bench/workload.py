@@ -58,10 +58,17 @@ class Request:
 
 
 def synthetic_requests(num: int, input_len: LengthRange, output_len: LengthRange, vocab_size: int,
-                       seed: int = 0, reserved_low: int = 0, reserved_high: int = 0) -> list[Request]:
-    """num requests with random token ids in [reserved_low, vocab_size - reserved_high) and seeded lengths."""
+                       seed: int = 0, reserved_low: int = 0, reserved_high: int = 0,
+                       tokens_seed: int | None = None) -> list[Request]:
+    """num requests with random token ids in [reserved_low, vocab_size - reserved_high) and seeded lengths.
+    tokens_seed: the same lengths as `seed` gives, other token ids (a repeat of a workload that shares no prefix
+    with it, for runs compared with each other)."""
     rng = random.Random(seed)
     hi = max(0, vocab_size - 1 - reserved_high)
     lo = min(reserved_low, hi)
-    return [Request([rng.randint(lo, hi) for _ in range(input_len.draw(rng))], output_len.draw(rng))
+    reqs = [Request([rng.randint(lo, hi) for _ in range(input_len.draw(rng))], output_len.draw(rng))
             for _ in range(num)]
+    if tokens_seed is not None:
+        tokens = random.Random(tokens_seed)
+        reqs = [Request([tokens.randint(lo, hi) for _ in r.prompt_token_ids], r.output_len) for r in reqs]
+    return reqs

@@ -92,3 +92,20 @@ def test_token_id_range_gives_the_very_requests_bench_serve_sends(tiny_model):
     engine = Engine(EngineConfig(model=tiny_model, max_model_len=128))
     offline = workload_requests(engine, 20, LengthRange(10, 90), LengthRange(8, 8), 3, cfg.token_id_range)
     assert offline == served
+
+
+def test_runs_repeat_the_workload_in_one_engine_with_prompts_of_their_own(tiny_model, capsys):
+    assert main(["bench", "throughput", "--model", tiny_model, "--num-prompts", "4", "--input-len", "20-40",
+                 "--output-len", "3", "--runs", "3", "--warmup-prompts", "0"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    runs = report["runs"]
+    assert len(runs) == 3 and report["elapsed_s"] == runs[0]["elapsed_s"]
+    assert {r["prompt_tokens"] for r in runs} == {report["prompt_tokens"]}  # the same lengths each run
+    assert all(r["prefix_cache_hit_rate"] == 0.0 for r in runs)  # other token ids: nothing cached from before
+    assert report["first_over_last"] == round(runs[0]["output_tokens_per_s"] / runs[2]["output_tokens_per_s"], 4)
+    assert report["jit_after_ready"] == 0  # the CPU compiles nothing
+
+
+def test_bench_throughput_rejects_zero_runs(tiny_model, capsys):
+    assert main(["bench", "throughput", "--model", tiny_model, "--runs", "0"]) == 2
+    assert "--runs" in capsys.readouterr().err
