@@ -1,0 +1,70 @@
+#!/bin/bash
+# Ready at full speed, one device call on the H200: (1) the GPU test that a workload across the engine's limits
+# compiles no Triton kernel and captures no CUDA graph after ready (bf16 and FP8, from an empty kernel cache);
+# (2) `railyard bench throughput --runs 3 --warmup-prompts 0` (the issue-7 workload three times in one engine, each
+# run its own prompts) from an empty railyard cache, on the qwen3-0.6b and qwen2-7b shapes: the first run against
+# the third (first_over_last), and the Triton kernels JIT'd after ready; (3) `railyard bench startup` of the
+# qwen2-7b shape, cold then warm; (4) the longest gap between two tokens of a stream at 64 streams served, with
+# and without --max-prefill-tokens-with-decodes. Each phase starts only if the call has time left for it.
+# Writes $OUT/log.txt, tests.txt, tp_<shape>.json, startup.json, gaps_<cap>.json.
+#   carry: the wheels in $WHEELS (default .whl: fastapi, starlette, uvicorn, pydantic(-core), pyzmq, msgspec,
+#          xgrammar, apache-tvm-ffi, opentelemetry-api, ...)
+#   env: CALL_S (seconds this call may use, default 480), PHASES (default "tests throughput startup gaps"),
+#        SHAPES (default "qwen3-0.6b qwen2-7b"), WORK (the throughput workload), CAP (default 2048), COMMIT
+. "$(dirname "$0")/common.sh"
+. scripts/device/wheels.sh
+carried_wheels ${WHEELS:-.whl} > $OUT/pip.txt 2>&1 || { tail -3 $OUT/pip.txt; log "wheel install failed"; exit 1; }
+rm -f $OUT/pip.txt
+CALL_S=${CALL_S:-480}; PHASES=${PHASES:-"tests throughput startup gaps"}; SHAPES=${SHAPES:-"qwen3-0.6b qwen2-7b"}
+WORK=${WORK:-"--num-prompts 256 --input-len 100-1024 --output-len 256 --max-num-batched-tokens 16384"}
+CAP=${CAP:-2048}
+left() { echo $((CALL_S - SECONDS)); }
+want() { [[ " $PHASES " == *" $1 "* ]] && [ "$(left)" -ge "$2" ] || { log "skip $1 ($(left) s left)"; return 1; }; }
+log "commit $COMMIT; $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader)"
+
+if want tests 60; then
+  log "GPU tests"
+  timeout $(( $(left) - 30 )) python3 -m pytest -q -x -p no:cacheprovider -o addopts="" \
+    tests/engine/test_ready_at_full_speed.py tests/engine/startup/test_jit_watch.py > $OUT/tests.txt 2>&1
+  log "tests rc=$? $(tail -1 $OUT/tests.txt)"
+fi
+
+if want throughput 90; then
+  for shape in $SHAPES; do
+    [ "$(left)" -ge 60 ] || { log "skip throughput $shape"; continue; }
+    log "throughput $shape, empty railyard cache, 3 runs"
+    RAILYARD_CACHE=$(mktemp -d) timeout $(( $(left) - 20 )) python3 -m railyard.cli bench throughput --model $shape \
+      $WORK --runs 3 --warmup-prompts 0 > $OUT/tp_$(basename $shape).json 2> /tmp/tp.err
+    log "rc=$? $(python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print('runs s', [r['elapsed_s'] \
+for r in d['runs']], 'tok/s', [round(r['output_tokens_per_s']) for r in d['runs']], 'first/last', \
+d['first_over_last'], 'jit after ready', d['jit_after_ready'], 'start', d['startup']['total_s'], \
+d['startup']['phases_s'].get('warm_up'))" $OUT/tp_$(basename $shape).json 2>&1 | tail -1)"
+  done
+fi
+
+CACHE=/tmp/railyard-cache
+if want startup 100; then
+  log "bench startup qwen2-7b: cold, then warm"
+  timeout $(( $(left) - 10 )) python3 -m railyard.cli bench startup --checkpoint-dir /tmp/qwen2-7b --model qwen2-7b \
+    --runs 3 --cache-dir $CACHE --output $OUT/startup.json > /tmp/startup.out 2> /tmp/startup.err
+  log "rc=$? $(tail -6 /tmp/startup.out)"
+fi
+
+URL=http://127.0.0.1:8011
+gaps() {  # name, serve flags...: one server, 16 warm-up requests, then 384 at 64 streams
+  local name=$1; shift
+  RAILYARD_CACHE=$CACHE python3 -m railyard.cli serve --model qwen2-7b --port 8011 --max-model-len 4096 "$@" \
+    --log-level info > /tmp/server_$name.log 2>&1 &
+  SERVER=$!
+  for i in $(seq 1 120); do curl -sf $URL/health > /dev/null && break; sleep 1; done
+  python3 -m railyard.cli bench serve --url $URL --model qwen2-7b --num-prompts 16 --input-len 100-1024 \
+    --output-len 8 --seed 7 > /dev/null 2>&1
+  timeout 90 python3 -m railyard.cli bench serve --url $URL --model qwen2-7b --num-prompts 384 --input-len 100-1024 \
+    --output-len 256 --max-concurrency 64 --seed 11 > $OUT/gaps_$name.json 2> /tmp/gaps_$name.err
+  log "gaps $name rc=$? $(python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print('ITL', d['itl_ms'], \
+'TTFT', d['ttft_ms'], 'tok/s', d['output_token_throughput'])" $OUT/gaps_$name.json 2>&1 | tail -1)"
+  stop_server
+}
+if want gaps 70; then gaps default; fi
+if want gaps 70; then gaps cap$CAP --max-prefill-tokens-with-decodes $CAP; fi
+log "done in ${SECONDS}s"
