@@ -32,7 +32,7 @@ from railyard.engine.runner.sampler import DoneSample, PendingSample
 from railyard.engine.sched.block_manager import BlockManager
 from railyard.engine.sched.scheduler import Scheduler
 from railyard.engine.sched.sequence import PLACEHOLDER, Sequence
-from railyard.engine.startup.caches import configure_triton_cache
+from railyard.engine.startup.caches import configure_triton_cache, record_start
 from railyard.engine.startup.jit_watch import jit_after_ready
 from railyard.engine.startup.timings import StartupTimes
 from railyard.engine.structured.manager import Accepted, StructuredOutputManager
@@ -148,6 +148,12 @@ class EngineCore:
         self._num_history_requests = 0  # live requests whose sampling reads their output tokens
         self.startup.add("engine_other", time.perf_counter() - started - (self.startup.total_s - timed_before))
         self.startup.triton_cache_dir = self.startup.triton_cache_dir or str(triton_cache)
+        if self.startup.kernel_cache is not None:  # a start that JIT'd kernels: how it met the cache, for doctor
+            record_start({"model": config.model, "kernel_cache": self.startup.kernel_cache,
+                          "triton_kernels": self.startup.triton_kernels,
+                          "triton_compiled": self.startup.triton_compiled,
+                          "triton_jit_s": round(self.startup.triton_jit_s, 3),
+                          "triton_cache_dir": self.startup.triton_cache_dir})
         log.info("engine ready: %d KV blocks of %d tokens (%d CPU swap blocks); max_model_len %d; "
                  "%d sequences of max_model_len fit at once", bm.gpu.num_blocks, config.block_size,
                  bm.cpu.num_blocks, config.max_model_len, bm.gpu.num_blocks * config.block_size // config.max_model_len)

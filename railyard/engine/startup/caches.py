@@ -8,21 +8,67 @@
   and the Python, transformers and tokenizers versions.
 - the embedded tiny model (railyard.engine.startup.tiny_model).
 
+- `last_start.json`: how the last engine start here met the kernel cache (cold: every kernel compiled; warm: all
+  loaded), which `railyard doctor` reports.
+
+Where the root lives decides whether a replica starts warm: the stack file's kernel_cache (a pod's own volume, a
+node's directory, or one baked into the image by `railyard cache fill`) mounts it there and sets $RAILYARD_CACHE.
+
 Not kept, as vLLM does not keep them either: CUDA graphs (they hold device addresses of this process) and
 the KV memory profile (it depends on what else holds memory on the GPU at start).
 """
 
 from __future__ import annotations
 
+import json
+import logging
 import os
+import tempfile
+import time
 from pathlib import Path
 
 from railyard.envs import cache_root
 
+log = logging.getLogger("railyard.engine")
+LAST_START = "last_start.json"
+
 
 def configure_triton_cache() -> Path:
     """Point Triton's kernel cache under railyard's root (a TRITON_CACHE_DIR the user set wins); call before
-    the first kernel compiles. Returns the directory in use."""
+    the first kernel compiles. Returns the directory in use: a temporary one, with a warning, where that one is
+    not writable (a read-only image layer, a node directory owned by another user), since Triton fails a compile
+    it cannot store."""
     if not os.environ.get("TRITON_CACHE_DIR"):
         os.environ["TRITON_CACHE_DIR"] = str(cache_root() / "triton")
-    return Path(os.environ["TRITON_CACHE_DIR"])
+    path = Path(os.environ["TRITON_CACHE_DIR"])
+    if not writable(path):
+        fallback = Path(tempfile.mkdtemp(prefix="railyard-triton-"))
+        log.warning("the kernel cache %s is not writable here (uid %d): kernels compile into %s, which this process "
+                    "does not outlive, so every start is cold; make it writable (the rendered pods run as uid 1000)",
+                    path, os.getuid(), fallback)
+        os.environ["TRITON_CACHE_DIR"] = str(fallback)
+        path = fallback
+    return path
+
+
+def writable(path: Path) -> bool:
+    """Whether this process can create the directory (if need be) and files in it."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=path, prefix=".railyard-probe-"):
+            return True
+    except OSError:
+        return False
+
+
+def record_start(report: dict, root: Path | None = None) -> None:
+    """Keep how this start met the kernel cache (StartupTimes' kernel_cache and counts) as the root's
+    last_start.json, for `railyard doctor`; best effort (a read-only root keeps none)."""
+    root = root or cache_root()
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile("w", dir=root, prefix=".last_start-", delete=False) as tmp:
+            json.dump({**report, "at": round(time.time(), 3)}, tmp)
+        os.replace(tmp.name, root / LAST_START)
+    except OSError:
+        pass
