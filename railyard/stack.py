@@ -407,6 +407,36 @@ class Ingress(_Strict):
         return {HAPROXY_ENV: "1" if self.proxy == "haproxy" else "0"}
 
 
+class KernelCache(_Strict):
+    """Where each engine replica keeps railyard's kernel cache ($RAILYARD_CACHE: Triton's compiled kernels, the
+    tokenizers): a replica that finds its kernels there loads them instead of compiling them, seconds sooner
+    (README, kernel cache). Each field's description is its reason, written next to it on the rendered pods."""
+
+    mode: Literal["pod", "node", "image"] = Field(
+        "pod", description="pod: an emptyDir of the replica's own (works everywhere; every new pod starts cold); "
+        "node: a directory on the node (hostPath) shared by every replica that lands there, so only a node's first "
+        "start compiles (the directory must be writable by the pods' uid 1000, and the cluster must allow hostPath "
+        "volumes); image: the cache is in the image at `path`, filled at build time by `railyard cache fill "
+        "--config` on the stack's GPU product (every pod starts warm; an image per GPU product and driver stack)")
+    path: str = Field("/var/cache/railyard", min_length=1, description="the cache's directory in the container "
+                      "($RAILYARD_CACHE)")
+    host_path: str = Field("/var/cache/railyard", min_length=1, description="node mode: the directory on the node")
+    size_limit: str = Field("4Gi", description="pod mode: the emptyDir's size limit (a stack's kernels take tens "
+                            "of MB; tokenizers a few more)")
+
+    @field_validator("path", "host_path")
+    @classmethod
+    def _absolute(cls, value: str) -> str:
+        if not value.startswith("/"):
+            raise ValueError(f"{value!r} must be an absolute path")
+        return value
+
+    @field_validator("size_limit", mode="before")
+    @classmethod
+    def _quantity(cls, value: Any) -> str:
+        return Resources._quantity(value)
+
+
 class Policies(_Strict):
     """Production policies for rendered manifests: all on by default except the VPA, each switchable."""
 
@@ -446,6 +476,7 @@ class Stack(_Strict):
     models: list[StackModel] = Field(..., min_length=1)
     ingress: Ingress = Ingress()
     policies: Policies = Policies()
+    kernel_cache: KernelCache = KernelCache()
 
     @field_validator("name")
     @classmethod

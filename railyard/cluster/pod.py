@@ -12,6 +12,8 @@ Why each policy exists:
 - prometheus: scrape annotations for the engine's /metrics.
 - gpu_sharing mps (Ray workers whose replicas share a GPU): a CUDA MPS control daemon started before `ray start`
   (KubeRay runs a container's command, then `&& ray start ...`), every process of the container its client.
+- kernel_cache (every pod that runs an engine): $RAILYARD_CACHE where the stack's kernel_cache says, mounted there
+  (a pod's emptyDir, a node's hostPath) or found in the image, so a replica loads the kernels an earlier one compiled.
 """
 
 from __future__ import annotations
@@ -20,7 +22,8 @@ import math
 from typing import Any
 
 from railyard.cluster.lora import lora_cli_args, mount_adapters
-from railyard.stack import Policies, Stack, StackModel
+from railyard.envs import RAILYARD_CACHE
+from railyard.stack import KernelCache, Policies, Stack, StackModel
 
 GPU_RESOURCE = "nvidia.com/gpu"
 GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
@@ -38,6 +41,8 @@ MPS_START = (f"( (mkdir -p {MPS_PIPE_DIR} {MPS_LOG_DIR} && nvidia-cuda-mps-contr
              "daemon (nvidia-cuda-mps-control missing or failed); replicas sharing this GPU time-slice' )")
 GPU_SHARING_ANNOTATION = "railyard.io/gpu-sharing"
 SERVE_PROXY_ANNOTATION = "railyard.io/serve-proxy"
+KERNEL_CACHE_ANNOTATION = "railyard.io/kernel-cache"
+KERNEL_CACHE_VOLUME = "kernel-cache"
 
 
 def labels(stack: Stack, component: str, model: str | None = None) -> dict[str, str]:
@@ -153,6 +158,7 @@ def _pod(
     shm: str | None,
     metrics_port: int,
     grace_s: int = 60,
+    kernel_cache: KernelCache | None = None,
 ) -> dict[str, Any]:
     policies = stack.policies
     pod_security, container_security = _security(policies)
@@ -162,8 +168,10 @@ def _pod(
     if pod_security:
         spec["securityContext"] = pod_security
     if shm and policies.shm:
-        spec["volumes"] = [{"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": shm}}]
-        container["volumeMounts"] = [{"name": "dshm", "mountPath": "/dev/shm"}]
+        spec.setdefault("volumes", []).append({"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": shm}})
+        container.setdefault("volumeMounts", []).append({"name": "dshm", "mountPath": "/dev/shm"})
+    if kernel_cache is not None:
+        _mount_kernel_cache(kernel_cache, spec, container)
     affinity: dict[str, Any] = {}
     if model is not None and gpus:
         if policies.gpu_toleration:
@@ -186,7 +194,23 @@ def _pod(
             "prometheus.io/port": str(metrics_port),
             "prometheus.io/path": "/metrics",
         }
+    if kernel_cache is not None:  # the mode's reason, on the pod whose starts it makes warm or cold
+        metadata.setdefault("annotations", {})[KERNEL_CACHE_ANNOTATION] = (
+            f"{kernel_cache.mode}: " + type(kernel_cache).model_fields["mode"].description)
     return {"metadata": metadata, "spec": spec}
+
+
+def _mount_kernel_cache(cache: KernelCache, spec: dict[str, Any], container: dict[str, Any]) -> None:
+    """$RAILYARD_CACHE at the cache's path, and for the pod and node modes the volume mounted there."""
+    container.setdefault("env", []).append({"name": RAILYARD_CACHE.name, "value": cache.path})
+    if cache.mode == "image":  # in the image already: nothing to mount
+        return
+    if cache.mode == "pod":
+        volume: dict[str, Any] = {"name": KERNEL_CACHE_VOLUME, "emptyDir": {"sizeLimit": cache.size_limit}}
+    else:
+        volume = {"name": KERNEL_CACHE_VOLUME, "hostPath": {"path": cache.host_path, "type": "DirectoryOrCreate"}}
+    spec.setdefault("volumes", []).append(volume)
+    container.setdefault("volumeMounts", []).append({"name": KERNEL_CACHE_VOLUME, "mountPath": cache.path})
 
 
 def engine_cli_args(model: StackModel, engine: dict[str, Any]) -> list[str]:
@@ -225,6 +249,7 @@ def engine_pod(stack: Stack, model: StackModel, component: str, engine: dict[str
         gpus=model.tensor_parallel_size,
         shm=model.resources.shm,
         metrics_port=HTTP_PORT,
+        kernel_cache=stack.kernel_cache,
     )
     mount_adapters(template, model.name, model.lora)
     return template
@@ -268,6 +293,7 @@ def ray_worker_pod(stack: Stack, model: StackModel, component: str) -> dict[str,
         metrics_port=RAY_METRICS_PORT,
         # Kubernetes must not kill a worker pod before Serve has drained its replica's generations.
         grace_s=math.ceil(model.lifecycle.graceful_shutdown_timeout_s) + WORKER_GRACE_MARGIN_S,
+        kernel_cache=stack.kernel_cache,
     )
     if model.mps_shared:  # the reason, on the pod where the daemon runs
         annotations = template["metadata"].setdefault("annotations", {})

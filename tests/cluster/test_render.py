@@ -255,7 +255,8 @@ def test_replicas_sharing_a_gpu_start_an_mps_daemon_before_ray_with_the_reason_o
     (container,) = pod["spec"]["containers"]
     assert "nvidia-cuda-mps-control -d" in container["command"][0]
     env = {e["name"]: e["value"] for e in container["env"]}
-    assert set(env) == {"CUDA_MPS_PIPE_DIRECTORY", "CUDA_MPS_LOG_DIRECTORY", "RAY_SERVE_ENABLE_HA_PROXY"}
+    assert set(env) == {"CUDA_MPS_PIPE_DIRECTORY", "CUDA_MPS_LOG_DIRECTORY", "RAY_SERVE_ENABLE_HA_PROXY",
+                        "RAILYARD_CACHE"}
     assert "at the same time" in pod["metadata"]["annotations"]["railyard.io/gpu-sharing"]
 
 
@@ -268,7 +269,7 @@ def test_no_mps_daemon_where_replicas_do_not_share_a_gpu_by_mps(model):
     objects = render(make_stack(ONE_GPU, models=[model]), "rayservice")
     (container,) = _worker_containers(objects)
     assert "command" not in container
-    assert [e["name"] for e in container["env"]] == ["RAY_SERVE_ENABLE_HA_PROXY"]
+    assert [e["name"] for e in container["env"]] == ["RAY_SERVE_ENABLE_HA_PROXY", "RAILYARD_CACHE"]
 
 
 @pytest.mark.parametrize(("proxy", "value"), [(None, "1"), ("haproxy", "1"), ("ray", "0")])
@@ -310,3 +311,45 @@ def test_the_shared_gpu_example_renders_valid_pods_that_start_mps_before_ray():
     _assert_valid(objects)
     (container,) = _worker_containers(objects)
     assert container["command"][0].count("nvidia-cuda-mps-control -d") == 1
+
+
+# -- the kernel cache -------------------------------------------------------------------------------------------
+def _engine_containers(objects):
+    """(pod, container) of every pod that runs an engine: the Ray workers, or the single-engine pods."""
+    return [(p, c) for p in _gpu_pods(objects) for c in p["spec"]["containers"]]
+
+
+@pytest.mark.parametrize("mode", ["rayservice", "deployment"])
+@pytest.mark.parametrize(("cache", "volume"), [
+    ({}, {"emptyDir": {"sizeLimit": "4Gi"}}),
+    ({"mode": "pod", "size_limit": "1Gi"}, {"emptyDir": {"sizeLimit": "1Gi"}}),
+    ({"mode": "node", "host_path": "/mnt/railyard"}, {"hostPath": {"path": "/mnt/railyard", "type": "DirectoryOrCreate"}}),
+    ({"mode": "image", "path": "/opt/railyard-cache"}, None),
+], ids=["default", "pod", "node", "image"])
+def test_every_engine_pod_finds_the_kernel_cache_where_the_stack_says(mode, cache, volume):
+    objects = render(make_stack(ONE_GPU, kernel_cache=cache), mode)
+    _assert_valid(objects)
+    path = cache.get("path", "/var/cache/railyard")
+    for pod, container in _engine_containers(objects):
+        assert {"name": "RAILYARD_CACHE", "value": path} in container["env"]
+        volumes = {v["name"]: v for v in pod["spec"].get("volumes", [])}
+        mounts = {m["name"]: m["mountPath"] for m in container.get("volumeMounts", [])}
+        if volume is None:  # in the image: nothing mounted over it
+            assert "kernel-cache" not in volumes and path not in mounts.values()
+        else:
+            assert volumes["kernel-cache"] == {"name": "kernel-cache", **volume}
+            assert mounts["kernel-cache"] == path
+        assert pod["metadata"]["annotations"]["railyard.io/kernel-cache"].startswith(cache.get("mode", "pod") + ":")
+
+
+def test_the_head_runs_no_engine_and_gets_no_kernel_cache():
+    objects = render(make_stack(ONE_GPU, kernel_cache={"mode": "node"}), "rayservice")
+    head = next(o for o in objects if o["kind"] == "RayService")["spec"]["rayClusterConfig"]["headGroupSpec"]
+    assert "kernel-cache" not in str(head["template"])
+
+
+@pytest.mark.parametrize(("cache", "field"), [({"mode": "volume"}, "mode"), ({"path": "cache"}, "path"),
+                                              ({"size_limit": "big"}, "size_limit"), ({"colour": 1}, "colour")])
+def test_a_bad_kernel_cache_is_one_error_naming_the_field(cache, field):
+    with pytest.raises(ConfigError, match=f"kernel_cache.{field}"):
+        make_stack(ONE_GPU, kernel_cache=cache)
