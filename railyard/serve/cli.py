@@ -41,6 +41,29 @@ def register(sub: argparse._SubParsersAction) -> None:
     up.add_argument("--port", type=int, default=8000, help="port the HTTP proxy binds")
     add_stack_args(up, config_required=True)
     up.set_defaults(func=run_stack)
+    cache = sub.add_parser("cache", help="railyard's kernel cache ($RAILYARD_CACHE)")
+    cache_kinds = cache.add_subparsers(dest="cache_command", required=True)
+    fill = cache_kinds.add_parser(
+        "fill", help="start each engine of a stack once here so its kernels land in $RAILYARD_CACHE (run on the "
+                     "stack's GPU with the image's software; the stack's kernel_cache says where replicas look)")
+    fill.add_argument("--config", "-c", required=True, help="stack YAML")
+    fill.add_argument("--model", action="append", default=None, help="only this model of the stack (repeatable)")
+    fill.add_argument("--device", default=None, help="run the engines here (default: each engine's own)")
+    fill.set_defaults(func=run_cache_fill)
+
+
+def run_cache_fill(args: argparse.Namespace) -> int:
+    """Print one JSON line per engine started, then where the cache is."""
+    import json
+
+    from railyard.envs import cache_root
+    from railyard.serve.cache_fill import fill
+    from railyard.stack import load_stack
+
+    for filled in fill(load_stack(args.config), args.model, args.device):
+        print(json.dumps(filled.as_dict()), flush=True)
+    print(f"railyard cache fill: kernels in {cache_root()} (set RAILYARD_CACHE to fill another directory)")
+    return 0
 
 
 def run_serve_config(args: argparse.Namespace) -> int:

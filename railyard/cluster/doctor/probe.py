@@ -20,6 +20,20 @@ _TORCH_SNIPPET = (
     "'available': torch.cuda.is_available(), 'device_count': torch.cuda.device_count()}))"
 )
 
+# railyard's kernel cache as an engine started here would use it (engine/startup/caches.py: $TRITON_CACHE_DIR, else
+# $RAILYARD_CACHE/triton), read without importing railyard.
+_KERNEL_CACHE_SNIPPET = (
+    "import json, os, tempfile; from pathlib import Path; "
+    "root = Path(os.environ.get('RAILYARD_CACHE', '~/.cache/railyard')).expanduser(); "
+    "d = Path(os.environ.get('TRITON_CACHE_DIR') or root / 'triton'); "
+    "kernels = sum(1 for e in os.scandir(d) if e.is_dir()) if d.is_dir() else 0; "
+    "probe = d if d.is_dir() else next(p for p in [d, *d.parents] if p.exists()); "
+    "writable = os.access(probe, os.W_OK | os.X_OK); "
+    "last = root / 'last_start.json'; "
+    "print(json.dumps({'dir': str(d), 'kernels': kernels, 'writable': writable, "
+    "'last_start': json.loads(last.read_text()) if last.is_file() else None}))"
+)
+
 # name -> (argv, recorded file name)
 COMMANDS: dict[str, tuple[list[str], str]] = {
     "nvidia-smi": (["nvidia-smi"], "nvidia-smi.txt"),
@@ -30,6 +44,7 @@ COMMANDS: dict[str, tuple[list[str], str]] = {
     "torch": (["python3", "-c", _TORCH_SNIPPET], "torch.json"),
     "nvidia-container-cli": (["nvidia-container-cli", "--version"], "nvidia-container-cli.txt"),
     "dev-nvidia": (["sh", "-c", "stat -c '%n %a %U %G' /dev/nvidia*"], "dev-nvidia.txt"),
+    "kernel-cache": (["python3", "-c", _KERNEL_CACHE_SNIPPET], "kernel-cache.json"),
     "nodes": (["kubectl", "get", "nodes", "-o", "json"], "nodes.json"),
     "daemonsets": (["kubectl", "get", "daemonsets", "--all-namespaces", "-o", "json"], "daemonsets.json"),
 }

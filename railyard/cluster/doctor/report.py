@@ -6,6 +6,7 @@ from typing import Callable, TextIO
 
 from railyard.cluster.doctor.device_plugin import check_device_plugin
 from railyard.cluster.doctor.driver import check_cuda_compat, check_local_mig, check_nvidia_smi, check_torch_gpus
+from railyard.cluster.doctor.kernel_cache import check_kernel_cache
 from railyard.cluster.doctor.kubectl import is_unreachable
 from railyard.cluster.doctor.nodes import check_gfd_labels, check_gpu_capacity, check_gpu_taints, check_mig
 from railyard.cluster.doctor.probe import COMMANDS, Output, Probe
@@ -19,6 +20,7 @@ NODE_CHECKS: tuple[Callable[[Probe], CheckResult], ...] = (
     check_container_toolkit,
     check_device_files,
     check_local_mig,
+    check_kernel_cache,
 )
 CLUSTER_CHECKS: tuple[Callable[[Probe], CheckResult], ...] = (
     check_device_plugin,

@@ -90,6 +90,14 @@ class StructuredOutputManager:
             spec = dataclasses.replace(spec, disable_any_whitespace=self.disable_any_whitespace)
         self._compiling[request_id] = _Compiling(seqs, self._compiler.compile(spec))
 
+    def prepare(self) -> bool:
+        """Set grammars up now and wait (the tokenizer, xgrammar, the mask kernel's warm-up), as the first constrained
+        request would: for `railyard cache fill`, which leaves the mask kernel in the kernel cache. False where the
+        engine has no tokenizer (no constraint can come)."""
+        if self._compiler is None:
+            return False
+        return self.vocab_size > 0
+
     @property
     def vocab_size(self) -> int:
         """The ids a bitmask covers (the tokenizer's, at most the model's): known once the tokenizer has loaded,
