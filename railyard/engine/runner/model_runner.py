@@ -534,13 +534,15 @@ class ModelRunner:
         variants = sampling_variants()
         fed = None
         start = time.perf_counter()
+        pending = []  # waited for at the end: the host plans the next step while the device runs this one
         for i, step in enumerate(steps):
             plan = self._warm_plan(step, first_block=i, fed_rows=0 if fed is None else fed.shape[0])
             rows = [self._warm_row(variants[(i + r) % len(variants)] if i % 2 else variants[0], r)
                     for r in range(step.num_seqs)]
-            pending = self.launch_sample(ForwardPass(self.compute_logits(plan, fed), rows))
-            pending.result()
-            fed = pending.token_ids
+            pending.append(self.launch_sample(ForwardPass(self.compute_logits(plan, fed), rows)))
+            fed = pending[-1].token_ids
+        for sampled in pending:  # their host copies too, as a step's result() takes them
+            sampled.result()
         if self.num_cpu_blocks:
             for n in ladder(1, min(self.num_cpu_blocks, self.num_gpu_blocks, 17)):
                 pairs = [(b, b) for b in range(n)]
