@@ -575,9 +575,11 @@ class ModelRunner:
         for row in feed:
             ids[row] = PLACEHOLDER
         sliding = self.sliding_blocks  # the window's tables: the same blocks (any block will do here)
+        # [LoRA] rows through every adapter slot and the base model in turn (a slot holds zeros until loaded)
+        lora_slots = [] if self.lora is None else [r % (self.config.max_loras + 1) - 1 for r in range(len(tables))]
         return StepPlan(ids, positions, slots, starts, seq_lens, tables, sample, [], [], feed_dst=feed,
                         feed_src=[r % max(fed_rows, 1) for r in feed], sliding_slot_mapping=slots if sliding else [],
-                        sliding_block_tables=tables if sliding else [])
+                        sliding_block_tables=tables if sliding else [], lora_slots=lora_slots)
 
     def _warm_row(self, params: SamplingParams, r: int) -> SamplingRow:
         """A sampling row of the given kind for a warm-up step (its own generator where it is seeded)."""

@@ -121,11 +121,15 @@ def _generate(llm: LLM) -> list[list[int]]:
                                                          use_tqdm=False)]
 
 
-@pytest.mark.parametrize("extra", [{}, dict(quantization="fp8", kv_cache_dtype="fp8", preemption_mode="swap",
-                                            num_cpu_blocks=32)], ids=["plain", "fp8-swap"])
-def test_the_warm_up_runs_every_step_and_changes_no_token_after_it(tiny_model, extra):
-    warmed = LLM(tiny_model, **LIMITS, **extra)
+@pytest.mark.parametrize(("arch", "extra"), [
+    ("qwen2", {}),
+    ("qwen2", dict(quantization="fp8", kv_cache_dtype="fp8", preemption_mode="swap", num_cpu_blocks=32)),
+    ("qwen2", dict(enable_lora=True, max_loras=2)),  # rows through every adapter slot and the base model
+    ("qwen3moe", {}),
+], ids=["plain", "fp8-swap", "lora", "moe"])
+def test_the_warm_up_runs_every_step_and_changes_no_token_after_it(tiny_models, arch, extra):
+    warmed = LLM(tiny_models[arch], **LIMITS, **extra)
     runner = warmed.engine.executor.runner
     assert runner.warm_up() == len(warm_steps(runner.warm_limits()))
     assert runner._fed is None and runner._rows == {}  # no sequence's state left behind
-    assert _generate(warmed) == _generate(LLM(tiny_model, **LIMITS, **extra))
+    assert _generate(warmed) == _generate(LLM(tiny_models[arch], **LIMITS, **extra))
