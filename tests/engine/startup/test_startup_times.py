@@ -134,3 +134,15 @@ def test_steps_that_carry_a_prefill_are_counted_apart_from_pure_decode_steps(tin
         assert stats.decode_rows_total == 3 * 5  # every output token but each request's first
     finally:
         core.shutdown()
+
+
+@pytest.mark.parametrize(("kernels", "compiled", "state"), [(0, 0, None), (19, 27, "cold"), (19, 19, "cold"),
+                                                            (19, 0, "warm"), (19, 4, "partial")])
+def test_the_start_says_how_it_met_its_kernel_cache(kernels, compiled, state):
+    """Cold: everything JIT'd was compiled anew (Triton may write more cache entries than kernels); warm: all
+    loaded; nothing JIT'd (the CPU): no word on it."""
+    times = StartupTimes(triton_kernels=kernels, triton_compiled=compiled, triton_cache_dir="/c")
+    times.add("imports", 1.0)
+    assert times.kernel_cache == state and times.as_dict()["kernel_cache"] == state
+    line = times.describe()
+    assert line.startswith(f"start-up ({state} kernel cache): total 1.00 s" if state else "start-up: total 1.00 s")
