@@ -25,6 +25,8 @@ from railyard.engine.startup.tiny_model import write_tiny_checkpoint
 from railyard.errors import ConfigError, EngineDeadError
 from tests.engine.hf_oracle import hf_greedy
 
+pytestmark = pytest.mark.slow  # spawns tensor-parallel worker processes
+
 MAX_NEW = 16
 PROMPTS = [[(7 * i + 3 * n) % 256 for i in range(n)] for n in (3, 9, 17, 33, 40)]
 # A KV pool too small for the whole batch: sequences get swapped out and back in on every rank.
@@ -154,8 +156,6 @@ _ORPHAN_SCRIPT = """
 import sys, time
 from railyard.engine.config import EngineConfig
 from railyard.engine.engine import Engine
-
-pytestmark = pytest.mark.slow  # spawns tensor-parallel worker processes
 
 if __name__ == "__main__":
     engine = Engine(EngineConfig(model=sys.argv[1], tensor_parallel_size=2, device="cpu", block_size=8,
