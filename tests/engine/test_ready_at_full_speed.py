@@ -3,9 +3,10 @@ spans its limits compiles or loads no Triton kernel and captures no CUDA graph, 
 
 The workload: 1 to max_num_seqs sequences, steps up to max_num_batched_tokens (beyond the piecewise graphs too),
 contexts up to max_model_len, every kind of sampling row, structured outputs beside unconstrained rows, prefix
-hits, and preemption (recompute in bf16, swap over an FP8 cache with FP8 weights). Oracle: Triton's own cache hook
-(startup/jit_watch.py counts every kernel it is about to compile or load) and torch's graph capture entry point.
-GPU only: on the CPU nothing compiles and nothing is captured."""
+hits, and preemption (recompute in bf16, swap over an FP8 cache with FP8 weights); the same over a mixture of
+experts, and with LoRA adapters beside the base model. Oracle: Triton's own cache hook (startup/jit_watch.py counts
+every kernel it is about to compile or load) and torch's graph capture entry point. GPU only: on the CPU nothing
+compiles and nothing is captured."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ import torch
 
 from railyard.engine.config import SamplingParams
 from railyard.engine.llm import LLM
+from railyard.engine.lora.request import LoRARequest
 from railyard.engine.startup.jit_watch import first_jit_after_ready, jit_after_ready
 from railyard.engine.startup.tiny_model import write_tiny_checkpoint
 from railyard.engine.structured import StructuredOutputsParams
@@ -26,8 +28,12 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="Triton ke
 # graphs up to 2,048 tokens and eager steps beyond them, head_dim 128 (the FP8 cache's tensor-core decode kernel).
 LIMITS = dict(max_num_seqs=32, max_num_batched_tokens=4096, max_model_len=4096, block_size=16,
               num_gpu_blocks=400)  # 32 sequences of ~600 tokens need more: preemption
-PRECISIONS = {"bf16": dict(), "fp8": dict(quantization="fp8", kv_cache_dtype="fp8", preemption_mode="swap",
-                                          num_cpu_blocks=1024)}
+# case -> (checkpoint, engine options, adapters): the dense model in bf16 and in FP8, the mixture of experts, LoRA
+CASES = {"bf16": ("dense", dict(), 0),
+         "fp8": ("dense", dict(quantization="fp8", kv_cache_dtype="fp8", preemption_mode="swap", num_cpu_blocks=1024),
+                 0),
+         "moe": ("moe", dict(), 0),
+         "lora": ("dense", dict(enable_lora=True, max_loras=2), 3)}  # three adapters for two slots: evictions too
 KINDS = [SamplingParams(temperature=0.0), SamplingParams(temperature=0.8, seed=3),
          SamplingParams(temperature=0.7, top_k=20, top_p=0.9, min_p=0.05),
          SamplingParams(temperature=0.0, repetition_penalty=1.2, presence_penalty=0.5, frequency_penalty=0.5),
@@ -37,11 +43,22 @@ CONSTRAINTS = [StructuredOutputsParams(json_object=True), StructuredOutputsParam
 
 
 @pytest.fixture(scope="module")
-def gpu_model(tmp_path_factory) -> str:
-    path = tmp_path_factory.mktemp("ready-model")
-    return str(write_tiny_checkpoint(path, "qwen3", hidden_size=256, intermediate_size=512, num_attention_heads=4,
-                                     num_key_value_heads=2, head_dim=128, max_position_embeddings=4096,
-                                     torch_dtype="bfloat16"))
+def gpu_models(tmp_path_factory) -> dict[str, str]:
+    root = tmp_path_factory.mktemp("ready-models")
+    shape = dict(hidden_size=256, num_attention_heads=4, num_key_value_heads=2, head_dim=128,
+                 max_position_embeddings=4096, torch_dtype="bfloat16")
+    return {"dense": str(write_tiny_checkpoint(root / "dense", "qwen3", intermediate_size=512, **shape)),
+            "moe": str(write_tiny_checkpoint(root / "moe", "qwen3moe", **shape))}
+
+
+def _adapters(model_dir: str, n: int, root) -> list[LoRARequest]:
+    if not n:
+        return []
+    from tests.engine.lora.adapters import ADAPTERS, write_adapter
+
+    configs = list(ADAPTERS.values())
+    return [LoRARequest(f"a{i}", i + 1, write_adapter(model_dir, root / f"a{i}", seed=i, **configs[i % len(configs)]))
+            for i in range(n)]
 
 
 class _Captures:
@@ -80,17 +97,21 @@ def _workloads(rng: random.Random, max_model_len: int):
     yield [prompt(rng.randrange(5, 50)) for _ in range(3)], constrained
 
 
-@pytest.mark.parametrize("precision", list(PRECISIONS), ids=list(PRECISIONS))
-def test_a_workload_across_the_limits_compiles_and_captures_nothing_after_ready(gpu_model, precision, monkeypatch,
+@pytest.mark.parametrize("case", list(CASES))
+def test_a_workload_across_the_limits_compiles_and_captures_nothing_after_ready(gpu_models, case, monkeypatch,
                                                                                  tmp_path):
-    monkeypatch.setenv("RAILYARD_CACHE", str(tmp_path))  # an empty kernel cache: every kernel is new to the disk
+    model, options, num_adapters = CASES[case]
+    adapters = _adapters(gpu_models[model], num_adapters, tmp_path / "adapters")
+    monkeypatch.setenv("RAILYARD_CACHE", str(tmp_path / "cache"))  # an empty kernel cache: every kernel is new
     monkeypatch.delenv("TRITON_CACHE_DIR", raising=False)
-    llm = LLM(gpu_model, **LIMITS, **PRECISIONS[precision])
+    llm = LLM(gpu_models[model], **LIMITS, **options)
     captures = _Captures(monkeypatch)
     jit_before = jit_after_ready()
     rng = random.Random(7)
+    owners = [*adapters, None]  # each adapter and the base model in turn
     for prompts, params in _workloads(rng, LIMITS["max_model_len"]):
-        outs = llm.generate(prompt_token_ids=prompts, sampling_params=params, use_tqdm=False)
+        loras = [owners[i % len(owners)] for i in range(len(prompts))] if adapters else None
+        outs = llm.generate(prompt_token_ids=prompts, sampling_params=params, use_tqdm=False, lora_request=loras)
         assert all(o.finished for o in outs)
     stats = llm.engine.stats()
     assert stats.num_preemptions_total > 0  # the workload did reach preemption
