@@ -54,7 +54,7 @@ def mlp_temporaries(spec: ModelSpec, tp: int = 1) -> int:
     int32 [slots, experts] tables that sort its slots by expert (kernels/fused_moe.py); whichever kind is larger."""
     dense = 3 * (spec.intermediate_size // tp) if spec.num_dense_layers else 0
     k = spec.num_experts_per_tok
-    moe = k * (3 * (spec.moe_intermediate_size // tp) + spec.hidden_size + 8 * spec.num_experts // spec.dtype_bytes) \
+    moe = k * (3 * spec.expert_intermediate(tp) + spec.hidden_size + 8 * spec.num_experts // spec.dtype_bytes) \
         if spec.is_moe else 0
     return max(dense, moe)
 

@@ -29,8 +29,9 @@ ARCHITECTURES = {
     "Qwen3MoeForCausalLM": (False, True),
     "GptOssForCausalLM": (False, False),  # q/k/v/o biases as config.json's attention_bias says (default true)
 }
-# Bytes of one MXFP4 expert weight with its share of the group's exponent byte (32 weights a group).
-MXFP4_WEIGHT_BYTES = 0.5 + 1 / 32
+# MXFP4 weights share one exponent per group of this many; a weight's bytes count its share of that exponent byte.
+MXFP4_GROUP = 32
+MXFP4_WEIGHT_BYTES = 0.5 + 1 / MXFP4_GROUP
 # FP8 experts carry one float32 scale per block of this many output x input weights (as FP8 MoE checkpoints such as
 # Qwen3-30B-A3B-FP8 ship them, and as --quantization fp8 quantizes a bf16 checkpoint's experts).
 EXPERT_BLOCK = (128, 128)
@@ -248,9 +249,14 @@ class ModelSpec:
         """One dense MLP (gate/up, down) on one rank."""
         return 3 * self.hidden_size * (self.intermediate_size // tp)
 
+    def expert_intermediate(self, tp: int = 1) -> int:
+        """The width of every expert's intermediate slice one rank holds (MXFP4's padded to whole groups)."""
+        group = MXFP4_GROUP if self.expert_quantization == "mxfp4" else 1
+        return expert_shard(self.moe_intermediate_size, tp, 0, group).held
+
     def expert_params(self, tp: int = 1) -> int:
         """One expert (gate/up, down) on one rank: each rank holds a slice of every expert's intermediate width."""
-        return 3 * self.hidden_size * (self.moe_intermediate_size // tp)
+        return 3 * self.hidden_size * self.expert_intermediate(tp)
 
     def layer_linear_params(self, tp: int = 1, layer: int = 0) -> int:
         """One decoder layer's projection weights on one rank: fused QKV, o, and its MLP's gate/up and down (an
@@ -288,7 +294,7 @@ class ModelSpec:
         bias = (self.num_heads // tp + 2 * self.kv_heads_per_rank(tp)) * d if self.attention_bias else 0
         router = self.num_experts * h if self.is_moe_layer(layer) else 0
         if self.moe_bias and self.is_moe_layer(layer):  # router bias, each expert's gate/up and down biases
-            router += self.num_experts * (1 + 2 * (self.moe_intermediate_size // tp) + h)
+            router += self.num_experts * (1 + 2 * self.expert_intermediate(tp) + h)
         extra = (h if self.o_proj_bias else 0) + (self.num_heads // tp if self.attention_sinks else 0)
         return bias + 2 * h + (2 * d if self.qk_norm else 0) + router + extra
 
@@ -405,6 +411,26 @@ def rope_type(scaling: dict | None) -> str:
     return scaling.get("rope_type", scaling.get("type", "default"))
 
 
+@dataclass(frozen=True)
+class ExpertShard:
+    """One rank's slice of an expert's intermediate width: `real` columns from `start`, held in `held` (the same for
+    every rank; past `real`, zero padding that adds nothing)."""
+
+    start: int
+    real: int
+    held: int
+
+
+def expert_shard(intermediate: int, tp: int, rank: int, group: int = 1) -> ExpertShard:
+    """Rank `rank`'s slice when the width splits into `tp` slices of whole `group`s (MXFP4: 32, its exponent's span):
+    each rank holds ceil(groups / tp) of them, the last ranks fewer real ones, as vLLM splits gpt-oss's 2880 over
+    4 or 8 ranks. A width that divides evenly gives every rank intermediate / tp, unpadded."""
+    groups = intermediate // group
+    per_rank = -(-groups // tp)
+    start = min(rank * per_rank, groups)
+    return ExpertShard(start * group, min(per_rank, groups - start) * group, per_rank * group)
+
+
 def check_tensor_parallel(spec: ModelSpec, tp: int) -> None:
     """Refuse tensor-parallel sizes the model cannot be split into, before any process starts."""
     problems = []
@@ -414,10 +440,9 @@ def check_tensor_parallel(spec: ModelSpec, tp: int) -> None:
         problems.append(f"{spec.num_kv_heads} KV heads (neither divides the other)")
     if spec.num_dense_layers and spec.intermediate_size % tp:
         problems.append(f"intermediate size {spec.intermediate_size}")
-    if spec.is_moe and spec.moe_intermediate_size % tp:
+    # MXFP4 experts split by whole 32-weight groups, the last ranks' slices zero-padded (expert_shard): any tp works
+    if spec.is_moe and spec.expert_quantization != "mxfp4" and spec.moe_intermediate_size % tp:
         problems.append(f"expert intermediate size {spec.moe_intermediate_size}")
-    elif spec.expert_quantization == "mxfp4" and (spec.moe_intermediate_size // tp) % 32:
-        problems.append(f"MXFP4 experts' 32-weight groups (expert intermediate size {spec.moe_intermediate_size})")
     elif spec.is_moe and spec.quantization and tp > 1 and (spec.moe_intermediate_size // tp) % EXPERT_BLOCK[0]:
         problems.append(f"FP8 experts' {EXPERT_BLOCK[0]}-wide scale blocks (expert intermediate size "
                         f"{spec.moe_intermediate_size})")

@@ -115,3 +115,15 @@ def test_tensor_parallel_on_cpu_gives_hf_tokens(checkpoints, expected, kind):
         assert _tokens(llm) == expected[kind]
     finally:
         llm.engine.shutdown()
+
+
+def test_tensor_parallel_4_splits_mxfp4_experts_in_whole_groups_padded_on_cpu(tmp_path):
+    """Experts 160 wide (5 groups of 32) over 4 ranks: 2, 2, 1 and 0 real groups, each rank holding 2 groups' width
+    (the last ranks' padding zero), as gpt-oss's 2880 splits over 4 or 8; HF's tokens all the same."""
+    path = str(write_tiny_gpt_oss(tmp_path / "wide", mxfp4=True, intermediate_size=160))
+    prompts = [PROMPTS[1], PROMPTS[4]]
+    llm = LLM(path, tensor_parallel_size=4, device="cpu", block_size=8, num_gpu_blocks=64, max_model_len=128)
+    try:
+        assert _tokens(llm, prompts) == hf_greedy(path, prompts, MAX_NEW)
+    finally:
+        llm.engine.shutdown()

@@ -9,7 +9,7 @@ import pytest
 from railyard.bench.roofline import offline_roofline
 from railyard.cluster.sizing import size_kv_cache
 from railyard.errors import ConfigError, ModelLoadError
-from railyard.model.spec import ModelSpec, check_tensor_parallel
+from railyard.model.spec import ModelSpec, check_tensor_parallel, expert_shard
 from railyard.shapes import shape_config
 
 GB = 1e9
@@ -68,11 +68,24 @@ def test_the_planner_fits_more_long_sequences_with_sliding_blocks():
     assert sliding.max_seqs_at_max_len >= 1.9 * full.max_seqs_at_max_len
 
 
-def test_mxfp4_experts_split_over_ranks_only_in_whole_32_weight_groups():
+@pytest.mark.parametrize("tp, slices", [(2, [(0, 1440)] * 2), (4, [(0, 736)] * 3 + [(0, 672)]),
+                                        (8, [(0, 384)] * 7 + [(0, 192)])])
+def test_mxfp4_experts_split_over_ranks_in_whole_32_weight_groups_the_last_rank_padded(tp, slices):
+    """2880 is 90 groups of 32: over 4 ranks 23, 23, 23 and 21 of them (720 a rank would split a group's exponent),
+    each rank holding 23 groups' width, as vLLM splits gpt-oss."""
     spec = _spec("gpt-oss-20b")
-    check_tensor_parallel(spec, 2)  # 1440 of each expert's 2880 a rank: 45 groups
-    with pytest.raises(ConfigError, match="MXFP4 experts' 32-weight groups"):
-        check_tensor_parallel(spec, 4)  # 720: 22.5 groups
+    check_tensor_parallel(spec, tp)
+    shards = [expert_shard(2880, tp, rank, 32) for rank in range(tp)]
+    assert [(s.start - rank * s.held, s.real) for rank, s in enumerate(shards)] == slices
+    assert sum(s.real for s in shards) == 2880
+    assert spec.expert_intermediate(tp) == shards[0].held
+    # what one rank holds: every expert at the padded width
+    assert spec.weight_bytes(tp) > spec.weight_bytes() / tp
+
+
+def test_unquantized_experts_still_split_only_evenly():
+    with pytest.raises(ConfigError, match="expert intermediate size 2884"):
+        check_tensor_parallel(_spec("gpt-oss-20b", quantization_config=None, intermediate_size=2884), 8)
 
 
 def test_layer_types_must_name_each_layers_attention():

@@ -15,6 +15,14 @@ scalar) exit at once. So one captured CUDA graph per padded token count replays 
 FP8 experts (block scales, layers/fp8_block.py): the activations are quantized per token and 128-wide group, the
 GEMM takes BLOCK_K = 128 and multiplies each K step's partial product by the token's group scale and the weight
 block's scale before adding it to the float32 accumulator (DeepSeek-V3's recipe, vLLM's w8a8 block path).
+
+MXFP4 experts (gpt-oss, layers/mxfp4.py): the GEMM reads each weight tile as the checkpoint packs it (a byte holds
+the e2m1 codes of an even and the next odd K position; one e8m0 exponent per 32 along K) and widens it in registers:
+the codes become floats by building their bits, the exponents become powers of two the same way, their product is
+cast to the activations' dtype and fed to tl.dot (Hopper has no FP4 MMA: the bytes save memory traffic, the math
+runs in bf16). The low and high nibbles make two half-K tiles, multiplied by the activations' even and odd columns
+(two dots per K step, no interleave of registers), as vLLM's fused-MoE kernel for GPUs without tl.dot_scaled does.
+No widened copy of any expert exists outside the registers.
 """
 
 from __future__ import annotations
@@ -24,6 +32,7 @@ import triton
 import triton.language as tl
 
 from railyard.engine.runner.layers.fp8_block import quantize_per_token_group
+from railyard.engine.runner.layers.mxfp4 import GROUP as MXFP4_GROUP
 from railyard.model.spec import EXPERT_BLOCK
 
 # (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages): small row blocks while experts get few tokens each (decode:
@@ -69,15 +78,31 @@ def align_by_expert(topk_ids: torch.Tensor, num_experts: int, block_m: int):
     return sorted_slots, block_experts, ends[-1:]
 
 
+@triton.jit
+def _e2m1_values(codes):
+    """e2m1 codes (uint32, 0..15) -> their exact float32 values, from the bits: sign (code bit 3) to bit 31; codes
+    2..7 are normal (exponent e, mantissa bit m -> float exponent e + 126, top mantissa bit m); code 1 is 0.5."""
+    mag = codes & 7
+    bits = tl.where(mag >= 2, (mag << 22) + (126 << 23), tl.where(mag == 1, 126 << 23, 0))
+    return (bits | ((codes & 8) << 28)).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _e8m0_values(exponents):
+    """e8m0 exponents (uint32) -> 2^(e - 127) in float32, from the bits (e = 0: the subnormal 2^-127)."""
+    return tl.where(exponents == 0, 1 << 22, exponents << 23).to(tl.float32, bitcast=True)
+
+
 @triton.jit(do_not_specialize=["num_slots"])  # one compiled kernel for every token count
 def _grouped_gemm_kernel(a_ptr, b_ptr, c_ptr, a_scale_ptr, b_scale_ptr, bias_ptr, weights_ptr, sorted_ptr,
                          block_expert_ptr, padded_len_ptr, N, K, num_slots, stride_am, stride_be, stride_bn,
                          stride_cm, stride_asm, stride_bse, stride_bsn, stride_biase, SPLIT_N, SPLIT_BLOCKS,
-                         A_ROW_DIV: tl.constexpr, FP8: tl.constexpr, HAS_BIAS: tl.constexpr,
+                         A_ROW_DIV: tl.constexpr, FP8: tl.constexpr, MXFP4: tl.constexpr, HAS_BIAS: tl.constexpr,
                          MUL_WEIGHT: tl.constexpr, DOT_PRECISION: tl.constexpr, BLOCK_M: tl.constexpr,
                          BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SCALE_N: tl.constexpr,
                          GROUP_M: tl.constexpr):
-    """C[slot, n] = (sum_k A[slot // A_ROW_DIV, k] * B[expert(slot), n, k] (+ bias[expert, n])) (* weight[slot])."""
+    """C[slot, n] = (sum_k A[slot // A_ROW_DIV, k] * B[expert(slot), n, k] (+ bias[expert, n])) (* weight[slot]).
+    MXFP4: B is packed, [E, N, K / 2] bytes, with exponents [E, N, K / 32] at b_scale_ptr."""
     pid = tl.program_id(0)
     num_m = tl.num_programs(0) // tl.cdiv(N, BLOCK_N)
     num_n = tl.cdiv(N, BLOCK_N)
@@ -93,26 +118,49 @@ def _grouped_gemm_kernel(a_ptr, b_ptr, c_ptr, a_scale_ptr, b_scale_ptr, bias_ptr
     expert = tl.load(block_expert_ptr + pid_m).to(tl.int64)
     row = (slot // A_ROW_DIV).to(tl.int64)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    rk = tl.arange(0, BLOCK_K)
-    a_ptrs = a_ptr + row[:, None] * stride_am + rk[None, :]
-    b_ptrs = b_ptr + expert * stride_be + rn[None, :].to(tl.int64) * stride_bn + rk[:, None]  # B^T tile [K, N]
-    if FP8:
-        a_scale_ptrs = a_scale_ptr + row * stride_asm
-        scale_row = (rn // SPLIT_N) * SPLIT_BLOCKS + (rn % SPLIT_N) // SCALE_N
-        b_scale_ptrs = b_scale_ptr + expert * stride_bse + scale_row * stride_bsn
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k in range(0, tl.cdiv(K, BLOCK_K)):
-        k_left = K - k * BLOCK_K
-        a = tl.load(a_ptrs, mask=valid[:, None] & (rk[None, :] < k_left), other=0.0)
-        b = tl.load(b_ptrs, mask=(rn[None, :] < N) & (rk[:, None] < k_left), other=0.0)
+    if MXFP4:
+        # half-K tiles: packed byte j of the tile holds K positions 2j (low nibble) and 2j + 1 (high nibble)
+        rj = tl.arange(0, BLOCK_K // 2)
+        a_ptrs = a_ptr + row[:, None] * stride_am + 2 * rj[None, :]  # the even columns; + 1: the odd ones
+        b_ptrs = b_ptr + expert * stride_be + rn[None, :].to(tl.int64) * stride_bn + rj[:, None]  # [K / 2, N]
+        # each byte row's exponent (16 byte rows share one): a gather of the same few bytes, from the cache
+        s_ptrs = b_scale_ptr + expert * stride_bse + rn[None, :].to(tl.int64) * stride_bsn + (rj // 16)[:, None]
+        for k in range(0, tl.cdiv(K, BLOCK_K)):
+            in_k = 2 * rj < K - k * BLOCK_K  # K is whole 32-groups: a byte's two positions are both in or out
+            a_mask = valid[:, None] & in_k[None, :]
+            a_even = tl.load(a_ptrs, mask=a_mask, other=0.0)
+            a_odd = tl.load(a_ptrs + 1, mask=a_mask, other=0.0)
+            b_mask = (rn[None, :] < N) & in_k[:, None]
+            packed = tl.load(b_ptrs, mask=b_mask, other=0).to(tl.uint32)
+            scale = _e8m0_values(tl.load(s_ptrs, mask=b_mask, other=0).to(tl.uint32))
+            b_even = (_e2m1_values(packed & 15) * scale).to(a_even.dtype)
+            b_odd = (_e2m1_values(packed >> 4) * scale).to(a_even.dtype)
+            acc = tl.dot(a_even, b_even, acc, input_precision=DOT_PRECISION)
+            acc = tl.dot(a_odd, b_odd, acc, input_precision=DOT_PRECISION)
+            a_ptrs += BLOCK_K
+            b_ptrs += BLOCK_K // 2
+            s_ptrs += BLOCK_K // 32
+    else:
+        rk = tl.arange(0, BLOCK_K)
+        a_ptrs = a_ptr + row[:, None] * stride_am + rk[None, :]
+        b_ptrs = b_ptr + expert * stride_be + rn[None, :].to(tl.int64) * stride_bn + rk[:, None]  # B^T tile [K, N]
         if FP8:
-            a_s = tl.load(a_scale_ptrs + k, mask=valid, other=0.0)
-            b_s = tl.load(b_scale_ptrs + k, mask=rn < N, other=0.0)
-            acc += tl.dot(a, b) * a_s[:, None] * b_s[None, :]
-        else:
-            acc = tl.dot(a, b, acc, input_precision=DOT_PRECISION)
-        a_ptrs += BLOCK_K
-        b_ptrs += BLOCK_K
+            a_scale_ptrs = a_scale_ptr + row * stride_asm
+            scale_row = (rn // SPLIT_N) * SPLIT_BLOCKS + (rn % SPLIT_N) // SCALE_N
+            b_scale_ptrs = b_scale_ptr + expert * stride_bse + scale_row * stride_bsn
+        for k in range(0, tl.cdiv(K, BLOCK_K)):
+            k_left = K - k * BLOCK_K
+            a = tl.load(a_ptrs, mask=valid[:, None] & (rk[None, :] < k_left), other=0.0)
+            b = tl.load(b_ptrs, mask=(rn[None, :] < N) & (rk[:, None] < k_left), other=0.0)
+            if FP8:
+                a_s = tl.load(a_scale_ptrs + k, mask=valid, other=0.0)
+                b_s = tl.load(b_scale_ptrs + k, mask=rn < N, other=0.0)
+                acc += tl.dot(a, b) * a_s[:, None] * b_s[None, :]
+            else:
+                acc = tl.dot(a, b, acc, input_precision=DOT_PRECISION)
+            a_ptrs += BLOCK_K
+            b_ptrs += BLOCK_K
     if HAS_BIAS:
         acc += tl.load(bias_ptr + expert * stride_biase + rn, mask=rn < N, other=0.0).to(tl.float32)[None, :]
     if MUL_WEIGHT:
@@ -127,24 +175,30 @@ def grouped_gemm(a: torch.Tensor, w: torch.Tensor, out: torch.Tensor, routing, a
                  w_scale: torch.Tensor | None = None, split_n: int | None = None) -> torch.Tensor:
     """out[slot] = A[slot // a_row_div] @ w[expert(slot)]^T (+ bias[expert]) (* weights[slot]) for every slot of
     `routing` (align_by_expert's output). FP8: a and w e4m3 with a_scale [rows, K/128] and w_scale [E, nb, kb]
-    (split_n: the rows of each projection stacked in w, whose scale rows restart at each)."""
+    (split_n: the rows of each projection stacked in w, whose scale rows restart at each). MXFP4: w uint8 [E, N,
+    K/2] (two e2m1 codes a byte) with w_scale uint8 [E, N, K/32] (e8m0 exponents); a in the model's dtype."""
     sorted_slots, block_experts, padded_len = routing
     bm, bn, bk, warps, stages = config
-    n, k = w.shape[1], w.shape[2]
+    mxfp4 = w.dtype == torch.uint8
+    n, k = w.shape[1], w.shape[2] * (2 if mxfp4 else 1)
     if a.stride(-1) != 1 or w.stride(-1) != 1 or out.stride(-1) != 1:
         raise ValueError("grouped_gemm wants operands whose rows are contiguous")
     fp8 = a_scale is not None
     if fp8:
         assert bk == EXPERT_BLOCK[1], "FP8 experts take one K step per scale block"
+    if mxfp4:
+        assert w_scale is not None and w_scale.stride(-1) == 1 and k == w_scale.shape[2] * MXFP4_GROUP
+        assert bk % MXFP4_GROUP == 0, "an MXFP4 K step covers whole 32-weight groups"
     split = split_n or n
     grid = (block_experts.numel() * triton.cdiv(n, bn),)
+    scaled = fp8 or mxfp4
     _grouped_gemm_kernel[grid](
-        a, w, out, a_scale if fp8 else a, w_scale if fp8 else w, bias if bias is not None else w,
+        a, w, out, a_scale if fp8 else a, w_scale if scaled else w, bias if bias is not None else w,
         weights if weights is not None else w, sorted_slots, block_experts, padded_len, n, k, out.shape[0],
         a.stride(0), w.stride(0), w.stride(1), out.stride(0),
-        a_scale.stride(0) if fp8 else 0, w_scale.stride(0) if fp8 else 0, w_scale.stride(1) if fp8 else 0,
+        a_scale.stride(0) if fp8 else 0, w_scale.stride(0) if scaled else 0, w_scale.stride(1) if scaled else 0,
         bias.stride(0) if bias is not None else 0, split, -(-split // EXPERT_BLOCK[0]),
-        A_ROW_DIV=a_row_div, FP8=fp8, HAS_BIAS=bias is not None, MUL_WEIGHT=weights is not None,
+        A_ROW_DIV=a_row_div, FP8=fp8, MXFP4=mxfp4, HAS_BIAS=bias is not None, MUL_WEIGHT=weights is not None,
         # float32 models multiply in float32 (Triton's default there is TF32), as the reference and HF do
         DOT_PRECISION="ieee" if a.dtype == torch.float32 else "tf32", BLOCK_M=bm,
         BLOCK_N=bn, BLOCK_K=bk, SCALE_N=EXPERT_BLOCK[0], GROUP_M=8, num_warps=warps, num_stages=stages)
@@ -157,13 +211,14 @@ def fused_experts(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_wei
                   w2_scale: torch.Tensor | None = None,
                   config: tuple[int, int, int, int, int] | None = None) -> torch.Tensor:
     """layers/moe.py's experts contract on the GPU: x [T, H] -> [T, H], this rank's partial sums (the module
-    docstring's five steps). FP8 when the weights are e4m3 (with their block scales)."""
+    docstring's five steps). FP8 when the weights are e4m3 (with their block scales); MXFP4 when they are packed
+    uint8 (with their exponents), read as packed inside the GEMMs."""
     num_tokens, top_k = topk_ids.shape
     num_experts, hidden = w13.shape[0], x.shape[1]
     slots = num_tokens * top_k
     if slots == 0:
         return torch.zeros_like(x)
-    fp8 = w13_scale is not None
+    fp8 = w13_scale is not None and w13.dtype != torch.uint8
     config = config or pick_config(slots, num_experts, fp8)
     routing = align_by_expert(topk_ids, num_experts, config[0])
     gate_up = torch.empty((slots, w13.shape[1]), dtype=x.dtype, device=x.device)
@@ -171,7 +226,7 @@ def fused_experts(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_wei
         xq, xs = quantize_per_token_group(x)
         grouped_gemm(xq, w13, gate_up, routing, top_k, config, w13_bias, None, xs, w13_scale, w13.shape[1] // 2)
     else:
-        grouped_gemm(x, w13, gate_up, routing, top_k, config, w13_bias)
+        grouped_gemm(x, w13, gate_up, routing, top_k, config, w13_bias, w_scale=w13_scale)
     h = activation(gate_up)
     down = torch.empty((slots, hidden), dtype=x.dtype, device=x.device)
     weights = topk_weights.reshape(-1)
@@ -179,5 +234,5 @@ def fused_experts(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_wei
         hq, hs = quantize_per_token_group(h)
         grouped_gemm(hq, w2, down, routing, 1, config, w2_bias, weights, hs, w2_scale)
     else:
-        grouped_gemm(h, w2, down, routing, 1, config, w2_bias, weights)
+        grouped_gemm(h, w2, down, routing, 1, config, w2_bias, weights, w_scale=w2_scale)
     return down.view(num_tokens, top_k, hidden).sum(dim=1)

@@ -21,9 +21,11 @@ FP8 experts (quant="fp8"): e4m3 weights with one float32 scale per EXPERT_BLOCK 
 projection, as FP8 MoE checkpoints ship them (layers/fp8_block.py).
 MXFP4 experts (quant="mxfp4", gpt-oss): each row's e2m1 pairs packed in bytes (w13 [E, 2I, H/2], w2 [E, H, I/2]) with
 one uint8 exponent per 32 weights (w13_weight_scale [E, 2I, H/32], w2_weight_scale [E, H, I/32]), as the
-checkpoints ship them (layers/mxfp4.py): the reference path widens one expert at a time as it runs; on the GPU,
-until the fused kernel reads MXFP4 tiles itself, each layer's experts are widened into a temporary for it (device
-work only, so CUDA graphs hold it; no lasting copy).
+checkpoints ship them (layers/mxfp4.py): the reference path widens one expert at a time as it runs; the fused
+kernel reads the packed tiles and widens them in registers (no widened copy anywhere). Tensor parallel ranks split
+the intermediate width by whole 32-weight groups (an exponent's span), so gpt-oss's 2880 (90 groups) splits over 4
+ranks as 23, 23, 23 and 21 groups: every rank holds the same padded width, the last ones' extra columns zero (zero
+gate/up rows and biases, zero down columns: they add nothing), as vLLM pads it (model/spec.py's expert_shard).
 """
 
 from __future__ import annotations
@@ -42,7 +44,7 @@ from railyard.engine.runner.layers.fp8_block import (block_scale_shape, dequanti
                                                      dequantize_per_token_group, quantize_blocks,
                                                      quantize_per_token_group)
 from railyard.engine.runner.layers.parallel import SINGLE, ParallelState
-from railyard.model.spec import EXPERT_BLOCK
+from railyard.model.spec import EXPERT_BLOCK, expert_shard
 
 Activation = Callable[[torch.Tensor], torch.Tensor]
 
@@ -110,10 +112,13 @@ class FusedMoE(nn.Module):
         super().__init__()
         if quant not in (None, "fp8", "mxfp4"):
             raise ValueError(f"unknown expert quantization {quant!r}")
-        assert intermediate_size % ps.world_size == 0, "expert intermediate size must divide by tensor_parallel_size"
+        assert quant == "mxfp4" or intermediate_size % ps.world_size == 0, \
+            "expert intermediate size must divide by tensor_parallel_size"
         self.ps, self.quant, self.activation = ps, quant, activation
-        self.num_experts, self.hidden_size = num_experts, hidden_size
-        self.inter = intermediate_size // ps.world_size  # this rank's slice of each expert
+        self.num_experts, self.hidden_size, self.intermediate_size = num_experts, hidden_size, intermediate_size
+        # this rank's slice of each expert: MXFP4's in whole groups, padded to the same width on every rank
+        self.shard = expert_shard(intermediate_size, ps.world_size, ps.rank, MXFP4_GROUP if quant == "mxfp4" else 1)
+        self.inter = self.shard.held
         if quant == "mxfp4":
             self.w13_weight = self._param((num_experts, 2 * self.inter, hidden_size // 2), torch.uint8)
             self.w2_weight = self._param((num_experts, hidden_size, self.inter // 2), torch.uint8)
@@ -130,6 +135,7 @@ class FusedMoE(nn.Module):
                                                torch.float32)
         self.w13_bias = self._param((num_experts, 2 * self.inter), dtype) if bias else None
         self.w2_bias = self._param((num_experts, hidden_size), dtype) if bias else None
+        self.clear_padding()
 
     def _param(self, shape: tuple[int, ...], dtype: torch.dtype | None) -> nn.Parameter:
         param = nn.Parameter(torch.empty(shape, dtype=dtype), requires_grad=False)
@@ -148,28 +154,49 @@ class FusedMoE(nn.Module):
             scales = self.w13_weight_scale if param is self.w13_weight else self.w2_weight_scale
             self.expert_loader(scales, scale, shard)
             return
-        rank = self.ps.rank
         dst = param.data[expert]
+        name = f"expert {expert} {which}"
         if which == "down":
-            if loaded.dim() == 2:  # weight or scales [H, I]: this rank's input columns (as many as it holds: packed
-                width = dst.shape[-1]  # MXFP4 bytes and exponents, FP8 scale blocks, weights)
-                loaded = loaded.narrow(1, rank * width, width)
-            elif rank != 0:  # the bias: added once, by rank 0, to partial sums that are all-reduced
+            if loaded.dim() == 2:  # weight or scales [H, I]: this rank's input columns
+                start, real = self._slice(dst.shape[-1], loaded, 1, name)
+                loaded, dst = loaded.narrow(1, start, real), dst.narrow(1, 0, real)
+            elif self.ps.rank != 0:  # the bias: added once, by rank 0, to partial sums that are all-reduced
                 loaded = torch.zeros_like(loaded)
-            _copy(dst, loaded, f"expert {expert} down")
-        else:  # gate rows first, then up rows (as many as this rank holds of each: weights, scales, bias)
+            _copy(dst, loaded, name)
+        else:  # gate rows first, then up rows (this rank's of each: weights, scales, bias)
             rows = dst.shape[0] // 2
-            dst = dst.narrow(0, 0 if which == "gate" else rows, rows)
-            _copy(dst, loaded.narrow(0, rank * rows, rows), f"expert {expert} {which}")
+            start, real = self._slice(rows, loaded, 0, name)
+            _copy(dst.narrow(0, 0 if which == "gate" else rows, real), loaded.narrow(0, start, real), name)
+
+    def _slice(self, extent: int, loaded: torch.Tensor | None = None, dim: int = 0, name: str = "") -> tuple[int, int]:
+        """(start, length) in the checkpoint of this rank's real slice, for a tensor that holds `extent` entries along
+        the rank's intermediate width: weights 1 an intermediate column, MXFP4 bytes 1 per 2, exponents 1 per 32,
+        FP8 scales 1 per 128. With `loaded`, first checks that it holds the whole width along `dim`."""
+        if loaded is not None and loaded.shape[dim] != -(-self.intermediate_size * extent // self.inter):
+            raise ValueError(f"{name}: checkpoint shape {tuple(loaded.shape)} does not hold the expert's "
+                             f"{self.intermediate_size}-wide intermediate along dim {dim}")
+        return self.shard.start * extent // self.inter, self.shard.real * extent // self.inter
+
+    def clear_padding(self) -> None:
+        """Zero the columns past this rank's real slice (MXFP4 ranks padded to whole groups), which the checkpoint
+        never writes, so they add nothing; called once built and again after random weights fill everything."""
+        if self.shard.real == self.shard.held:
+            return
+        for param in (self.w13_weight, getattr(self, "w13_weight_scale", None), self.w13_bias):
+            if param is not None:
+                rows = param.shape[1] // 2
+                real = self._slice(rows)[1]
+                for half in (0, rows):
+                    param.data[:, half + real:half + rows].zero_()
+        for param in (self.w2_weight, self.w2_weight_scale):
+            param.data[..., self._slice(param.shape[-1])[1]:].zero_()
 
     # -- forward -------------------------------------------------------------------------------------------
     def forward(self, x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor,
                 reduce: bool = True) -> torch.Tensor:
         """x [T, H], topk_weights [T, k], topk_ids [T, k] -> [T, H]: the fused kernel on CUDA, else the reference."""
         ops = moe_ops() if x.is_cuda else None
-        if self.quant == "mxfp4":
-            out = self._forward_mxfp4(x, topk_weights, topk_ids, ops)
-        elif ops is not None:
+        if ops is not None:  # FP8 and MXFP4 experts as they are stored, with their scales
             out = ops.fused_experts(x, self.w13_weight, self.w2_weight, topk_weights, topk_ids, self.activation,
                                     self.w13_bias, self.w2_bias, getattr(self, "w13_weight_scale", None),
                                     getattr(self, "w2_weight_scale", None))
@@ -177,19 +204,14 @@ class FusedMoE(nn.Module):
             out = experts_reference_fp8(x, self.w13_weight, self.w13_weight_scale, self.w2_weight,
                                         self.w2_weight_scale, topk_weights, topk_ids, self.activation,
                                         self.w13_bias, self.w2_bias)
+        elif self.quant == "mxfp4":
+            out = experts_reference(x, _Mxfp4Experts(self.w13_weight, self.w13_weight_scale, x.dtype),
+                                    _Mxfp4Experts(self.w2_weight, self.w2_weight_scale, x.dtype), topk_weights,
+                                    topk_ids, self.activation, self.w13_bias, self.w2_bias)
         else:
             out = experts_reference(x, self.w13_weight, self.w2_weight, topk_weights, topk_ids, self.activation,
                                     self.w13_bias, self.w2_bias)
         return self.ps.all_reduce(out) if reduce else out
-
-
-    def _forward_mxfp4(self, x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor, ops) -> torch.Tensor:
-        w13, w13_scale, w2, w2_scale = self.w13_weight, self.w13_weight_scale, self.w2_weight, self.w2_weight_scale
-        if ops is not None:  # the layer's experts widened for the fused kernel (the module docstring says why)
-            return ops.fused_experts(x, dequantize_mxfp4(w13, w13_scale, x.dtype), dequantize_mxfp4(w2, w2_scale, x.dtype),
-                                     topk_weights, topk_ids, self.activation, self.w13_bias, self.w2_bias)
-        return experts_reference(x, _Mxfp4Experts(w13, w13_scale, x.dtype), _Mxfp4Experts(w2, w2_scale, x.dtype),
-                                 topk_weights, topk_ids, self.activation, self.w13_bias, self.w2_bias)
 
 
 class _Mxfp4Experts:

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import torch
 
-GROUP = 32  # weights per shared exponent
+from railyard.model.spec import MXFP4_GROUP
+
+GROUP = MXFP4_GROUP  # weights per shared exponent
 # e2m1 code -> value (sign bit 3, then two exponent bits and one mantissa bit)
 E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0)
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 
 from railyard.engine.runner.layers.fp8 import FP8, quantize_rows
-from railyard.engine.runner.layers.moe import quantize_experts
+from railyard.engine.runner.layers.moe import FusedMoE, quantize_experts
 from railyard.engine.runner.models.checkpoint_dir import resolve_model_dir, weight_files  # noqa: F401 (re-exported)
 from railyard.engine.runner.models.decoder import CausalLM
 from railyard.engine.runner.models.safetensors_reader import CheckpointReader
@@ -104,4 +104,7 @@ def random_weights(model: CausalLM, seed: int, std: float = 0.02) -> CausalLM:
             params[name + "_scale"].data.copy_(scale)
         else:
             param.data.normal_(0.0, std, generator=gen)
+    for module in model.modules():
+        if isinstance(module, FusedMoE):
+            module.clear_padding()  # a rank's padded expert columns stay zero, as a checkpoint's load leaves them
     return model

@@ -3,6 +3,9 @@
 Triton 3.6's interpreter converts a loaded scalar (a one-element array) with `int(array)`, which
 NumPy >= 2.4 refuses; loop bounds read from memory then fail. Convert through `.item()` instead.
 
+Its tl.dot multiplies bfloat16 operands as the uint16 words it stores them in; they are widened to float32 first
+(exact), as the GPU's bf16 MMA multiplies them into a float32 accumulator.
+
 Its float32 -> float8e4nv cast rounds half up and drops the carry when rounding crosses into the next
 binade (7.93 becomes 4.0, not 8.0); the GPU rounds to nearest even (cvt.rn.satfinite). Such casts go
 through torch's float8_e4m3fn conversion instead, which rounds as the GPU does.
@@ -40,3 +43,15 @@ if not torch.cuda.is_available():
             return _original_convert(input, input_dtype, output_dtype, rounding_mode)
 
         _interp._convert_float = _convert_float
+    if _interp is not None and hasattr(_interp.InterpreterBuilder, "create_dot"):
+        _original_dot = _interp.InterpreterBuilder.create_dot
+
+        def _widen_bf16(handle):
+            if handle.dtype.scalar != _tl.bfloat16:
+                return handle
+            return _interp.TensorHandle((handle.data.astype(np.uint32) << 16).view(np.float32), _tl.float32)
+
+        def create_dot(self, a, b, d, input_precision, max_num_imprecise_acc):
+            return _original_dot(self, _widen_bf16(a), _widen_bf16(b), d, input_precision, max_num_imprecise_acc)
+
+        _interp.InterpreterBuilder.create_dot = create_dot

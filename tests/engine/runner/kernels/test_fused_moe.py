@@ -1,9 +1,12 @@
 """The fused-MoE Triton path against the layer's torch reference (layers/moe.py): the expert-sorted, block-padded
 slot list, both grouped GEMMs with biases and the routing weights in the epilogue, FP8 experts with block scales,
-and fixed shapes for a token count whatever the routing (what lets it run inside CUDA graphs). On the GPU when
-there is one, else in Triton's CPU interpreter."""
+MXFP4 experts read packed (tensor-parallel slices padded to whole groups too), and fixed shapes for a token count
+whatever the routing (what lets it run inside CUDA graphs). On the GPU when there is one, else in Triton's CPU
+interpreter."""
 
 from __future__ import annotations
+
+import functools
 
 import pytest
 import torch
@@ -14,9 +17,12 @@ from railyard.engine.runner.kernels import fused_moe  # noqa: E402
 from railyard.engine.runner.kernels.fused_moe import align_by_expert, fused_experts  # noqa: E402
 from railyard.engine.runner.layers.activation import silu_and_mul_native  # noqa: E402
 from railyard.engine.runner.layers.fp8_block import quantize_blocks  # noqa: E402
-from railyard.engine.runner.layers.moe import (experts_reference, experts_reference_fp8,  # noqa: E402
+from railyard.engine.runner.layers.moe import (FusedMoE, experts_reference, experts_reference_fp8,  # noqa: E402
                                                quantize_experts, route_softmax_topk)
 from railyard.engine.runner.layers.fp8 import FP8  # noqa: E402
+from railyard.engine.runner.layers.mxfp4 import dequantize_mxfp4, quantize_mxfp4  # noqa: E402
+from railyard.engine.runner.layers.parallel import ParallelState  # noqa: E402
+from railyard.engine.runner.models.gpt_oss import clamped_swiglu  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 CUDA = DEVICE == "cuda"
@@ -143,3 +149,140 @@ def test_a_captured_graph_replays_new_routing_on_gpu():
     ids.copy_(new_ids)
     graph.replay()
     torch.testing.assert_close(out, experts_reference(x, w13, w2, weights, ids), rtol=1e-4, atol=1e-4)
+
+
+def _mxfp4_experts(experts: int, hidden: int, inter: int, seed: int, bias: bool = False):
+    """Random experts quantized to MXFP4 as checkpoints ship them (packed [E, N, K/2] bytes, [E, N, K/32] exponents),
+    with the widened float32 weights they stand for (the reference's operands)."""
+    w13, w2, b13, b2 = _experts(experts, hidden, inter, seed, bias)
+    q13, s13 = quantize_mxfp4(w13)
+    q2, s2 = quantize_mxfp4(w2)
+    q13, q2 = q13.reshape(experts, 2 * inter, hidden // 2), q2.reshape(experts, hidden, inter // 2)
+    return (q13, s13, q2, s2, b13, b2), (dequantize_mxfp4(q13, s13, torch.float32),
+                                         dequantize_mxfp4(q2, s2, torch.float32))
+
+
+@pytest.mark.parametrize("config", [fused_moe.SMALL, fused_moe.LARGE], ids=["small-tiles", "large-tiles"])
+@pytest.mark.parametrize(("tokens", "experts", "top_k"), [(1, 4, 1), (7, 8, 2), (37, 8, 4)])
+def test_mxfp4_fused_experts_read_the_packed_weights_and_give_the_widened_reference(config, tokens, experts, top_k):
+    """The kernel widens each packed tile in registers; the reference multiplies the whole widened experts: the same
+    numbers, float32 rounding apart. Hidden 96 and intermediate 160: K steps that end inside a tile, with
+    exponents spread over 2^-3..2^3 (each 32-group's own), biases on both projections."""
+    (q13, s13, q2, s2, b13, b2), (w13, w2) = _mxfp4_experts(experts, 96, 160, seed=tokens, bias=True)
+    gen = torch.Generator().manual_seed(tokens)
+    s13 = (s13.to(torch.int32) + torch.randint(-3, 4, s13.shape, generator=gen)).to(torch.uint8)
+    w13 = dequantize_mxfp4(q13, s13, torch.float32)
+    x = torch.randn(tokens, 96, generator=gen)
+    weights, ids = _routing(tokens, experts, top_k, seed=tokens + 2)
+    want = experts_reference(x, w13, w2, weights, ids, silu_and_mul_native, b13, b2)
+    got = fused_experts(*_on(DEVICE, x, q13, q2, weights, ids), silu_and_mul_native, *_on(DEVICE, b13, b2, s13, s2),
+                        config=config)
+    torch.testing.assert_close(got.cpu(), want, rtol=1e-4, atol=1e-4)  # K summed in another order: even, odd
+
+
+def test_mxfp4_tiles_decode_every_e2m1_code_and_exponent_as_the_reference_table():
+    """One expert whose weights run through all 16 codes under exponents 2^-27, 2^-7, 2^0 and 2^10: the kernel's
+    bit-built values are the table's (multiplying by a one-hot x reads one weight column back exactly)."""
+    hidden, inter = 128, 32
+    codes = torch.arange(hidden * 2 * inter, dtype=torch.int64).reshape(2 * inter, hidden) % 16
+    q13 = (codes[:, 0::2] | (codes[:, 1::2] << 4)).to(torch.uint8)[None]
+    s13 = torch.tensor([100, 120, 127, 137], dtype=torch.uint8).repeat(2 * inter, 1)[:, :hidden // 32][None]
+    s13[0, inter:] = 127
+    q2 = torch.full((1, hidden, inter // 2), 0x22, dtype=torch.uint8)  # all ones
+    s2 = torch.full((1, hidden, inter // 32), 127, dtype=torch.uint8)
+    w13 = dequantize_mxfp4(q13, s13, torch.float32)
+    x = torch.eye(hidden)
+    ids, weights = torch.zeros(hidden, 1, dtype=torch.int64), torch.ones(hidden, 1)
+    identity_gate = lambda h: h[:, :inter] * h[:, inter:]  # noqa: E731
+    want = experts_reference(x, w13, dequantize_mxfp4(q2, s2, torch.float32), weights, ids, identity_gate)
+    got = fused_experts(*_on(DEVICE, x, q13, q2, weights, ids), identity_gate, None, None, *_on(DEVICE, s13, s2))
+    torch.testing.assert_close(got.cpu(), want, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("tokens", [5, 40])
+def test_mxfp4_fused_experts_in_bf16_give_the_bf16_kernel_on_the_widened_experts(tokens):
+    """bf16 activations (as models run): the tiles widened in registers are the very bf16 weights the widened experts
+    hold (e2m1 times a power of two is exact in bf16), so the two kernels agree to their summation order."""
+    (q13, s13, q2, s2, b13, b2), _ = _mxfp4_experts(8, 96, 64, seed=tokens, bias=True)
+    x = torch.randn(tokens, 96, generator=torch.Generator().manual_seed(tokens)).to(torch.bfloat16)
+    b13, b2 = b13.to(torch.bfloat16), b2.to(torch.bfloat16)
+    w13, w2 = dequantize_mxfp4(q13, s13, torch.bfloat16), dequantize_mxfp4(q2, s2, torch.bfloat16)
+    weights, ids = _routing(tokens, 8, 2, seed=tokens + 1)
+    weights = weights.to(torch.bfloat16)
+    want = fused_experts(*_on(DEVICE, x, w13, w2, weights, ids), silu_and_mul_native, *_on(DEVICE, b13, b2)).float()
+    got = fused_experts(*_on(DEVICE, x, q13, q2, weights, ids), silu_and_mul_native,
+                        *_on(DEVICE, b13, b2, s13, s2)).float()
+    assert ((got - want).norm() / want.norm()).item() < 2e-3
+
+
+@pytest.mark.parametrize("rank", [2, 3], ids=["half-padded-rank", "all-padding-rank"])
+def test_mxfp4_fused_experts_on_a_padded_tensor_parallel_slice_with_gpt_oss_activation(rank):
+    """Intermediate 160 over 4 ranks: rank 2 holds 1 real group of its 2, rank 3 none; the kernel gives the layer's
+    reference on the same padded slice, through gpt-oss's clamped SwiGLU and biases, top-4 of 8."""
+    experts, hidden, inter = 8, 64, 160
+    gen = torch.Generator().manual_seed(rank)
+    moe = FusedMoE(experts, hidden, inter, ParallelState(rank, 4), bias=True, quant="mxfp4",
+                   activation=functools.partial(clamped_swiglu, alpha=1.702, limit=7.0))
+    (q13, s13, q2, s2, b13, b2), _ = _mxfp4_experts(experts, hidden, inter, seed=rank, bias=True)
+    for e in range(experts):
+        for name, full in (("w13_weight", q13), ("w13_weight_scale", s13), ("w13_bias", b13)):
+            moe.expert_loader(getattr(moe, name), full[e, :inter], (e, "gate"))
+            moe.expert_loader(getattr(moe, name), full[e, inter:], (e, "up"))
+        for name, full in (("w2_weight", q2), ("w2_weight_scale", s2), ("w2_bias", b2)):
+            moe.expert_loader(getattr(moe, name), full[e], (e, "down"))
+    x = torch.randn(9, hidden, generator=gen)
+    weights, ids = _routing(9, experts, 4, seed=rank + 3)
+    want = moe(x, weights, ids, reduce=False)  # the reference path on the CPU
+    got = fused_experts(*_on(DEVICE, x, moe.w13_weight, moe.w2_weight, weights, ids), moe.activation,
+                        *_on(DEVICE, moe.w13_bias, moe.w2_bias, moe.w13_weight_scale, moe.w2_weight_scale))
+    torch.testing.assert_close(got.cpu(), want, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.skipif(not CUDA, reason="gpt-oss-20b's expert shapes in bf16 want a GPU")
+@pytest.mark.parametrize("tokens", [1, 7, 64, 513])
+def test_mxfp4_fused_experts_on_gpt_oss_20b_shapes_in_bf16_on_gpu(tokens):
+    """32 experts of 2880 -> 2880, top-4, rank 3 of 4's padded slice (21 real groups of 23): the kernel against the
+    reference over the same bf16 numbers (e2m1 times a power of two is exact in bf16), to bf16's rounding."""
+    experts, hidden, inter = 32, 2880, 2880
+    torch.manual_seed(tokens)
+    with torch.device("cuda"):
+        moe = FusedMoE(experts, hidden, inter, ParallelState(3, 4), bias=True, quant="mxfp4", dtype=torch.bfloat16,
+                       activation=functools.partial(clamped_swiglu, alpha=1.702, limit=7.0))
+        for param in (moe.w13_weight, moe.w2_weight):
+            param.data.copy_(torch.randint(0, 256, param.shape, dtype=torch.uint8))
+        for param in (moe.w13_weight_scale, moe.w2_weight_scale):
+            param.data.copy_(torch.randint(118, 124, param.shape, dtype=torch.uint8))
+        moe.w13_bias.data.normal_(0, 0.1)
+        moe.w2_bias.data.normal_(0, 0.1)
+        moe.clear_padding()
+        x = torch.randn(tokens, hidden, dtype=torch.bfloat16)
+        logits = torch.randn(tokens, experts)
+    top, ids = torch.topk(logits, 4, dim=-1)
+    weights = torch.softmax(top, dim=-1).to(torch.bfloat16)
+    w13 = dequantize_mxfp4(moe.w13_weight, moe.w13_weight_scale, torch.bfloat16)
+    w2 = dequantize_mxfp4(moe.w2_weight, moe.w2_weight_scale, torch.bfloat16)
+    want = experts_reference(x, w13, w2, weights, ids, moe.activation, moe.w13_bias, moe.w2_bias).float()
+    got = moe(x, weights, ids, reduce=False).float()
+    assert ((got - want).norm() / want.norm()).item() < 2e-2
+
+
+@pytest.mark.skipif(not CUDA, reason="CUDA graphs need a GPU")
+def test_a_captured_mxfp4_graph_replays_new_routing_on_gpu():
+    (q13, s13, q2, s2, b13, b2), (w13, w2) = _mxfp4_experts(16, 128, 64, seed=13, bias=True)
+    q13, s13, q2, s2, b13, b2, w13, w2 = _on("cuda", q13, s13, q2, s2, b13, b2, w13, w2)
+    x = torch.randn(32, 128, device="cuda")
+    weights, ids = _on("cuda", *_routing(32, 16, 4, seed=14))
+
+    def call():
+        return fused_experts(x, q13, q2, weights, ids, silu_and_mul_native, b13, b2, s13, s2)
+
+    call()  # compile outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = call()
+    new_weights, new_ids = _on("cuda", *_routing(32, 16, 4, seed=15))
+    weights.copy_(new_weights)
+    ids.copy_(new_ids)
+    graph.replay()
+    want = experts_reference(x, w13, w2, weights, ids, silu_and_mul_native, b13, b2)
+    torch.testing.assert_close(out, want, rtol=1e-3, atol=1e-3)

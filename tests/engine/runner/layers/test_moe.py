@@ -1,8 +1,10 @@
 """The mixture-of-experts layer against HF transformers' Qwen3-MoE block on the same weights: routing (softmax,
 top-k, renormalised), the experts' weighted sum, the per-expert checkpoint tensors stacked as they load, and
-tensor-parallel shards whose partial sums add up to the whole layer."""
+tensor-parallel shards whose partial sums add up to the whole layer (MXFP4's in whole 32-weight groups, padded)."""
 
 from __future__ import annotations
+
+import functools
 
 import pytest
 import torch
@@ -11,7 +13,9 @@ import transformers
 
 from railyard.engine.runner.layers.activation import silu_and_mul_native
 from railyard.engine.runner.layers.moe import FusedMoE, experts_reference, route_softmax_topk
+from railyard.engine.runner.layers.mxfp4 import quantize_mxfp4
 from railyard.engine.runner.layers.parallel import ParallelState
+from railyard.engine.runner.models.gpt_oss import clamped_swiglu
 
 E, K, H, I = 8, 2, 64, 32
 
@@ -116,3 +120,55 @@ def test_the_activation_between_the_projections_is_pluggable():
     got = experts_reference(x, w13, w2, weights, ids, activation=tanh_and_mul)
     torch.testing.assert_close(got, _token_by_token(x, w13, w2, weights, ids, tanh_and_mul), rtol=1e-5, atol=1e-5)
     assert not torch.allclose(got, experts_reference(x, w13, w2, weights, ids), atol=1e-3)
+
+
+def _mxfp4_checkpoint(inter: int, seed: int):
+    """One gpt-oss-like MoE layer's experts as an MXFP4 checkpoint holds them, per expert: gate, up and down blocks
+    (bytes, [out, in / 2]) and exponents ([out, in / 32]), and biases."""
+    gen = torch.Generator().manual_seed(seed)
+    gate_up, down = torch.randn(E, 2 * inter, H, generator=gen) * 0.2, torch.randn(E, H, inter, generator=gen) * 0.2
+    (b13, s13), (b2, s2) = quantize_mxfp4(gate_up), quantize_mxfp4(down)
+    b13, b2 = b13.reshape(E, 2 * inter, H // 2), b2.reshape(E, H, inter // 2)
+    return dict(w13_weight=b13, w13_weight_scale=s13, w2_weight=b2, w2_weight_scale=s2,
+                w13_bias=torch.randn(E, 2 * inter, generator=gen), w2_bias=torch.randn(E, H, generator=gen))
+
+
+def _load_mxfp4(moe: FusedMoE, ckpt: dict[str, torch.Tensor]) -> None:
+    inter = ckpt["w13_bias"].shape[1] // 2
+    for name, tensor in ckpt.items():
+        param = getattr(moe, name)
+        for e in range(E):
+            if name.startswith("w2"):
+                moe.expert_loader(param, tensor[e], (e, "down"))
+            else:
+                moe.expert_loader(param, tensor[e, :inter], (e, "gate"))
+                moe.expert_loader(param, tensor[e, inter:], (e, "up"))
+
+
+@pytest.mark.parametrize("tp", [1, 2, 4, 8])
+def test_mxfp4_shards_in_whole_groups_padded_with_zeros_add_up_to_the_whole_layer(tp):
+    """Intermediate 160 is 5 groups of 32: over 4 ranks 2, 2, 1 and 0 real groups, each rank 2 groups wide; over 8,
+    three ranks hold only padding. Whatever the padding held before (random weights fill it all), it adds nothing."""
+    ckpt, inter = _mxfp4_checkpoint(160, seed=5), 160
+    act = functools.partial(clamped_swiglu, alpha=1.702, limit=7.0)
+    whole = FusedMoE(E, H, inter, bias=True, activation=act, quant="mxfp4")
+    _load_mxfp4(whole, ckpt)
+    x = _tokens(11)
+    weights, ids = route_softmax_topk(torch.randn(11, E, generator=torch.Generator().manual_seed(6)), K, True)
+    want = whole(x, weights, ids)
+    total = torch.zeros_like(want)
+    for rank in range(tp):
+        shard = FusedMoE(E, H, inter, ParallelState(rank, tp), bias=True, activation=act, quant="mxfp4")
+        assert shard.inter == 32 * -(-5 // tp)
+        for param in shard.parameters():  # garbage in the padding, as random weights leave it
+            param.data.copy_(torch.randint(0, 200, param.shape).to(param.dtype))
+        shard.clear_padding()
+        _load_mxfp4(shard, ckpt)
+        total += shard(x, weights, ids, reduce=False)
+    torch.testing.assert_close(total, want, rtol=1e-5, atol=1e-5)
+
+
+def test_mxfp4_checkpoint_of_another_width_is_refused_with_its_shape():
+    moe = FusedMoE(E, H, 64, ParallelState(1, 2), bias=True, quant="mxfp4")
+    with pytest.raises(ValueError, match=r"expert 0 down: checkpoint shape \(64, 48\) does not hold"):
+        moe.expert_loader(moe.w2_weight, torch.zeros(H, 48, dtype=torch.uint8), (0, "down"))
