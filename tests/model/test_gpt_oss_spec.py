@@ -97,3 +97,11 @@ def test_mxfp4_is_refused_for_other_architectures():
     cfg = {**shape_config("qwen3-30b-a3b"), "quantization_config": {"quant_method": "mxfp4"}}
     with pytest.raises(ModelLoadError, match="mxfp4 is supported for gpt-oss"):
         ModelSpec.from_hf_config(cfg)
+
+
+def test_a_decode_step_reads_its_experts_at_4_25_bits_a_weight():
+    """The roofline's bytes: the same shape with bf16 experts reads 2 bytes where MXFP4 reads 17/32 (half a byte and
+    a 32nd of an exponent byte), for the experts a one-token step hits (4 in each of 24 layers)."""
+    mxfp4, bf16 = _spec("gpt-oss-20b"), _spec("gpt-oss-20b", quantization_config=None)
+    experts = 24 * 4 * mxfp4.expert_params()
+    assert bf16.step_weight_bytes(1) - mxfp4.step_weight_bytes(1) == pytest.approx(experts * (2 - 17 / 32))
