@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from railyard.engine.runner.attention.kv_layout import key_blocks, value_blocks
+from railyard.engine.runner.attention.base import AttentionBackend
 from railyard.engine.runner.attention.metadata import AttentionMetadata
 from railyard.engine.runner.layers.fp8 import FP8, cache_bits, quantize_kv
 
@@ -36,23 +37,15 @@ def _read(blocks: torch.Tensor, index: torch.Tensor, cache_dtype: torch.dtype, d
     return blocks[index].contiguous().view(cache_dtype).to(dtype)
 
 
-class TorchAttentionBackend:
+class TorchAttentionBackend(AttentionBackend):
     """Causal attention of each sequence's new queries over its whole cached context."""
 
     name = "torch"
 
-    def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, scale: float,
-                 sliding_window: int | None = None) -> None:
-        self.num_heads, self.num_kv_heads, self.head_dim, self.scale = num_heads, num_kv_heads, head_dim, scale
-        self.k_scale = self.v_scale = 1.0  # an FP8 cache's per-layer scales (a checkpoint may set them)
-        self.window = sliding_window or 0  # a query sees this many tokens up to itself (0: all)
-        self.sinks: torch.Tensor | None = None  # [num_heads] learned logits in each softmax denominator (gpt-oss)
-
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor,
                 meta: AttentionMetadata, out: torch.Tensor | None = None) -> torch.Tensor:
         """out: where to write the result [T, H, D] (as the Triton backend takes it), else a new tensor."""
-        if self.window and meta.sliding is not None:
-            meta = meta.sliding
+        meta = self.layer_metadata(meta)
         result = self._forward(q, k, v, kv_cache, meta)
         if out is None:
             return result

@@ -15,6 +15,7 @@ import functools
 
 import torch
 
+from railyard.engine.runner.attention.base import AttentionBackend
 from railyard.engine.runner.attention.metadata import AttentionMetadata
 from railyard.engine.runner.kernels.paged_attention import decode_splits, paged_decode, paged_prefill, store_kv
 
@@ -30,23 +31,15 @@ def _num_sms(device_index: int) -> int:
 SPLIT_MIXED_STEPS = True
 
 
-class TritonAttentionBackend:
+class TritonAttentionBackend(AttentionBackend):
     """Causal attention of each sequence's new queries over its whole cached context, in Triton kernels."""
 
     name = "triton"
 
-    def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, scale: float,
-                 sliding_window: int | None = None) -> None:
-        self.num_heads, self.num_kv_heads, self.head_dim, self.scale = num_heads, num_kv_heads, head_dim, scale
-        self.k_scale = self.v_scale = 1.0  # an FP8 cache's per-layer scales (a checkpoint may set them)
-        self.window = sliding_window or 0  # a query sees this many tokens up to itself (0: all)
-        self.sinks: torch.Tensor | None = None  # [num_heads] learned logits in each softmax denominator (gpt-oss)
-
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor,
                 meta: AttentionMetadata, out: torch.Tensor | None = None) -> torch.Tensor:
         """out: where to write the result [T, H, D] (a static buffer of piecewise CUDA graphs), else a new tensor."""
-        if self.window and meta.sliding is not None:
-            meta = meta.sliding
+        meta = self.layer_metadata(meta)
         scales = dict(k_scale=self.k_scale, v_scale=self.v_scale)
         store_kv(kv_cache, k, v, meta.slot_mapping, **scales)
         scales.update(window=self.window, sinks=self.sinks)
