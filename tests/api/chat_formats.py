@@ -85,3 +85,16 @@ def write_think_checkpoint(path: Path) -> Path:
     write_tiny_checkpoint(path, max_position_embeddings=4096)
     _set_template(path, THINK_TEMPLATE)
     return path
+
+
+def assert_stream_reassembles_to(whole, chunks) -> None:
+    """A streamed chat completion's deltas (reasoning, content, tool calls, finish reason), merged as OpenAI clients
+    merge them, equal the unstreamed choice `whole` of the same request."""
+    from tests.api.test_tools import reassemble
+
+    content, calls, finish = reassemble(chunks)
+    reasoning = "".join(getattr(c.choices[0].delta, "reasoning_content", None) or "" for c in chunks if c.choices)
+    assert (reasoning, content, finish) == (whole.message.reasoning_content, whole.message.content or "",
+                                            whole.finish_reason)
+    assert [(c["name"], c["arguments"]) for c in calls] == \
+        [(c.function.name, c.function.arguments) for c in whole.message.tool_calls or []]

@@ -13,9 +13,9 @@ import openai
 import pytest
 
 from railyard.engine.tokenizer import load_tokenizer
-from tests.api.chat_formats import HARMONY_IDS, write_harmony_checkpoint
+from tests.api.chat_formats import assert_stream_reassembles_to, HARMONY_IDS, write_harmony_checkpoint
 from tests.api.conftest import serve_in_thread, tiny_engine
-from tests.api.test_tools import TOOLS, reassemble
+from tests.api.test_tools import TOOLS
 
 USER = [{"role": "user", "content": "Weather in Paris?"}]
 ANSWER = r"<\|channel\|>analysis<\|message\|>The user greets me\.<\|end\|><\|start\|>assistant<\|channel\|>final" \
@@ -77,12 +77,7 @@ def test_a_commentary_message_to_a_function_is_a_tool_call(client, regex):
 def test_streamed_deltas_reassemble_to_the_unstreamed_message(client, regex):
     whole = create(client, regex, tools=TOOLS, seed=5).choices[0]
     chunks = list(create(client, regex, tools=TOOLS, seed=5, stream=True))
-    content, calls, finish = reassemble(chunks)
-    reasoning = "".join(getattr(c.choices[0].delta, "reasoning_content", None) or "" for c in chunks if c.choices)
-    assert (reasoning, content, finish) == (whole.message.reasoning_content, whole.message.content or "",
-                                            whole.finish_reason)
-    assert [(c["name"], c["arguments"]) for c in calls] == \
-        [(c.function.name, c.function.arguments) for c in whole.message.tool_calls or []]
+    assert_stream_reassembles_to(whole, chunks)
 
 
 def test_a_streamed_call_is_one_index_with_its_id_and_name_once(client):

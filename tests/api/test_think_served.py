@@ -13,7 +13,7 @@ import openai
 import pytest
 
 from railyard.engine.tokenizer import load_tokenizer
-from tests.api.chat_formats import write_think_checkpoint
+from tests.api.chat_formats import assert_stream_reassembles_to, write_think_checkpoint
 from tests.api.conftest import serve_in_thread, tiny_engine
 from tests.api.test_tools import TOOLS, reassemble
 
@@ -85,12 +85,7 @@ def test_reasoning_then_a_tool_call(client):
 def test_streamed_deltas_reassemble_to_the_unstreamed_message(client, regex):
     whole = create(client, regex, tools=TOOLS).choices[0]
     chunks = list(create(client, regex, tools=TOOLS, stream=True))
-    content, calls, finish = reassemble(chunks)
-    reasoning = "".join(getattr(c.choices[0].delta, "reasoning_content", None) or "" for c in chunks if c.choices)
-    assert (reasoning, content, finish) == (whole.message.reasoning_content, whole.message.content or "",
-                                            whole.finish_reason)
-    assert [(c["name"], c["arguments"]) for c in calls] == \
-        [(c.function.name, c.function.arguments) for c in whole.message.tool_calls or []]
+    assert_stream_reassembles_to(whole, chunks)
 
 
 def test_include_reasoning_false_leaves_the_reasoning_out_streamed_or_not(client):
