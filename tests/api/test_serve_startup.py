@@ -23,10 +23,16 @@ PHASES = {"front_imports", "engine_spawn", "imports", "model_construction", "wei
 @pytest.fixture(scope="module")
 def started(tiny_model, tmp_path_factory):
     """(wall seconds to the first /health 200, the /metrics samples, the server's output lines)"""
-    server = ServerProcess(  # the clock starts as the process is started
-        [sys.executable, "-m", "railyard.cli", "serve", "--model", tiny_model, "--max-model-len", "128",
+    return serve_until_healthy([sys.executable], tiny_model, tmp_path_factory.mktemp("cache"))
+
+
+def serve_until_healthy(launcher: list[str], tiny_model, cache_dir) -> tuple[float, list, list[str]]:
+    """Start `railyard serve` on the tiny model through `launcher` (the clock starts as the process is started),
+    wait for its first /health 200, scrape /metrics, stop it: (wall seconds, the samples, its output lines)."""
+    server = ServerProcess(
+        [*launcher, "-m", "railyard.cli", "serve", "--model", tiny_model, "--max-model-len", "128",
          "--num-gpu-blocks", "64"],
-        env={**os.environ, "RAILYARD_API_KEY": "", "RAILYARD_CACHE": str(tmp_path_factory.mktemp("cache"))})
+        env={**os.environ, "RAILYARD_API_KEY": "", "RAILYARD_CACHE": str(cache_dir)})
     try:
         with httpx.Client(timeout=5.0) as client:
             wall = server.wait_healthy(client, timeout_s=180)
@@ -63,16 +69,7 @@ def test_weight_loading_parts_add_up_to_its_phase_and_the_tokenizer_thread_is_co
 def test_the_start_up_clock_starts_with_railyard_not_with_what_its_process_ran_before(tiny_model, tmp_path):
     # `sh -c 'pip install ... && exec railyard serve'`: the process began DELAY_S before railyard did.
     delay_s = 2.0
-    server = ServerProcess(
-        ["sh", "-c", f'sleep {delay_s}; exec "$0" "$@"', sys.executable, "-m", "railyard.cli", "serve", "--model",
-         tiny_model, "--max-model-len", "128", "--num-gpu-blocks", "64"],
-        env={**os.environ, "RAILYARD_API_KEY": "", "RAILYARD_CACHE": str(tmp_path / "cache")})
-    try:
-        with httpx.Client(timeout=5.0) as client:
-            wall = server.wait_healthy(client, timeout_s=180)
-            metrics = client.get(f"{server.url}/metrics").text
-    finally:
-        server.stop()
-    total = next(s.value for f in text_string_to_metric_families(metrics) for s in f.samples
-                 if s.name == "railyard:startup_seconds")
+    wall, samples, _ = serve_until_healthy(["sh", "-c", f'sleep {delay_s}; exec "$0" "$@"', sys.executable],
+                                           tiny_model, tmp_path / "cache")
+    total = next(s.value for s in samples if s.name == "railyard:startup_seconds")
     assert 0.0 < total <= wall - delay_s, (total, wall)  # the sleep lasted at least delay_s, whatever the load
