@@ -325,7 +325,11 @@ def _decode_fp8_dots_kernel(q_ptr, cache_ptr, block_tables_ptr, seq_lens_ptr, pa
     for tile in range(tile_start, tile_end):
         toks = tile * BLOCK_N + n
         valid = (toks < seq_len) & (toks >= lo)
-        page = tl.load(bt_row + toks // PAGE, mask=valid, other=0).to(tl.int64)
+        # Each page's entry is read for all its tokens or none (whether the window or the end cuts it): the value
+        # load below promises the compiler runs of PAGE tokens from one page, and a page that the window starts
+        # inside would otherwise mix page 0 (its masked tokens) with its own (read as one 16-byte copy: page 0's).
+        first = toks // PAGE * PAGE
+        page = tl.load(bt_row + toks // PAGE, mask=(first < seq_len) & (first + PAGE > lo), other=0).to(tl.int64)
         # Tokens past the end read finite bytes (a stale or zeroed block: store_kv stores NaN as 0, so an FP8 cache
         # holds no NaN) whose scores are masked to -inf and whose weights are 0.
         k = tl.load(cache_ptr + ((page * PAGE + toks % PAGE) * (NUM_KV_HEADS * HEAD_DIM) + kvh * HEAD_DIM)[:, None]
