@@ -1,8 +1,8 @@
 """Fused mixture-of-experts on the GPU: tokens grouped by expert, one grouped GEMM per projection.
 
 As vLLM's fused_moe (written here anew):
-1. align_by_expert sorts the T * k (token, expert) slots by expert and pads each expert's run to a multiple of
-   BLOCK_M with a sentinel slot, so every BLOCK_M rows of the sorted list belong to one expert;
+1. align_by_expert (kernels/moe_align.py) lists the T * k (token, expert) slots by expert and pads each expert's
+   run to a multiple of BLOCK_M with a sentinel slot, so every BLOCK_M rows of the sorted list belong to one expert;
 2. the gate/up GEMM: each program takes one BLOCK_M row block (one expert) and one BLOCK_N column block, gathers
    its tokens' rows of x, multiplies by that expert's w13 and writes the slots' rows [T * k, 2I];
 3. the activation (silu_and_mul, or the layer's own) -> [T * k, I];
@@ -31,51 +31,32 @@ import torch
 import triton
 import triton.language as tl
 
+from railyard.engine.runner.kernels.moe_align import align_by_expert
+from railyard.engine.runner.kernels.moe_routing import route_softmax_topk  # noqa: F401 (the GPU's router: moe_ops())
 from railyard.engine.runner.layers.fp8_block import quantize_per_token_group
 from railyard.engine.runner.layers.mxfp4 import GROUP as MXFP4_GROUP
 from railyard.model.spec import EXPERT_BLOCK
 
-# (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages): small row blocks while experts get few tokens each (decode:
-# padding every expert hit to 64 rows would multiply the weights' reads' companion work by the padding), larger
-# ones for prefill.
-SMALL = (16, 64, 128, 4, 4)
-LARGE = (64, 128, 64, 8, 3)
-FP8_LARGE = (64, 128, 128, 8, 3)
+# (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages) by the slots an expert gets on average (T * k / E): row blocks
+# no taller than that while the GEMMs stream the experts' weights (decode: padding each expert hit to 64 rows would
+# multiply the work per weight byte), wide tiles and deep pipelines once they are bound by the tensor cores. The
+# shapes follow vLLM's tuned table for 128 experts of 768 (Qwen3-30B-A3B) on the H200, keyed there by T at top-8;
+# a handful of tiles, so the kernels compiled stay bounded whatever the token count.
+TILES = ((2, (16, 64, 128, 4, 3)), (8, (16, 128, 128, 4, 2)), (16, (32, 256, 128, 4, 2)), (32, (64, 128, 64, 4, 3)))
+LARGE = (128, 256, 64, 8, 4)
+# FP8 block scales take one 128-wide K step per scale
+FP8_TILES = ((8, (16, 128, 128, 4, 3)),)
+FP8_LARGE = (64, 128, 128, 4, 4)
+SMALL = TILES[0][1]
 
 
 def pick_config(slots: int, num_experts: int, fp8: bool) -> tuple[int, int, int, int, int]:
-    """The tile for T * k = `slots` (token, expert) pairs over num_experts experts: 16-row blocks while an expert
-    gets fewer than 32 slots on average, 64-row blocks beyond."""
-    if slots < 32 * num_experts:
-        return SMALL
+    """The tile for T * k = `slots` (token, expert) pairs over num_experts experts (the table above)."""
+    per_expert = slots / num_experts
+    for most, tile in FP8_TILES if fp8 else TILES:
+        if per_expert <= most:
+            return tile
     return FP8_LARGE if fp8 else LARGE
-
-
-def align_by_expert(topk_ids: torch.Tensor, num_experts: int, block_m: int):
-    """topk_ids [T, k] -> (sorted_slots [P] int32, block_experts [P / block_m] int32, padded_len [1] int32).
-
-    sorted_slots lists the slots t * k + j grouped by expert, ascending expert, each expert's run padded to a
-    multiple of block_m with the sentinel T * k; block_experts[b] is the expert of rows b * block_m..; padded_len
-    the rows in use. P = T * k + min(E, T * k) * (block_m - 1), rounded up to block_m: a bound that depends on T
-    only. Plain torch ops of fixed shapes (a scatter, two scans, a gather, a search): no host sync, capturable."""
-    slots = topk_ids.numel()
-    flat = topk_ids.reshape(-1, 1).to(torch.int64)
-    device = flat.device
-    # A slot's rank among its expert's slots, in slot order, from a running count per expert (a scan, not a sort:
-    # CUB's stable sorts are not all capturable, a scan is): S x E int32, 64 MB at 16,384 tokens x top-8 x 128.
-    hits = torch.zeros(slots, num_experts, dtype=torch.int32, device=device).scatter_(1, flat, 1)
-    running = torch.cumsum(hits, 0, dtype=torch.int32)
-    counts = running[-1]
-    rank = running.gather(1, flat).squeeze(1) - 1
-    padded = (counts + block_m - 1) // block_m * block_m
-    ends = torch.cumsum(padded, 0, dtype=torch.int32)
-    size = -(-(slots + min(num_experts, slots) * (block_m - 1)) // block_m) * block_m
-    sorted_slots = torch.full((size,), slots, dtype=torch.int32, device=device)
-    slot_ids = torch.arange(slots, dtype=torch.int32, device=device)
-    sorted_slots.scatter_(0, ((ends - padded)[flat.squeeze(1)] + rank).to(torch.int64), slot_ids)
-    block_starts = torch.arange(0, size, block_m, dtype=torch.int32, device=device)
-    block_experts = torch.searchsorted(ends, block_starts, right=True).clamp_(max=num_experts - 1).to(torch.int32)
-    return sorted_slots, block_experts, ends[-1:]
 
 
 @triton.jit

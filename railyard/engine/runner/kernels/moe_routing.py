@@ -1,0 +1,60 @@
+"""Softmax top-k routing in one Triton launch (vLLM's topk_softmax, written here anew): each token's router logits
+-> softmax in float32 -> its top_k experts, largest first -> their weights renormalised to sum 1 (Qwen's
+norm_topk_prob) or left as probabilities. layers/moe.py's route_softmax_topk is the torch definition (five
+launches: softmax, topk, sum, divide, cast); this is the same function on the GPU. Experts of equal probability
+are taken lowest index first.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+BLOCK_T = 16  # tokens per program
+
+
+@triton.jit(do_not_specialize=["num_tokens"])
+def _route_kernel(logits_ptr, weights_ptr, ids_ptr, num_tokens, stride_t, NUM_EXPERTS: tl.constexpr,
+                  E_PAD: tl.constexpr, TOP_K: tl.constexpr, K_PAD: tl.constexpr, RENORMALIZE: tl.constexpr,
+                  BLOCK_T: tl.constexpr):
+    t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
+    e = tl.arange(0, E_PAD)
+    rows = t < num_tokens
+    x = tl.load(logits_ptr + t.to(tl.int64)[:, None] * stride_t + e[None, :],
+                mask=rows[:, None] & (e < NUM_EXPERTS)[None, :], other=float("-inf")).to(tl.float32)
+    x = tl.where(rows[:, None], x, 0.0)  # rows past the end: finite, never stored
+    p = tl.exp(x - tl.max(x, 1)[:, None])
+    p = p / tl.sum(p, 1)[:, None]
+    work = tl.where((e < NUM_EXPERTS)[None, :], p, -1.0)
+    j = tl.arange(0, K_PAD)
+    top_w = tl.zeros((BLOCK_T, K_PAD), dtype=tl.float32)
+    top_i = tl.zeros((BLOCK_T, K_PAD), dtype=tl.int32)
+    for k in tl.static_range(TOP_K):
+        best = tl.max(work, 1)
+        pick = tl.min(tl.where(work == best[:, None], e[None, :], E_PAD), 1)
+        top_w = tl.where(j[None, :] == k, best[:, None], top_w)
+        top_i = tl.where(j[None, :] == k, pick[:, None], top_i)
+        work = tl.where(e[None, :] == pick[:, None], -1.0, work)
+    if RENORMALIZE:
+        top_w = top_w / tl.sum(top_w, 1)[:, None]
+    out = t.to(tl.int64)[:, None] * TOP_K + j[None, :]
+    mask = rows[:, None] & (j < TOP_K)[None, :]
+    tl.store(weights_ptr + out, top_w.to(weights_ptr.dtype.element_ty), mask=mask)
+    tl.store(ids_ptr + out, top_i.to(tl.int64), mask=mask)
+
+
+def route_softmax_topk(logits: torch.Tensor, top_k: int, renormalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """Router logits [T, E] -> (weights [T, k] in the logits' dtype, expert ids [T, k] int64), as
+    layers/moe.py's route_softmax_topk."""
+    num_tokens, num_experts = logits.shape
+    if logits.stride(1) != 1:
+        logits = logits.contiguous()
+    weights = torch.empty((num_tokens, top_k), dtype=logits.dtype, device=logits.device)
+    ids = torch.empty((num_tokens, top_k), dtype=torch.int64, device=logits.device)
+    if num_tokens:
+        _route_kernel[(triton.cdiv(num_tokens, BLOCK_T),)](
+            logits, weights, ids, num_tokens, logits.stride(0), NUM_EXPERTS=num_experts,
+            E_PAD=triton.next_power_of_2(num_experts), TOP_K=top_k, K_PAD=triton.next_power_of_2(top_k),
+            RENORMALIZE=renormalize, BLOCK_T=BLOCK_T, num_warps=4)
+    return weights, ids
