@@ -43,11 +43,11 @@ QWEN3 = dict(E=128, K=8, H=2048, I=768)
 SHAPES = {"bf16": {"qwen3-30b-a3b": QWEN3}, "fp8": {"qwen3-30b-a3b": QWEN3},
           "mxfp4": {"gpt-oss-20b": dict(E=32, K=4, H=2880, I=2880), "gpt-oss-120b": dict(E=128, K=4, H=2880, I=2880)}}
 TOKENS = [1, 8, 64, 256, 2048, 16384]
-CONFIGS = {  # (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages)
-    "16x64x128 w4 s4": (16, 64, 128, 4, 4), "16x128x128 w4 s3": (16, 128, 128, 4, 3),
-    "16x64x256 w4 s3": (16, 64, 256, 4, 3), "32x64x128 w4 s4": (32, 64, 128, 4, 4),
-    "64x128x64 w8 s3": (64, 128, 64, 8, 3), "64x128x128 w8 s3": (64, 128, 128, 8, 3),
-    "128x128x64 w8 s3": (128, 128, 64, 8, 3),
+CONFIGS = {  # (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages); kernels/fused_moe.py's TILES among them
+    "16x64x128 w4 s3": (16, 64, 128, 4, 3), "16x128x128 w4 s2": (16, 128, 128, 4, 2),
+    "16x128x128 w4 s3": (16, 128, 128, 4, 3), "32x256x128 w4 s2": (32, 256, 128, 4, 2),
+    "64x128x64 w4 s3": (64, 128, 64, 4, 3), "64x128x128 w4 s4": (64, 128, 128, 4, 4),
+    "128x128x64 w8 s3": (128, 128, 64, 8, 3), "128x256x64 w8 s4": (128, 256, 64, 8, 4),
 }
 GPT_OSS_ACT = functools.partial(clamped_swiglu, alpha=1.702, limit=7.0)
 
