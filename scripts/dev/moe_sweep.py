@@ -48,6 +48,7 @@ CONFIGS = {  # (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages); kernels/fused
     "16x128x128 w4 s3": (16, 128, 128, 4, 3), "32x256x128 w4 s2": (32, 256, 128, 4, 2),
     "64x128x64 w4 s3": (64, 128, 64, 4, 3), "64x128x128 w4 s4": (64, 128, 128, 4, 4),
     "128x128x64 w8 s3": (128, 128, 64, 8, 3), "128x256x64 w8 s4": (128, 256, 64, 8, 4),
+    "16x64x64 w4 s3": (16, 64, 64, 4, 3),
 }
 GPT_OSS_ACT = functools.partial(clamped_swiglu, alpha=1.702, limit=7.0)
 

@@ -21,7 +21,9 @@ the e2m1 codes of an even and the next odd K position; one e8m0 exponent per 32 
 the codes become floats by building their bits, the exponents become powers of two the same way, their product is
 cast to the activations' dtype and fed to tl.dot (Hopper has no FP4 MMA: the bytes save memory traffic, the math
 runs in bf16). The low and high nibbles make two half-K tiles, multiplied by the activations' even and odd columns
-(two dots per K step, no interleave of registers), as vLLM's fused-MoE kernel for GPUs without tl.dot_scaled does.
+(two dots per K step, no interleave of registers), as vLLM's fused-MoE kernel for GPUs without tl.dot_scaled does;
+the packed tiles load as 16-byte asynchronous copies, pipelined as the unquantized ones (the masks say that K ends
+on a whole group; masks that might end inside 16 bytes make Triton load byte by byte).
 No widened copy of any expert exists outside the registers.
 """
 
@@ -81,7 +83,7 @@ def _grouped_gemm_kernel(a_ptr, b_ptr, c_ptr, a_scale_ptr, b_scale_ptr, bias_ptr
                          A_ROW_DIV: tl.constexpr, FP8: tl.constexpr, MXFP4: tl.constexpr, HAS_BIAS: tl.constexpr,
                          MUL_WEIGHT: tl.constexpr, DOT_PRECISION: tl.constexpr, BLOCK_M: tl.constexpr,
                          BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SCALE_N: tl.constexpr,
-                         GROUP_M: tl.constexpr):
+                         GROUP_M: tl.constexpr, GROUP: tl.constexpr):
     """C[slot, n] = (sum_k A[slot // A_ROW_DIV, k] * B[expert(slot), n, k] (+ bias[expert, n])) (* weight[slot]).
     MXFP4: B is packed, [E, N, K / 2] bytes, with exponents [E, N, K / 32] at b_scale_ptr."""
     pid = tl.program_id(0)
@@ -102,26 +104,31 @@ def _grouped_gemm_kernel(a_ptr, b_ptr, c_ptr, a_scale_ptr, b_scale_ptr, bias_ptr
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     if MXFP4:
         # half-K tiles: packed byte j of the tile holds K positions 2j (low nibble) and 2j + 1 (high nibble)
+        rk = tl.arange(0, BLOCK_K)
         rj = tl.arange(0, BLOCK_K // 2)
-        a_ptrs = a_ptr + row[:, None] * stride_am + 2 * rj[None, :]  # the even columns; + 1: the odd ones
+        rg = tl.arange(0, BLOCK_K // GROUP)
+        a_ptrs = a_ptr + row[:, None] * stride_am + rk[None, :]
         b_ptrs = b_ptr + expert * stride_be + rn[None, :].to(tl.int64) * stride_bn + rj[:, None]  # [K / 2, N]
-        # each byte row's exponent (16 byte rows share one): a gather of the same few bytes, from the cache
-        s_ptrs = b_scale_ptr + expert * stride_bse + rn[None, :].to(tl.int64) * stride_bsn + (rj // 16)[:, None]
+        s_ptrs = b_scale_ptr + expert * stride_bse + rn[None, :].to(tl.int64) * stride_bsn + rg[:, None]
         for k in range(0, tl.cdiv(K, BLOCK_K)):
-            in_k = 2 * rj < K - k * BLOCK_K  # K is whole 32-groups: a byte's two positions are both in or out
-            a_mask = valid[:, None] & in_k[None, :]
-            a_even = tl.load(a_ptrs, mask=a_mask, other=0.0)
-            a_odd = tl.load(a_ptrs + 1, mask=a_mask, other=0.0)
-            b_mask = (rn[None, :] < N) & in_k[:, None]
-            packed = tl.load(b_ptrs, mask=b_mask, other=0).to(tl.uint32)
-            scale = _e8m0_values(tl.load(s_ptrs, mask=b_mask, other=0).to(tl.uint32))
-            b_even = (_e2m1_values(packed & 15) * scale).to(a_even.dtype)
-            b_odd = (_e2m1_values(packed >> 4) * scale).to(a_even.dtype)
+            # K is whole groups: the masks are constant over a group's 16 bytes, so the loads stay vectorised
+            # (16-byte asynchronous copies, pipelined like the unquantized tiles)
+            k_left = tl.multiple_of(K - k * BLOCK_K, GROUP)
+            a = tl.load(a_ptrs, mask=valid[:, None] & (rk[None, :] < k_left), other=0.0)
+            a_even, a_odd = tl.split(tl.reshape(a, (BLOCK_M, BLOCK_K // 2, 2)))
+            n_in = rn[None, :] < N
+            packed = tl.load(b_ptrs, mask=n_in & (rj[:, None] < k_left // 2), other=0).to(tl.uint32)
+            # one exponent per group, repeated over its 16 byte rows in registers
+            exponents = tl.load(s_ptrs, mask=n_in & (rg[:, None] < k_left // GROUP), other=0).to(tl.uint32)
+            exponents = tl.broadcast_to(exponents[:, None, :], (BLOCK_K // GROUP, GROUP // 2, BLOCK_N))
+            scale = _e8m0_values(tl.reshape(exponents, (BLOCK_K // 2, BLOCK_N)))
+            b_even = (_e2m1_values(packed & 15) * scale).to(a.dtype)
+            b_odd = (_e2m1_values(packed >> 4) * scale).to(a.dtype)
             acc = tl.dot(a_even, b_even, acc, input_precision=DOT_PRECISION)
             acc = tl.dot(a_odd, b_odd, acc, input_precision=DOT_PRECISION)
             a_ptrs += BLOCK_K
             b_ptrs += BLOCK_K // 2
-            s_ptrs += BLOCK_K // 32
+            s_ptrs += BLOCK_K // GROUP
     else:
         rk = tl.arange(0, BLOCK_K)
         a_ptrs = a_ptr + row[:, None] * stride_am + rk[None, :]
@@ -181,8 +188,8 @@ def grouped_gemm(a: torch.Tensor, w: torch.Tensor, out: torch.Tensor, routing, a
         bias.stride(0) if bias is not None else 0, split, -(-split // EXPERT_BLOCK[0]),
         A_ROW_DIV=a_row_div, FP8=fp8, MXFP4=mxfp4, HAS_BIAS=bias is not None, MUL_WEIGHT=weights is not None,
         # float32 models multiply in float32 (Triton's default there is TF32), as the reference and HF do
-        DOT_PRECISION="ieee" if a.dtype == torch.float32 else "tf32", BLOCK_M=bm,
-        BLOCK_N=bn, BLOCK_K=bk, SCALE_N=EXPERT_BLOCK[0], GROUP_M=8, num_warps=warps, num_stages=stages)
+        DOT_PRECISION="ieee" if a.dtype == torch.float32 else "tf32", BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
+        SCALE_N=EXPERT_BLOCK[0], GROUP_M=8, GROUP=MXFP4_GROUP, num_warps=warps, num_stages=stages)
     return out
 
 

@@ -1,0 +1,75 @@
+"""Registers, spills, shared memory and global-load widths of the fused-MoE grouped GEMM (kernels/fused_moe.py) per
+tile, bf16 and MXFP4 weights, compiled for sm_90 on a machine without a GPU (Triton's bundled ptxas and cuobjdump).
+
+Why: the MXFP4 tiles are widened in registers, so how they load decides what the kernel costs; masks that Triton
+cannot prove constant over 16 bytes turn the packed weights' loads into one byte-wise load per byte (LDG.E.U8)
+instead of pipelined 16-byte asynchronous copies (LDGSTS...128). A row with byte-wise loads beyond the exponents'
+few is that regression. Shapes: gpt-oss's gate/up GEMM (N 5760, K 2880).
+
+Usage: python3 scripts/dev/moe_kernel_resources.py   (one line per tile; needs triton, no GPU)
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import re
+import subprocess
+import sys
+import tempfile
+
+sys.path.insert(0, __file__.rsplit("/scripts/", 1)[0])
+
+import triton  # noqa: E402
+from triton.backends.compiler import GPUTarget  # noqa: E402
+from triton.compiler import ASTSource  # noqa: E402
+
+from railyard.engine.runner.kernels import fused_moe  # noqa: E402
+from railyard.engine.runner.layers.mxfp4 import GROUP  # noqa: E402
+
+ARGS = ("a_ptr", "b_ptr", "c_ptr", "a_scale_ptr", "b_scale_ptr", "bias_ptr", "weights_ptr", "sorted_ptr",
+        "block_expert_ptr", "padded_len_ptr", "N", "K", "num_slots", "stride_am", "stride_be", "stride_bn",
+        "stride_cm", "stride_asm", "stride_bse", "stride_bsn", "stride_biase", "SPLIT_N", "SPLIT_BLOCKS")
+# what Triton specialises as 16-divisible at run time for gpt-oss (the exponents' row stride, K / 32 = 90, is not)
+DIVISIBLE = {"N", "K", "stride_am", "stride_be", "stride_bn", "stride_cm"}
+LOADS = re.compile(r"\b(LDG(?:STS)?[.\w]*)")
+
+
+def compile_gemm(mxfp4: bool, tile: tuple[int, int, int, int, int]):
+    bm, bn, bk, warps, stages = tile
+    weight = "*u8" if mxfp4 else "*bf16"
+    pointers = {"b_ptr": weight, "b_scale_ptr": weight, "sorted_ptr": "*i32", "block_expert_ptr": "*i32",
+                "padded_len_ptr": "*i32"}
+    signature = {a: pointers.get(a, "*bf16") if a.endswith("_ptr") else "i32" for a in ARGS}
+    constexprs = dict(A_ROW_DIV=4, FP8=False, MXFP4=mxfp4, HAS_BIAS=True, MUL_WEIGHT=False, DOT_PRECISION="tf32",
+                      BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, SCALE_N=128, GROUP_M=8, GROUP=GROUP)
+    signature.update({name: "constexpr" for name in constexprs})
+    attrs = {(i,): [["tt.divisibility", 16]] for i, a in enumerate(ARGS) if a.endswith("_ptr") or a in DIVISIBLE}
+    source = ASTSource(fn=fused_moe._grouped_gemm_kernel, signature=signature, constexprs=constexprs, attrs=attrs)
+    return triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps, "num_stages": stages})
+
+
+def resources(kernel) -> tuple[int, int, dict[str, int]]:
+    """(registers per thread, local-memory spill instructions, global load instructions by kind) from the cubin."""
+    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(kernel.asm["cubin"])
+        f.flush()
+        usage = subprocess.run([tool, "-res-usage", f.name], capture_output=True, text=True, check=True).stdout
+        sass = subprocess.run([tool, "-sass", f.name], capture_output=True, text=True, check=True).stdout
+    spills = len(re.findall(r"\b(?:STL|LDL)\b", sass))
+    return int(re.search(r"REG:(\d+)", usage).group(1)), spills, dict(collections.Counter(LOADS.findall(sass)))
+
+
+def main() -> None:
+    tiles = [fused_moe.SMALL, fused_moe.LARGE, (16, 64, 64, 4, 3), (32, 64, 128, 4, 4), (64, 128, 128, 8, 3)]
+    for mxfp4 in (False, True):
+        for tile in tiles:
+            kernel = compile_gemm(mxfp4, tile)
+            regs, spills, loads = resources(kernel)
+            print(f"{'mxfp4' if mxfp4 else 'bf16 '} tile {tile}: {regs:3d} registers, {spills} spill instructions, "
+                  f"{kernel.metadata.shared:6d} B shared, loads {loads}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
