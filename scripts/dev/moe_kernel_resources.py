@@ -6,7 +6,7 @@ cannot prove constant over 16 bytes turn the packed weights' loads into one byte
 instead of pipelined 16-byte asynchronous copies (LDGSTS...128). A row with byte-wise loads beyond the exponents'
 few is that regression. Shapes: gpt-oss's gate/up GEMM (N 5760, K 2880).
 
-Usage: python3 scripts/dev/moe_kernel_resources.py   (one line per tile; needs triton, no GPU)
+Usage: python3 scripts/dev/moe_kernel_resources.py   (one line per tile of fused_moe.py's tables; triton, no GPU)
 """
 
 from __future__ import annotations
@@ -62,9 +62,10 @@ def resources(kernel) -> tuple[int, int, dict[str, int]]:
 
 
 def main() -> None:
-    tiles = [fused_moe.SMALL, fused_moe.LARGE, (16, 64, 64, 4, 3), (32, 64, 128, 4, 4), (64, 128, 128, 8, 3)]
-    for mxfp4 in (False, True):
-        for tile in tiles:
+    tables = {False: fused_moe.TILES + ((None, fused_moe.LARGE),),
+              True: fused_moe.MXFP4_TILES + ((None, fused_moe.MXFP4_LARGE),)}
+    for mxfp4, table in tables.items():
+        for _, tile in table:
             kernel = compile_gemm(mxfp4, tile)
             regs, spills, loads = resources(kernel)
             print(f"{'mxfp4' if mxfp4 else 'bf16 '} tile {tile}: {regs:3d} registers, {spills} spill instructions, "

@@ -48,7 +48,8 @@ CONFIGS = {  # (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages); kernels/fused
     "16x128x128 w4 s3": (16, 128, 128, 4, 3), "32x256x128 w4 s2": (32, 256, 128, 4, 2),
     "64x128x64 w4 s3": (64, 128, 64, 4, 3), "64x128x128 w4 s4": (64, 128, 128, 4, 4),
     "128x128x64 w8 s3": (128, 128, 64, 8, 3), "128x256x64 w8 s4": (128, 256, 64, 8, 4),
-    "16x64x64 w4 s3": (16, 64, 64, 4, 3),
+    "16x64x64 w4 s3": (16, 64, 64, 4, 3), "16x128x64 w4 s3": (16, 128, 64, 4, 3),
+    "64x128x64 w8 s3": (64, 128, 64, 8, 3),
 }
 GPT_OSS_ACT = functools.partial(clamped_swiglu, alpha=1.702, limit=7.0)
 
@@ -96,7 +97,7 @@ def sweep(mode: str, shape: dict, tokens: list[int], results: dict, name: str) -
                                      weights, ids, act, b13, b2)
         else:
             want = experts_reference(x, w13, w2, weights, ids)
-        row = {"experts_hit": hit, "pick_config": fused_moe.pick_config(t * K, E, mode == "fp8")}
+        row = {"experts_hit": hit, "pick_config": fused_moe.pick_config(t * K, E, mode == "fp8", mode == "mxfp4")}
 
         def measure(call):
             err = ((call().float() - want.float()).norm() / want.float().norm()).item()

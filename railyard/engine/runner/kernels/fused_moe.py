@@ -50,15 +50,21 @@ LARGE = (128, 256, 64, 8, 4)
 FP8_TILES = ((8, (16, 128, 128, 4, 3)),)
 FP8_LARGE = (64, 128, 128, 4, 4)
 SMALL = TILES[0][1]
+# MXFP4 weights are widened in registers, a cost per weight and per thread: tiles whose widened weights fit beside
+# the accumulator without spilling (compiled for sm_90: scripts/dev/moe_kernel_resources.py), 8 warps for the tall
+# ones; BLOCK_K whole 32-weight groups.
+MXFP4_TILES = ((2, (16, 64, 128, 4, 3)), (8, (16, 128, 64, 4, 3)), (32, (64, 128, 64, 8, 3)))
+MXFP4_LARGE = (128, 128, 64, 8, 3)
 
 
-def pick_config(slots: int, num_experts: int, fp8: bool) -> tuple[int, int, int, int, int]:
-    """The tile for T * k = `slots` (token, expert) pairs over num_experts experts (the table above)."""
+def pick_config(slots: int, num_experts: int, fp8: bool, mxfp4: bool = False) -> tuple[int, int, int, int, int]:
+    """The tile for T * k = `slots` (token, expert) pairs over num_experts experts (the tables above)."""
     per_expert = slots / num_experts
-    for most, tile in FP8_TILES if fp8 else TILES:
+    tiles, large = (MXFP4_TILES, MXFP4_LARGE) if mxfp4 else (FP8_TILES, FP8_LARGE) if fp8 else (TILES, LARGE)
+    for most, tile in tiles:
         if per_expert <= most:
             return tile
-    return FP8_LARGE if fp8 else LARGE
+    return large
 
 
 @triton.jit
@@ -206,8 +212,9 @@ def fused_experts(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_wei
     slots = num_tokens * top_k
     if slots == 0:
         return torch.zeros_like(x)
-    fp8 = w13_scale is not None and w13.dtype != torch.uint8
-    config = config or pick_config(slots, num_experts, fp8)
+    mxfp4 = w13.dtype == torch.uint8
+    fp8 = w13_scale is not None and not mxfp4
+    config = config or pick_config(slots, num_experts, fp8, mxfp4)
     routing = align_by_expert(topk_ids, num_experts, config[0])
     gate_up = torch.empty((slots, w13.shape[1]), dtype=x.dtype, device=x.device)
     if fp8:

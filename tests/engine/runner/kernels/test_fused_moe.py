@@ -192,7 +192,8 @@ def _mxfp4_experts(experts: int, hidden: int, inter: int, seed: int, bias: bool 
                                          dequantize_mxfp4(q2, s2, torch.float32))
 
 
-@pytest.mark.parametrize("config", [fused_moe.SMALL, fused_moe.LARGE], ids=["small-tiles", "large-tiles"])
+@pytest.mark.parametrize("config", [tile for _, tile in fused_moe.MXFP4_TILES] + [fused_moe.MXFP4_LARGE],
+                         ids=lambda tile: "x".join(map(str, tile[:3])))
 @pytest.mark.parametrize(("tokens", "experts", "top_k"), [(1, 4, 1), (7, 8, 2), (37, 8, 4)])
 def test_mxfp4_fused_experts_read_the_packed_weights_and_give_the_widened_reference(config, tokens, experts, top_k):
     """The kernel widens each packed tile in registers; the reference multiplies the whole widened experts: the same
