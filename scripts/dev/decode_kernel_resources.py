@@ -46,14 +46,20 @@ def compile_decode(cache: str, block_n: int, warps: int, stages: int, maxnreg: i
     return triton.compile(source, target=GPUTarget("cuda", 90, 32), options=options)
 
 
-def resources(kernel) -> tuple[int, int]:
-    """(registers per thread, local-memory spill instructions) from the cubin."""
+def cubin_dump(kernel) -> tuple[str, str]:
+    """(cuobjdump's resource usage, the SASS) of a compiled kernel's cubin."""
     tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(kernel.asm["cubin"])
         f.flush()
         usage = subprocess.run([tool, "-res-usage", f.name], capture_output=True, text=True, check=True).stdout
         sass = subprocess.run([tool, "-sass", f.name], capture_output=True, text=True, check=True).stdout
+    return usage, sass
+
+
+def resources(kernel) -> tuple[int, int]:
+    """(registers per thread, local-memory spill instructions) from the cubin."""
+    usage, sass = cubin_dump(kernel)
     return int(re.search(r"REG:(\d+)", usage).group(1)), len(re.findall(r"\b(?:STL|LDL)\b", sass))
 
 

@@ -14,11 +14,12 @@ from __future__ import annotations
 import collections
 import os
 import re
-import subprocess
 import sys
-import tempfile
 
 sys.path.insert(0, __file__.rsplit("/scripts/", 1)[0])
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import decode_kernel_resources  # noqa: E402 (its cuobjdump readers)
 
 import triton  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
@@ -51,14 +52,8 @@ def compile_gemm(mxfp4: bool, tile: tuple[int, int, int, int, int]):
 
 def resources(kernel) -> tuple[int, int, dict[str, int]]:
     """(registers per thread, local-memory spill instructions, global load instructions by kind) from the cubin."""
-    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
-    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-        f.write(kernel.asm["cubin"])
-        f.flush()
-        usage = subprocess.run([tool, "-res-usage", f.name], capture_output=True, text=True, check=True).stdout
-        sass = subprocess.run([tool, "-sass", f.name], capture_output=True, text=True, check=True).stdout
-    spills = len(re.findall(r"\b(?:STL|LDL)\b", sass))
-    return int(re.search(r"REG:(\d+)", usage).group(1)), spills, dict(collections.Counter(LOADS.findall(sass)))
+    registers, spills = decode_kernel_resources.resources(kernel)
+    return registers, spills, dict(collections.Counter(LOADS.findall(decode_kernel_resources.cubin_dump(kernel)[1])))
 
 
 def main() -> None:
