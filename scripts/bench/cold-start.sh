@@ -1,17 +1,17 @@
 #!/bin/bash
-# Cold start of one engine on the H200 (issue 16, item 5), one device call: `railyard bench startup` writes a
+# Cold start of one engine on the H200, one device call: `railyard bench startup` writes a
 # random-weight safetensors checkpoint of the qwen2-7b shape to local disk, reads it once into the page cache
 # (deliberately: the runs load from the page cache), then starts `railyard serve` on it RUNS times, the first with
 # an empty railyard cache (Triton compiles every kernel), the rest warm, each to its first /health 200, with the
 # server's start-up phases from /metrics (weight loading split into read / to_device / copy / other, and the
 # front's tokenizer load beside it, in the front's own process: since 0d55b5e the engine process loads no HF
-# tokenizer before it is ready, its EOS id read from the files in the tokenizer_eos phase). Then issue 7's decode
+# tokenizer before it is ready, its EOS id read from the files in the tokenizer_eos phase). Then the offline 7B benchmark's decode
 # benchmark, unchanged, in the same call.
 # Writes $OUT/startup.json, $OUT/throughput.json and $OUT/log.txt (its summary at the end, also on stdout).
 #   carry: .whl (fastapi, starlette, uvicorn, pydantic(-core), httptools, pyzmq, msgspec, ...)
 #   env: CALL_S (seconds this call may use, default 450), RUNS (default 3), SERVE_ARGS (more serve flags),
 #        CKPT (checkpoint dir, default /tmp/qwen2-7b: written, and removed at the end; an existing one is kept),
-#        SHAPE (default qwen2-7b), WORK (the decode check's workload: issue 7's by default), SKIP_WHEELS
+#        SHAPE (default qwen2-7b), WORK (the decode check's workload: the offline 7B benchmark's by default), SKIP_WHEELS
 set -o pipefail
 export PYTHONUNBUFFERED=1
 cd "$(dirname "$0")/../.."
@@ -55,8 +55,8 @@ for name in ("startup.json",):
             print("    ", line[-150:])
 try:
     t = json.loads((out / "throughput.json").read_text())
-    print(f"decode check (issue 7's 7B command): {t['elapsed_s']:.2f} s, {t['output_tokens_per_s']:.0f} output tok/s, "
-          f"{t.get('percent_of_roofline')}% of roofline (issue 7: 5.57-5.70 s)")
+    print(f"decode check (the offline 7B benchmark): {t['elapsed_s']:.2f} s, {t['output_tokens_per_s']:.0f} output tok/s, "
+          f"{t.get('percent_of_roofline')}% of roofline")
 except Exception as exc:
     print("throughput.json unreadable:", exc)
 PY
@@ -73,7 +73,7 @@ timeout $(( $(left) - 100 )) python3 -m railyard.cli bench startup --model $SHAP
   > /dev/null 2> >(tee -a $LOG >&2)
 echo "bench startup rc=$?" | tee -a $LOG
 
-say "decode check: issue 7's 7B benchmark"
+say "decode check: the offline 7B benchmark"
 timeout $(( $(left) > 40 ? $(left) - 10 : 30 )) python3 scripts/bench/cli.py bench throughput --model $SHAPE $WORK \
   > $OUT/throughput.json 2> >(grep -E "roofline|start-up|memory profile|captured|Error|error" | tee -a $LOG >&2)
 echo "throughput rc=$?" | tee -a $LOG

@@ -56,10 +56,9 @@ else
   AUTO="--fp8-gemm auto"; FAST="--fp8-gemm rowwise-fast"
 fi
 export WORKLOAD
-# Interleaved, each variant twice: the 7B bf16 run spread 5.54-5.90 s across calls of one session, and a 1.5x
-# verdict near the line needs the spread beside it. auto is rowwise-fast except for decode-sized GEMMs the row-wise
-# kernel would not spread over the GPU (layers/fp8.py). Then the qwen3-0.6b shape once each (issue 15 item 5 wants
-# both shapes side by side in one call).
+# Interleaved, each variant twice: the 7B bf16 run spreads by a few percent between calls, and a ratio near the
+# line needs the spread beside it. auto is rowwise-fast except for decode-sized GEMMs the row-wise kernel would not
+# spread over the GPU (layers/fp8.py). Then the qwen3-0.6b shape once each, both shapes side by side in one call.
 ROUND_NAMES=""; [ "${ROUNDS:-2}" = 1 ] || ROUND_NAMES="-again"
 for round in "" $ROUND_NAMES; do
   step "bench bf16$round" 45 bench bf16$round

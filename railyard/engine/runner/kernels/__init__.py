@@ -10,8 +10,8 @@ def fused_ops():
     """The fused elementwise kernels module (RMSNorm with residual, SiLU-and-mul, rotary), None when triton
     does not import (the layers then run their plain torch forms).
 
-    On by default on CUDA: on the H200 they took the 7B-shape benchmark from 8.31 s to 6.09 s, and greedy
-    tokens stay identical to HF transformers (BENCHMARKS.md). The layers use them for CUDA tensors only.
+    Used for CUDA tensors: they cut the elementwise launches between the GEMMs (docs/architecture.md says by how
+    much), and greedy tokens stay identical to HF transformers.
     """
     try:
         from railyard.engine.runner.kernels import fused
