@@ -4,7 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from railyard.engine.startup.tiny_model import write_tiny_checkpoint
+# Triton's CPU interpreter where there is no GPU (the kernels' tests run in it), set before any test module is
+# collected: Triton picks interpreted or compiled when a kernel is decorated, so a kernel module that an earlier
+# test file imports must already see it (tests/engine/runner/attention/conftest.py patches the interpreter).
+import tests.engine.runner.attention.conftest  # noqa: F401, E402
+
+from railyard.engine.startup.tiny_model import write_tiny_checkpoint  # noqa: E402
 
 
 @pytest.fixture(scope="session")
