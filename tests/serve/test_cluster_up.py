@@ -119,7 +119,8 @@ def test_stack_cpu_serves_behind_haproxy_with_its_admin_ports_on_loopback_and_st
         assert [command for _, command in listeners(up.port)] == ["haproxy"]
         for port in (up.stats_port, up.metrics_port):
             assert listeners(port) and all(address == LOOPBACK for address, _ in listeners(port)), listeners(port)
-        body = json.dumps({"model": "tiny-qwen2-seed0", "prompt": "hello", "max_tokens": 4, "stream": True}).encode()
+        body = json.dumps({"model": "tiny-qwen2-seed0", "prompt": "hello", "max_tokens": 4, "stream": True,
+                           "temperature": 0, "ignore_eos": True}).encode()  # runs to max_tokens, whatever it samples
         request = urllib.request.Request(f"http://127.0.0.1:{up.port}/v1/completions", body,
                                          {"content-type": "application/json"})
         with urllib.request.urlopen(request, timeout=60) as response:
