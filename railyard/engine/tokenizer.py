@@ -8,7 +8,7 @@ import threading
 from pathlib import Path
 
 from railyard.engine.startup import tokenizer_cache
-from railyard.errors import ModelLoadError
+from railyard.errors import InvalidRequestError, ModelLoadError
 
 log = logging.getLogger("railyard.engine")
 
@@ -204,8 +204,6 @@ def encode_prompt(tokenizer, prompt: str | list[int] | None, prompt_token_ids: l
     truncate: keep only the last that many tokens (vLLM's truncate_prompt_tokens; the tokenizer truncates on the
     left, see load_tokenizer, keeping its special tokens). Raises InvalidRequestError for a prompt that is neither
     text nor ids, or text for an engine without a tokenizer."""
-    from railyard.errors import InvalidRequestError
-
     if prompt_token_ids is None and isinstance(prompt, list):
         prompt, prompt_token_ids = None, prompt
     if prompt_token_ids is not None:
