@@ -18,6 +18,7 @@ from railyard.api.lora_routes import LoRAHost, install_lora_routes, load_adapter
 from railyard.api.metrics import ServerMetrics
 from railyard.api.middleware import BearerAuth, BodySizeLimit
 from railyard.api.protocol import ChatCompletionRequest, CompletionRequest
+from railyard.api.sleep_routes import install_sleep_routes
 from railyard.engine.client.base import EngineClient
 
 DEFAULT_MAX_REQUEST_BYTES = 8 * 1024 * 1024
@@ -41,12 +42,14 @@ def install_openai_routes(app: FastAPI, generation_for: Callable[[str | None], G
 
 def engine_app(engine: EngineClient, *, served_model_name: str | None = None, api_key: str | None = None,
                max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES, on_ready: Callable[[], None] | None = None,
-               lora_modules: Sequence[LoRAModule] = (), lora_runtime_updates: bool = False) -> FastAPI:
+               lora_modules: Sequence[LoRAModule] = (), lora_runtime_updates: bool = False,
+               sleep_endpoints: bool = False) -> FastAPI:
     """The OpenAI app serving one `engine` (any EngineClient; serve.front.openai_app serves a fleet's models); its
     lifespan starts the client, loads the LoRA adapters of lora_modules (then calls on_ready: the server listens
     next) and shuts the engine down.
 
-    lora_runtime_updates: /v1/load_lora_adapter and /v1/unload_lora_adapter may change the adapters."""
+    lora_runtime_updates: /v1/load_lora_adapter and /v1/unload_lora_adapter may change the adapters.
+    sleep_endpoints: /sleep, /wake_up and /is_sleeping are served (sleep_routes.py)."""
     info = engine.model_info
     name = served_model_name or info.served_model_name
     metrics = ServerMetrics(name, engine.stats, healthy=lambda: engine.is_running, startup=info.startup,
@@ -79,6 +82,7 @@ def engine_app(engine: EngineClient, *, served_model_name: str | None = None, ap
 
     install_openai_routes(app, generation_for)
     install_lora_routes(app, lambda: {name: host}, enabled=lora_runtime_updates)
+    install_sleep_routes(app, engine, enabled=sleep_endpoints)
 
     def model_cards() -> list[dict]:
         base = {"id": name, "object": "model", "created": info.created, "owned_by": "railyard", "root": info.model,

@@ -55,6 +55,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="allow POST /v1/load_lora_adapter and /v1/unload_lora_adapter (vLLM's "
                         "VLLM_ALLOW_RUNTIME_LORA_UPDATING; behind --api-key where one is set; implies --enable-lora) "
                         "(default: off)")
+    p.add_argument("--enable-sleep-endpoints", action="store_true",
+                   help="serve POST /sleep?level=1|2, POST /wake_up and GET /is_sleeping (vLLM's dev-mode routes; "
+                        "behind --api-key where one is set; implies --enable-sleep-mode) (default: off)")
     add_engine_args(p)
     p.add_argument("--config", help="stack YAML: serve its models on Ray Serve instead (see `railyard cluster up`) "
                                     "(default: none: one engine in this process)")
@@ -110,7 +113,9 @@ def run_serve(args: argparse.Namespace) -> int:
     started_at = getattr(args, "started_at", None) or time.time()
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     lora_modules = [parse_lora_module(m) for m in args.lora_modules]
-    lora = {"enable_lora": True} if lora_modules or args.enable_lora_runtime_updates else {}
+    lora: dict = {"enable_lora": True} if lora_modules or args.enable_lora_runtime_updates else {}
+    if args.enable_sleep_endpoints:  # the routes need an engine that may sleep
+        lora["enable_sleep_mode"] = True
     config = engine_config_from_args(args, served_model_name=args.served_model_name, **lora)
     check_lora_modules(lora_modules, config)  # a bad adapter is an error before the model loads
     sock = bind_socket(args.host, args.port)  # a taken port is an error before the model loads, not after
@@ -142,7 +147,8 @@ def run_serve(args: argparse.Namespace) -> int:
 
     app = engine_app(engine, served_model_name=name, api_key=args.api_key, max_request_bytes=args.max_request_bytes,
                      on_ready=on_ready, lora_modules=lora_modules,
-                     lora_runtime_updates=args.enable_lora_runtime_updates)
+                     lora_runtime_updates=args.enable_lora_runtime_updates,
+                     sleep_endpoints=args.enable_sleep_endpoints)
     server = Server(uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
                                    timeout_keep_alive=args.timeout_keep_alive, timeout_graceful_shutdown=5))
 

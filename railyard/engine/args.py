@@ -59,6 +59,9 @@ _HELP = {
     "max_loras": "LoRA adapters resident on the device at once (distinct adapters in one step)",
     "max_lora_rank": "the largest LoRA rank an adapter may have (at most 64)",
     "max_cpu_loras": "LoRA adapters kept in host memory (default: --max-loras)",
+    "enable_sleep_mode": "allow sleep(level) and wake_up(): give the device memory of the KV cache, the CUDA graphs "
+                         "and the weights back while the engine keeps its process (level 1: weights in pinned host "
+                         "memory; level 2: read from the checkpoint again on wake-up)",
     "seed": "seed of the random weights a named model shape gets (benchmarks)",
 }
 _SKIP = {"served_model_name"}

@@ -90,6 +90,11 @@ class EngineConfig:
     max_loras: int = 1
     max_lora_rank: int = 16
     max_cpu_loras: int | None = None
+    # Sleep mode (vLLM's enable_sleep_mode): sleep(level) gives back the device memory of the KV cache, the CUDA graphs
+    # and the weights (level 1: to pinned host memory; level 2: discarded, read from the checkpoint again) while the
+    # engine keeps its process, CUDA context and compiled kernels; wake_up() restores them in the time of a copy and
+    # a capture instead of a start. Off: sleep is refused (a sleeping engine serves nothing until woken).
+    enable_sleep_mode: bool = False
 
     def __post_init__(self) -> None:
         if self.block_size not in (8, 16, 32):

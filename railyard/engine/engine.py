@@ -104,6 +104,19 @@ class Engine:
                 out.error = why.get(out.request_id, out.error)
         return processed.outputs
 
+    # -- sleep mode (EngineCore.sleep) -----------------------------------------------------------
+    def sleep(self, level: int = 1) -> None:
+        self.core.sleep(level)
+
+    def wake_up(self, tags: list[str] | None = None) -> dict | None:
+        return self.core.wake_up(tags)
+
+    def is_sleeping(self) -> bool:
+        return self.core.is_sleeping()
+
+    def device_memory(self) -> dict[str, int]:
+        return self.core.device_memory()
+
     # -- introspection ---------------------------------------------------------------------------
     def stats(self) -> EngineStats:
         return self.core.stats()

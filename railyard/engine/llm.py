@@ -26,6 +26,19 @@ class LLM:
     def tokenizer(self):
         return self.engine.tokenizer
 
+    # Sleep mode (vLLM's LLM.sleep / wake_up; the engine needs enable_sleep_mode=True).
+    def sleep(self, level: int = 1) -> None:
+        """Give the device memory of the KV cache, the CUDA graphs and the weights back (level 1: weights kept in
+        host memory; level 2: read from the checkpoint again on wake-up)."""
+        self.engine.sleep(level)
+
+    def wake_up(self, tags: list[str] | None = None) -> None:
+        """Restore what sleep gave back (tags: "weights", "kv_cache"; None: both)."""
+        self.engine.wake_up(tags)
+
+    def is_sleeping(self) -> bool:
+        return self.engine.is_sleeping()
+
     def generate(self, prompts: str | list[str] | list[int] | list[list[int]] | None = None,
                  sampling_params: SamplingParams | list[SamplingParams] | None = None, *,
                  prompt_token_ids: list[list[int]] | None = None, use_tqdm: bool = True,
@@ -33,6 +46,8 @@ class LLM:
                  lora_request: LoRARequest | list[LoRARequest | None] | None = None) -> list[RequestOutput]:
         """Generate for every prompt (text or token ids); outputs come back in input order. lora_request: one LoRA
         adapter for every prompt, or one (or None: the base model) per prompt."""
+        if self.engine.is_sleeping():
+            raise InvalidRequestError("the engine is asleep: call wake_up() before generate()")
         items = _normalise(prompts, prompt_token_ids)
         params = sampling_params if isinstance(sampling_params, list) else [sampling_params or SamplingParams()] * len(items)
         if len(params) != len(items):

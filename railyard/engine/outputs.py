@@ -135,6 +135,7 @@ class EngineStats:
     running_lora_adapters: list[str] = field(default_factory=list)
     waiting_lora_adapters: list[str] = field(default_factory=list)
     num_lora_loads_total: int = 0
+    sleep_level: int = 0  # sleep mode: 0 awake, else the level the engine sleeps at (vLLM's engine_sleep_state)
     extra: dict[str, float] = field(default_factory=dict)
 
     @property

@@ -120,3 +120,21 @@ def test_a_workload_across_the_limits_compiles_and_captures_nothing_after_ready(
     assert new == 0, f"{new} Triton kernels JIT'd after ready, the first: {first_jit_after_ready()[:5]}"
     assert captures.count == 0
     assert stats.jit_after_ready_total == jit_after_ready()
+
+
+@pytest.mark.parametrize("level", [1, 2])
+def test_after_sleep_and_wake_up_the_workload_compiles_and_captures_nothing(gpu_models, level, monkeypatch, tmp_path):
+    """Sleep mode's promise: wake-up captures the graphs again and re-runs the warm-up, so the step loop after it
+    meets no first-use work either (the weights and the KV cache have new addresses, the kernels are loaded)."""
+    monkeypatch.setenv("RAILYARD_CACHE", str(tmp_path / "cache"))
+    monkeypatch.delenv("TRITON_CACHE_DIR", raising=False)
+    llm = LLM(gpu_models["dense"], **LIMITS, enable_sleep_mode=True)
+    llm.sleep(level)
+    llm.wake_up()
+    captures = _Captures(monkeypatch)
+    jit_before = jit_after_ready()
+    for prompts, params in _workloads(random.Random(11), LIMITS["max_model_len"]):
+        assert all(o.finished for o in llm.generate(prompt_token_ids=prompts, sampling_params=params, use_tqdm=False))
+    new = jit_after_ready() - jit_before
+    assert new == 0, f"{new} Triton kernels JIT'd after wake-up, the first: {first_jit_after_ready()[:5]}"
+    assert captures.count == 0

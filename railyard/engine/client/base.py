@@ -340,6 +340,24 @@ class CoreClient(abc.ABC):
         if self.dead is None:
             self._send_abort(request_id)
 
+    # -- sleep mode (EngineCore.sleep; run between steps) ----------------------------------------
+    async def sleep(self, level: int = 1) -> None:
+        """Put the engine to sleep (InvalidRequestError: sleep mode is off, a bad level, or requests are running or
+        waiting). Requests sent while it sleeps wait for wake_up, as vLLM's paused engine holds them."""
+        await self._checked_call("sleep", level)
+        self.stats.sleep_level = level
+
+    async def wake_up(self, tags: list[str] | None = None) -> dict | None:
+        """Wake the engine (tags: "weights", "kv_cache"; None: both); returns where the wake-up's time went."""
+        return await self._checked_call("wake_up", tags)
+
+    async def is_sleeping(self) -> bool:
+        return bool(await self._checked_call("is_sleeping"))
+
+    async def device_memory(self) -> dict[str, int]:
+        """Bytes the engine holds now: weights and KV cache on its device, the weights' host copy while asleep."""
+        return dict(await self._checked_call("device_memory"))
+
     # -- debugging and routing helpers (run between steps) ---------------------------------------
     async def check_invariants(self) -> None:
         """Raise AssertionError if the engine's KV bookkeeping is inconsistent (tests, debugging)."""

@@ -102,8 +102,8 @@ class InProcessEngineClient(CoreClient):
                 results.append((future, True, fn()))
             except Exception as exc:  # an op's failure belongs to its caller alone
                 results.append((future, False, exc))
-        deltas = self.core.step() if self.core.has_unfinished_requests() else []
-        return results, deltas, self.core.take_refused(), self.core.stats(), self.core.has_unfinished_requests()
+        deltas = self.core.step() if self.core.can_step() else []  # asleep (sleep mode): requests wait
+        return results, deltas, self.core.take_refused(), self.core.stats(), self.core.can_step()
 
     def _submit_turn(self, loop: asyncio.AbstractEventLoop) -> asyncio.Future:
         self._in_flight, self._ops = self._ops, []

@@ -42,6 +42,8 @@ from railyard.model.spec import ModelSpec, read_model_spec
 
 log = logging.getLogger("railyard.engine")
 
+WAKE_TAGS = ("weights", "kv_cache")  # what sleep mode gives back and wake_up restores, as vLLM names them
+
 
 @dataclass
 class _InFlight:
@@ -146,6 +148,9 @@ class EngineCore:
         self.async_scheduling = config.async_scheduling and self.executor.supports_async
         self._in_flight: _InFlight | None = None
         self._num_history_requests = 0  # live requests whose sampling reads their output tokens
+        self.sleep_level = 0  # sleep mode: 0 awake, else the level it sleeps at
+        self._asleep: set[str] = set()  # sleep mode: the parts wake_up has not restored yet (WAKE_TAGS)
+        self.last_wake_up: StartupTimes | None = None  # sleep mode: where the last wake-up's time went
         self.startup.add("engine_other", time.perf_counter() - started - (self.startup.total_s - timed_before))
         self.startup.triton_cache_dir = self.startup.triton_cache_dir or str(triton_cache)
         if self.startup.kernel_cache is not None:  # a start that JIT'd kernels: how it met the cache, for doctor
@@ -278,6 +283,10 @@ class EngineCore:
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished() or self._in_flight is not None or self.structured.num_compiling > 0
 
+    def can_step(self) -> bool:
+        """There is work and the engine is awake: what drivers step on (requests sent to a sleeping engine wait)."""
+        return not self.sleep_level and self.has_unfinished_requests()
+
     def submit(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams, *,
                arrival_time: float | None = None, priority: int = 0, lora: LoRARequest | None = None) -> None:
         """add_request for a driver that answers its front after the step: a request the core refuses is
@@ -307,6 +316,8 @@ class EngineCore:
         work overlaps the device's forward pass. Decodes of N+1 read N's tokens on the device; a sequence
         that N's token finishes has one wasted row in N+1, discarded.
         """
+        if self.sleep_level:
+            raise InvalidRequestError("the engine is asleep: call wake_up() before stepping it")
         prev, self._in_flight = self._in_flight, None
         failed = self._admit_compiled(idle=prev is None) if self.structured.num_compiling else []  # [structured]
         results: list[SeqDelta] = []
@@ -459,6 +470,56 @@ class EngineCore:
         if req.params.needs_output_history:
             self._num_history_requests -= 1
 
+    # -- sleep mode (vLLM's names) -----------------------------------------------------------------
+    def sleep(self, level: int = 1) -> None:
+        """Give the device memory back (runner.ModelRunner.sleep): level 1 keeps the weights in host memory, level 2
+        reads them from the checkpoint again on wake-up. Refused while requests run or wait: nothing accepted is
+        dropped (abort them first). Asleep already at the same level: nothing to do."""
+        if not self.config.enable_sleep_mode:
+            raise InvalidRequestError("sleep mode is off: start the engine with --enable-sleep-mode")
+        if type(level) is not int or level not in (1, 2):
+            raise InvalidRequestError(f"sleep level must be 1 (weights kept in host memory) or 2 (weights discarded), "
+                                      f"got {level!r}")
+        if self.sleep_level:
+            if level == self.sleep_level and self._asleep == set(WAKE_TAGS):
+                return
+            raise InvalidRequestError(f"the engine is asleep (level {self.sleep_level}) already: wake it up first")
+        if self.requests or self.has_unfinished_requests():
+            raise InvalidRequestError(f"{len(self.requests)} requests are running or waiting: the engine sleeps only "
+                                      "once they have finished (or been aborted)")
+        started = time.perf_counter()
+        self.block_manager.reset_prefix_cache()  # the blocks' contents go with the cache
+        self.executor.sleep(level)
+        self.sleep_level, self._asleep = level, set(WAKE_TAGS)
+        log.info("asleep (level %d) in %.2f s: device memory %s", level, time.perf_counter() - started,
+                 self.device_memory())
+
+    def wake_up(self, tags: list[str] | None = None) -> dict | None:
+        """Restore what sleep gave back (tags: some of WAKE_TAGS, vLLM's "weights" and "kv_cache"; None: both), the
+        graphs captured and the warm-up run once both are back; logs where its time went and returns it
+        (StartupTimes.as_dict). Awake: nothing to do (None)."""
+        wanted = set(WAKE_TAGS if tags is None else tags)
+        if not wanted or not wanted <= set(WAKE_TAGS):
+            raise InvalidRequestError(f"wake_up tags must be some of {', '.join(WAKE_TAGS)}, got {tags!r}")
+        if not self._asleep & wanted:
+            return None
+        times = self.executor.wake_up(frozenset(wanted))
+        self._asleep -= wanted
+        if not self._asleep:
+            self.sleep_level = 0
+        log.info("%s%s", times.describe("wake-up"), "" if not self._asleep else
+                 f" (still asleep: {', '.join(sorted(self._asleep))})")
+        self.last_wake_up = times
+        return times.as_dict()
+
+    def is_sleeping(self) -> bool:
+        return bool(self.sleep_level)
+
+    def device_memory(self) -> dict[str, int]:
+        """Bytes the engine holds now: weights and KV cache on the device (rank 0's shard), the weights' host copy
+        while asleep at level 1."""
+        return self.executor.device_memory()
+
     # -- introspection ---------------------------------------------------------------------------
     def stats(self) -> EngineStats:
         bm, sch = self.block_manager, self.scheduler
@@ -477,7 +538,7 @@ class EngineCore:
             num_preemptions_total=sch.num_preemptions, num_requests_finished_total=self.requests_finished_total,
             num_requests_added_total=self.requests_added_total, jit_after_ready_total=jit_after_ready(),
             block_size=self.config.block_size, max_num_seqs=self.config.max_num_seqs,
-            max_num_batched_tokens=self.config.max_num_batched_tokens,
+            max_num_batched_tokens=self.config.max_num_batched_tokens, sleep_level=self.sleep_level,
             **(self._lora_stats() if sch.lora_slots is not None else {}))
 
     def _lora_stats(self) -> dict:
@@ -554,6 +615,15 @@ class LocalExecutor:
 
     def forget_lora(self, lora_int_id: int) -> None:
         self.runner.lora.forget(lora_int_id)
+
+    def sleep(self, level: int) -> None:
+        self.runner.sleep(level)
+
+    def wake_up(self, tags: frozenset[str]) -> StartupTimes:
+        return self.runner.wake_up(tags)
+
+    def device_memory(self) -> dict[str, int]:
+        return self.runner.device_memory()
 
     def check_health(self) -> None:
         pass  # nothing outside this process can die

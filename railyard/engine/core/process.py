@@ -105,12 +105,12 @@ def _serve(core, inp: zmq.Socket, out: zmq.Socket) -> None:
     poller = zmq.Poller()
     poller.register(inp, zmq.POLLIN)
     while True:
-        busy = core.has_unfinished_requests()
+        busy = core.can_step()  # asleep (sleep mode), requests wait until wake_up
         if not busy and not poller.poll(_IDLE_POLL_MS):
             core.check_health()
             continue
         handled = _drain(core, inp, out)
-        if core.has_unfinished_requests():
+        if core.can_step():
             deltas = core.step()
             out.send(encoder.encode(StepOutputs(deltas, core.stats(), core.take_refused())), copy=False)
         elif handled:  # aborts, refusals or calls changed what the front should see

@@ -39,10 +39,12 @@ class StopSequence(msgspec.Struct, tag="stop", array_like=True):
     stop: str
 
 
-# What a front may ask the core between steps (tests, debugging, the router's prefix view).
-UTILITY_METHODS = ("check_invariants", "cached_block_hashes", "check_health", "load_lora", "unload_lora", "list_loras")
+# What a front may ask the core between steps (tests, debugging, the router's prefix view, LoRA adapters, sleep mode).
+UTILITY_METHODS = ("check_invariants", "cached_block_hashes", "check_health", "load_lora", "unload_lora", "list_loras",
+                   "sleep", "wake_up", "is_sleeping", "device_memory")
 # The argument types of the utilities that take any (msgpack carries a LoRARequest as a plain map).
-UTILITY_ARGS: dict[str, tuple[type, ...]] = {"load_lora": (LoRARequest,), "unload_lora": (str,)}
+UTILITY_ARGS: dict[str, tuple[type, ...]] = {"load_lora": (LoRARequest,), "unload_lora": (str,), "sleep": (int,),
+                                             "wake_up": (list[str] | None,)}
 # Errors a utility call or an add may end in that belong to the caller's request (HTTP 4xx), by type name.
 REQUEST_ERRORS: dict[str, type[InvalidRequestError]] = {
     "InvalidRequestError": InvalidRequestError, "UnknownLoRAError": UnknownLoRAError}

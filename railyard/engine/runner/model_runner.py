@@ -26,6 +26,7 @@ from railyard.engine.runner.layers.fp8 import FP8, cache_bits, gemm_path, scaled
 from railyard.engine.runner.models.loader import build_empty, fill_from_checkpoint, random_weights
 from railyard.engine.runner.layers.parallel import SINGLE, ParallelState
 from railyard.engine.runner.piecewise_graphs import PiecewiseGraphs
+from railyard.engine.runner.sleep import SleepingWeights, device_bytes, put_to_sleep, wake_weights
 from railyard.engine.runner.warmup import WarmLimits, WarmStep, ladder, sampling_variants, warm_steps
 from railyard.engine.runner.sampler import (DoneSample, PendingSample, SamplerOutput, SamplingRow, host_tensor, sample_async,
                                     to_device)
@@ -132,7 +133,10 @@ class ModelRunner:
                device: torch.device | None) -> None:
         self.config = config
         self.ps = ps
+        self.model_dir = model_dir
         self.device = device or resolve_device(config.device)
+        self._sleeping: SleepingWeights | None = None  # sleep mode: the weights while they are off the device
+        self._recapture = False  # sleep mode: the graphs were dropped, wake-up captures them again
         if spec.quantization and not config.quantization:  # an FP8 checkpoint needs no flag
             log.info("the checkpoint is %s-quantized (config.json quantization_config): loading it as such",
                      spec.quantization)
@@ -202,12 +206,7 @@ class ModelRunner:
                 self.num_gpu_blocks = config.num_gpu_blocks or self._profile_num_blocks()
             with timed("kv_allocation"):
                 self.num_cpu_blocks = self._num_cpu_blocks()
-                shape = (2, self.num_gpu_blocks, self.block_size, self.num_kv_heads, self.head_dim)
-                # One tensor per layer, but a sliding-window layer shares one with a full-attention layer (their
-                # blocks are never the same: sched/block_manager.py); kv_caches is the model's per-layer view.
-                self.kv_tensors = [torch.zeros(shape, dtype=self.kv_dtype, device=self.device)
-                                   for _ in range(spec.num_kv_tensors)]
-                self.kv_caches = [self.kv_tensors[spec.kv_tensor_of(i)] for i in range(spec.num_layers)]
+                self._allocate_kv_cache()
                 cpu_shape = (2, self.num_cpu_blocks, self.block_size, self.num_kv_heads, self.head_dim)
                 pin = self.device.type == "cuda"
                 self.cpu_caches = [torch.zeros(cpu_shape, dtype=self.kv_dtype, pin_memory=pin)
@@ -221,6 +220,16 @@ class ModelRunner:
                 with timed("warm_up"):
                     self.warm_up()
         jit.record(self.startup)
+
+    def _allocate_kv_cache(self) -> None:
+        """The device KV cache of num_gpu_blocks blocks (at start-up, and again on wake-up from sleep mode)."""
+        spec = self.spec
+        shape = (2, self.num_gpu_blocks, self.block_size, self.num_kv_heads, self.head_dim)
+        # One tensor per layer, but a sliding-window layer shares one with a full-attention layer (their
+        # blocks are never the same: sched/block_manager.py); kv_caches is the model's per-layer view.
+        self.kv_tensors = [torch.zeros(shape, dtype=self.kv_dtype, device=self.device)
+                           for _ in range(spec.num_kv_tensors)]
+        self.kv_caches = [self.kv_tensors[spec.kv_tensor_of(i)] for i in range(spec.num_layers)]
 
     def _attach_lora(self):
         """[LoRA] The adapters' device slots on every linear layer of the decoder (None: the engine serves none)."""
@@ -278,6 +287,75 @@ class ModelRunner:
         self.piecewise_bytes = torch.cuda.memory_reserved(self.device) - self._reserved_before_piecewise
         log.info("piecewise CUDA graphs hold %.2f GiB (static buffers %.2f GiB, pool and graphs the rest)",
                  self.piecewise_bytes / GIB, graphs.static_bytes / GIB)
+
+    # -- sleep mode (runner/sleep.py) ------------------------------------------------------------
+    def sleep(self, level: int) -> None:
+        """Give back the device memory of the KV cache (its contents are lost: the engine holds no sequence), the
+        CUDA graphs and the weights (level 1: copied to host memory first; level 2: read from the checkpoint again on
+        wake-up). The runner keeps its model, its sizes and its kernels, compiled and loaded."""
+        _synchronize(self.device)  # nothing queued may still read what goes
+        self.graphs = self.piecewise = None
+        self._fed = None
+        self.kv_tensors, self.kv_caches = [], []
+        if self._sleeping is None:
+            self._sleeping = put_to_sleep(self.model, level, self.device)
+        self._recapture = True
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+
+    def wake_up(self, tags: frozenset[str] = frozenset({"weights", "kv_cache"})) -> StartupTimes:
+        """Undo `sleep` for the parts tags names ("weights", "kv_cache"): weights back on the device, the KV cache
+        allocated at the same number of blocks, and, once both are there, the graphs captured and the warm-up run by
+        the code start-up runs, so no kernel compiles and no graph is captured on the step loop after it. Returns
+        where its time went (phases as start-up names them; weights_to_device for the host copy's return)."""
+        times = StartupTimes()
+        timed = times.phase
+        with starting(), TritonJitTimer(enabled=self.device.type == "cuda") as jit:
+            asleep = self._sleeping
+            if "weights" in tags and asleep is not None:
+                with timed("weights_to_device" if asleep.level == 1 else "weight_loading"):
+                    wake_weights(asleep, self.device)
+                    if asleep.level == 2:
+                        self._reload_weights()
+                    _synchronize(self.device)
+                self._sleeping = None
+            if "kv_cache" in tags and not self.kv_tensors:
+                if self._sleeping is None:  # as at start-up: the piecewise graphs before the cache
+                    with timed("cuda_graphs"):
+                        self.piecewise = self._capture_piecewise()
+                    self._measure_piecewise()
+                with timed("kv_allocation"):
+                    self._allocate_kv_cache()
+                    _synchronize(self.device)
+            if self._recapture and self._sleeping is None and self.kv_tensors:
+                with timed("cuda_graphs"):
+                    if self.piecewise is None:  # the cache came back before the weights
+                        self.piecewise = self._capture_piecewise()
+                        self._measure_piecewise()
+                    self.graphs = self._capture_graphs()
+                if self.device.type == "cuda":
+                    with timed("warm_up"):
+                        self.warm_up()
+                self._recapture = False
+        jit.record(times)
+        return times
+
+    def _reload_weights(self) -> None:
+        """Level 2's wake-up: the weights as start-up filled them (the checkpoint, or a named shape's seed)."""
+        if self.model_dir is None:
+            random_weights(self.model, self.config.seed)
+        else:
+            fill_from_checkpoint(self.model, self.model_dir)
+
+    @property
+    def is_sleeping(self) -> bool:
+        return self._sleeping is not None or not self.kv_tensors
+
+    def device_memory(self) -> dict[str, int]:
+        """Bytes held now: the weights and the KV cache on the device, the weights' host copy while asleep."""
+        return {"weights": device_bytes([*self.model.parameters(), *self.model.buffers()]),
+                "kv_cache": device_bytes(self.kv_tensors),
+                "host_weights": self._sleeping.host_bytes if self._sleeping is not None else 0}
 
     # -- sizing ----------------------------------------------------------------------------------
     @property

@@ -189,13 +189,7 @@ class TensorParallelExecutor:
         return self._run(self.runner.plan(out), self.runner.sampling_rows(out), None)
 
     def _run(self, plan: StepPlan, rows: list, bitmask) -> SamplerOutput:
-        if self._dead:
-            raise EngineDeadError(self._dead)
-        for rank, conn in enumerate(self._conns, start=1):
-            try:
-                conn.send(plan)
-            except OSError:  # the worker's end is gone: it died
-                self._die(self._diagnose(wait_s=_GRACE_S) or f"tensor-parallel worker rank {rank} stopped reading")
+        self._broadcast(plan)
 
         def step() -> SamplerOutput:
             logits = self.runner.compute_logits(plan)
@@ -209,6 +203,16 @@ class TensorParallelExecutor:
 
         return self._call_rank0(step)
 
+    def _broadcast(self, message) -> None:
+        """Send a step's plan (or a sleep-mode order) to every worker."""
+        if self._dead:
+            raise EngineDeadError(self._dead)
+        for rank, conn in enumerate(self._conns, start=1):
+            try:
+                conn.send(message)
+            except OSError:  # the worker's end is gone: it died
+                self._die(self._diagnose(wait_s=_GRACE_S) or f"tensor-parallel worker rank {rank} stopped reading")
+
     def check_health(self) -> None:
         """Raise EngineDeadError if a worker has died or failed, even while no step is running."""
         if self._dead:
@@ -219,6 +223,18 @@ class TensorParallelExecutor:
 
     def forget(self, seq_id: int) -> None:
         self.runner.forget(seq_id)  # per-sequence state (generators) lives on rank 0 only
+
+    # -- sleep mode: every rank sleeps and wakes its own shard (a warm-up's collectives meet as a step's do) ------
+    def sleep(self, level: int) -> None:
+        self._broadcast(("sleep", level))
+        self._call_rank0(lambda: self.runner.sleep(level))
+
+    def wake_up(self, tags: frozenset[str]):
+        self._broadcast(("wake_up", tags))
+        return self._call_rank0(lambda: self.runner.wake_up(tags))
+
+    def device_memory(self) -> dict[str, int]:
+        return self.runner.device_memory()  # rank 0's shard
 
     def prefetch_lora(self, request) -> None:
         """Nothing ahead: every rank reads its shard of an adapter when a step first loads it into a slot."""

@@ -75,7 +75,8 @@ def agree_on_kv_blocks(runner) -> tuple[int, int]:
 
 def worker_main(rank: int, rv: Rendezvous, config: EngineConfig, spec: ModelSpec, model_dir: Path | None,
                 conn: multiprocessing.connection.Connection) -> None:
-    """Entry point of ranks 1..N-1: build the shard, then run each StepPlan until told to stop (None)."""
+    """Entry point of ranks 1..N-1: build the shard, then run each StepPlan (or sleep-mode order) until told to stop
+    (None)."""
     from railyard.engine.runner.model_runner import ModelRunner
     from railyard.engine.runner.layers.parallel import ParallelState
 
@@ -93,6 +94,9 @@ def worker_main(rank: int, rv: Rendezvous, config: EngineConfig, spec: ModelSpec
                 break
             if plan is None:
                 break
+            if isinstance(plan, tuple):  # a sleep-mode order: ("sleep", level) or ("wake_up", tags)
+                getattr(runner, plan[0])(plan[1])
+                continue
             runner.compute_logits(plan)
     except BaseException:
         try:

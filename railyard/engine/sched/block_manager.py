@@ -154,6 +154,11 @@ class BlockManager:
         self.prefix_queries = 0  # tokens looked up
         self.prefix_hits = 0  # tokens found
 
+    def reset_prefix_cache(self) -> None:
+        """Forget every cached block no sequence holds (sleep mode: the KV cache's contents are about to go)."""
+        self.gpu.reset_cache()
+        self.cpu.reset_cache()
+
     # -- sizes -----------------------------------------------------------------------------------
     def blocks_for(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)

@@ -27,7 +27,7 @@ from pathlib import Path
 WEIGHT_PARTS = ("read", "to_device", "copy", "other")
 # The order phases happen in (a phase that did not happen is absent).
 PHASE_ORDER = ("front_imports", "engine_spawn", "imports", "tokenizer_eos", "model_construction", "weight_loading",
-               "kv_profile", "kv_allocation", "cuda_graphs", "warm_up", "executor", "engine_other", "front_tokenizer",
+               "weights_to_device", "kv_profile", "kv_allocation", "cuda_graphs", "warm_up", "executor", "engine_other", "front_tokenizer",
                "front_imports_wait", "server_start")
 
 
@@ -123,12 +123,12 @@ class StartupTimes:
         known = [(p, self.phases[p]) for p in PHASE_ORDER if p in self.phases]
         return known + sorted((p, s) for p, s in self.phases.items() if p not in PHASE_ORDER)
 
-    def describe(self) -> str:
-        """The one start-up log line."""
+    def describe(self, what: str = "start-up") -> str:
+        """The one start-up log line (what: "wake-up" for sleep mode's wake-up, timed the same way)."""
         parts = [f"{name} {seconds:.2f}" for name, seconds in self.ordered()]
-        line = f"start-up: total {self.total_s:.2f} s = " + " + ".join(parts)
+        line = f"{what}: total {self.total_s:.2f} s = " + " + ".join(parts)
         if self.kernel_cache is not None:
-            line = f"start-up ({self.kernel_cache} kernel cache):" + line.removeprefix("start-up:")
+            line = f"{what} ({self.kernel_cache} kernel cache):" + line.removeprefix(f"{what}:")
         rate = self.weights_gb_per_s
         if rate is not None:
             line += f"; weights {readable_bytes(self.weight_bytes)} at {rate:.2f} GB/s"
