@@ -20,14 +20,16 @@ from railyard.model.precision import (DTYPE_BYTES, KV_CACHE_DTYPE_BYTES, QUANTIZ
 from railyard.model.quant_config import (checkpoint_block_scales, checkpoint_expert_quantization,
                                          checkpoint_quantization)
 
-# architecture name -> (qkv bias, per-head q/k RMSNorm)
+# architecture name -> (q/k/v/o biases, per-head q/k RMSNorm), as HF's modeling code builds them: "qkv" always on
+# q/k/v only (Qwen2), "config" on all four when config.json's attention_bias says so (default true for gpt-oss only),
+# None never (Mistral's modeling code ignores attention_bias).
 ARCHITECTURES = {
-    "LlamaForCausalLM": (False, False),
-    "MistralForCausalLM": (False, False),
-    "Qwen2ForCausalLM": (True, False),
-    "Qwen3ForCausalLM": (False, True),
-    "Qwen3MoeForCausalLM": (False, True),
-    "GptOssForCausalLM": (False, False),  # q/k/v/o biases as config.json's attention_bias says (default true)
+    "LlamaForCausalLM": ("config", False),
+    "MistralForCausalLM": (None, False),
+    "Qwen2ForCausalLM": ("qkv", False),
+    "Qwen3ForCausalLM": ("config", True),
+    "Qwen3MoeForCausalLM": ("config", True),
+    "GptOssForCausalLM": ("config", False),
 }
 # MXFP4 weights share one exponent per group of this many; a weight's bytes count its share of that exponent byte.
 MXFP4_GROUP = 32
@@ -85,7 +87,7 @@ class ModelSpec:
     sliding_window: int | None = None
     sliding_layers: tuple[int, ...] = ()
     attention_sinks: bool = False  # a learned logit per head in each attention softmax's denominator (gpt-oss)
-    o_proj_bias: bool = False  # the attention output projection has a bias (gpt-oss)
+    o_proj_bias: bool = False  # the attention output projection has a bias (attention_bias on Llama, Qwen3, gpt-oss)
     # gpt-oss's experts: the router and every expert projection carry biases; the activation is a clamped SwiGLU
     # (alpha, limit); expert weights may be MXFP4 as the checkpoints ship them ("mxfp4"; layers/mxfp4.py).
     moe_bias: bool = False
@@ -103,7 +105,9 @@ class ModelSpec:
             )
         if cfg.get("use_sliding_window"):
             raise ModelLoadError("sliding-window attention (use_sliding_window: true) is not supported")
-        bias, qk_norm = ARCHITECTURES[arch]
+        biases, qk_norm = ARCHITECTURES[arch]
+        o_bias = biases == "config" and bool(cfg.get("attention_bias", arch == "GptOssForCausalLM"))
+        qkv_bias = biases == "qkv" or o_bias
         if cfg.get("mlp_bias"):
             raise ModelLoadError("mlp_bias: true is not supported")
         try:
@@ -127,8 +131,8 @@ class ModelSpec:
                 rope_scaling=scaling,
                 max_position_embeddings=_positive(cfg, "max_position_embeddings", 4096),
                 tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-                # Qwen2 always has q/k/v bias; the others say so in config.json.
-                attention_bias=bias or bool(cfg.get("attention_bias", arch == "GptOssForCausalLM")),
+                attention_bias=qkv_bias,
+                o_proj_bias=o_bias,
                 qk_norm=qk_norm,
                 torch_dtype=torch_dtype,
                 eos_token_ids=_token_ids(eos),
@@ -503,8 +507,7 @@ def _gpt_oss_fields(cfg: dict[str, Any]) -> dict[str, Any]:
                 moe_bias=True, swiglu=(_number(cfg, "swiglu_alpha", 1.702), _number(cfg, "swiglu_limit", 7.0)),
                 expert_quantization=checkpoint_expert_quantization(cfg),
                 sliding_window=_positive(cfg, "sliding_window", 128), attention_sinks=True,
-                sliding_layers=tuple(i for i, t in enumerate(types) if t == "sliding_attention"),
-                o_proj_bias=bool(cfg.get("attention_bias", True)))
+                sliding_layers=tuple(i for i, t in enumerate(types) if t == "sliding_attention"))
 
 
 def _cdiv(a: int, b: int) -> int:

@@ -3,11 +3,14 @@ whatever the engine does underneath: prefix caching, block sizes, chunked prefil
 
 from __future__ import annotations
 
+import json
 import random
+from pathlib import Path
 
 import pytest
 
 from railyard import LLM, SamplingParams
+from railyard.model.spec import ModelSpec
 from tests.engine.hf_oracle import hf_greedy
 
 MAX_NEW = 20
@@ -60,3 +63,18 @@ def test_sharded_checkpoint_loads_like_single_file(tmp_path, tiny_models):
     a = LLM(str(sharded)).generate(prompt_token_ids=PROMPTS[:3], sampling_params=params, use_tqdm=False)
     b = LLM(tiny_models["qwen2"]).generate(prompt_token_ids=PROMPTS[:3], sampling_params=params, use_tqdm=False)
     assert [o.outputs[0].token_ids for o in a] == [o.outputs[0].token_ids for o in b]
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen3"])
+def test_attention_bias_puts_a_bias_on_q_k_v_and_o_as_hf_does(tmp_path, arch):
+    """Llama and Qwen3 configs with attention_bias: true carry biases on all four attention projections."""
+    from railyard.engine.startup.tiny_model import write_tiny_checkpoint
+
+    path = str(write_tiny_checkpoint(tmp_path / arch, arch, attention_bias=True))
+    spec = ModelSpec.from_hf_config(json.loads((Path(path) / "config.json").read_text()))
+    assert spec.attention_bias and spec.o_proj_bias
+    llm = LLM(path)
+    params = SamplingParams(temperature=0.0, max_tokens=MAX_NEW, ignore_eos=True)
+    got = [o.outputs[0].token_ids for o in llm.generate(prompt_token_ids=PROMPTS[:4], sampling_params=params,
+                                                         use_tqdm=False)]
+    assert got == hf_greedy(path, PROMPTS[:4], MAX_NEW)

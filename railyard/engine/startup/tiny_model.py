@@ -100,9 +100,11 @@ def weight_shapes(cfg: dict) -> dict[str, tuple[int, ...]]:
             p + "input_layernorm.weight": (h,), p + "post_attention_layernorm.weight": (h,),
         })
         shapes.update(_mlp_shapes(cfg, i, p + "mlp."))
-        if cfg["model_type"] == "qwen2":
+        if cfg["model_type"] == "qwen2" or cfg.get("attention_bias"):
             for n, size in (("q", nh * d), ("k", nkv * d), ("v", nkv * d)):
                 shapes[p + f"self_attn.{n}_proj.bias"] = (size,)
+        if cfg.get("attention_bias") and cfg["model_type"] != "qwen2":  # Qwen2's o_proj has none
+            shapes[p + "self_attn.o_proj.bias"] = (h,)
         if cfg["model_type"] in ("qwen3", "qwen3_moe"):
             shapes[p + "self_attn.q_norm.weight"] = (d,)
             shapes[p + "self_attn.k_norm.weight"] = (d,)
