@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass
+from pathlib import Path
 
 from railyard.engine.lora.request import LoRARequest
 from railyard.errors import ConfigError, InvalidRequestError, UnknownLoRAError
@@ -43,12 +44,25 @@ def parse_lora_module(text: str) -> LoRAModule:
     return LoRAModule(name, path)
 
 
+# The files whose bytes an adapter's id covers (PEFT's layout).
+ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors")
+
+
 def lora_int_id(name: str, path: str) -> int:
-    """An adapter's id, derived from its name and path: the same in every front process (the ingresses of a Ray
-    deployment agree on it without talking, so their routers hash prompts under it as the replicas' caches do).
-    Positive and below 2**62."""
-    digest = hashlib.blake2b(f"{name}\0{path}".encode(), digest_size=8).digest()
-    return (int.from_bytes(digest, "big") >> 2) or 1
+    """An adapter's id, derived from its name, path and the bytes of its files: the same in every front process
+    (the ingresses of a Ray deployment agree on it without talking, so their routers hash prompts under it as the
+    replicas' caches do), and a new one when the files at the path change, so an adapter replaced in place and
+    loaded again never meets prefix-cache blocks its old weights computed. Positive and below 2**62."""
+    digest = hashlib.blake2b(f"{name}\0{path}".encode(), digest_size=8)
+    for file in ADAPTER_FILES:
+        digest.update(f"\0{file}\0".encode())
+        try:
+            with open(Path(path) / file, "rb") as f:
+                while chunk := f.read(1 << 20):
+                    digest.update(chunk)
+        except OSError:  # missing or unreadable: loading the adapter says so, with the reason
+            digest.update(b"\0missing")
+    return (int.from_bytes(digest.digest(), "big") >> 2) or 1
 
 
 def lora_request(name: str, path: str) -> LoRARequest:

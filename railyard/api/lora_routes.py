@@ -8,6 +8,8 @@ by the engine's own checks before any of it reaches a device; requests already r
 
 from __future__ import annotations
 
+import asyncio
+
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -50,7 +52,7 @@ class LoRAHost:
 async def load_adapter(host: LoRAHost, module: LoRAModule, reserved: set[str]) -> None:
     """Load one adapter into the model's engine and serve it by name; InvalidRequestError says why not."""
     host.adapters.check_new(module.name, reserved)
-    request = lora_request(module.name, module.path)
+    request = await asyncio.to_thread(lora_request, module.name, module.path)  # reads the adapter's files
     await host.client.load_lora(request)
     host.adapters.add(request)
 

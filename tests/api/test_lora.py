@@ -196,3 +196,16 @@ def test_a_malformed_lora_module_is_a_config_error(text):
 def test_an_adapters_id_is_the_same_in_every_process_and_differs_by_name_or_path():
     assert lora_int_id("sql", "/a") == lora_int_id("sql", "/a") > 0
     assert len({lora_int_id("sql", "/a"), lora_int_id("sql", "/b"), lora_int_id("chat", "/a")}) == 3
+
+
+def test_an_adapter_replaced_in_place_gets_a_new_id_and_identical_files_keep_theirs(tmp_path):
+    """The id keys the adapter's prefix-cache blocks: new weights at the same path must never meet the old ones'."""
+    adapter = tmp_path / "sql"
+    adapter.mkdir()
+    (adapter / "adapter_config.json").write_text('{"r": 8}')
+    (adapter / "adapter_model.safetensors").write_bytes(b"weights v1")
+    first = lora_int_id("sql", str(adapter))
+    (adapter / "adapter_model.safetensors").write_bytes(b"weights v1")  # rewritten, same bytes, newer mtime
+    assert lora_int_id("sql", str(adapter)) == first
+    (adapter / "adapter_model.safetensors").write_bytes(b"weights v2")
+    assert lora_int_id("sql", str(adapter)) != first
