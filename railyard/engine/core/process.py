@@ -136,6 +136,8 @@ def _drain(core, inp: zmq.Socket, out: zmq.Socket) -> int:
         elif isinstance(msg, StopSequence):
             core.stop_sequence(msg.request_id, msg.index, msg.stop)
         elif isinstance(msg, UtilityCall):
+            if n > 1:  # the front sees what came before the call (an add, an abort) in its stats by the answer
+                out.send(encoder.encode(StepOutputs([], core.stats(), core.take_refused())))
             out.send(encoder.encode(_utility(core, msg)))
         elif isinstance(msg, Shutdown):
             raise _Stop

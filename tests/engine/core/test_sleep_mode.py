@@ -115,23 +115,25 @@ def test_bad_sleep_requests_are_refused_with_what_to_do(llm, tiny_model):
     off.engine.shutdown()
 
 
+async def _final_tokens(stream) -> list[int]:
+    return [out async for out in stream][-1].outputs[0].token_ids
+
+
 def test_a_request_sent_to_a_sleeping_engine_process_waits_and_is_served_after_wake_up(tiny_model):
     async def main() -> tuple[list[int], list[int], int]:
         client = EngineProcessClient(EngineConfig(model=tiny_model, **ENGINE))
         await client.start()
         try:
-            control = [t async for out in await client.add_request("control", None, GREEDY,
-                                                                     prompt_token_ids=PROMPTS[2])
-                       for t in out.outputs[0].token_ids]
+            control = await _final_tokens(await client.add_request("control", None, GREEDY,
+                                                                   prompt_token_ids=PROMPTS[2]))
             await client.sleep(2)
             stream = await client.add_request("late", None, GREEDY, prompt_token_ids=PROMPTS[2])
-            assert await client.is_sleeping()  # a call behind the add: the core has taken the request by now
-            # and a second one behind the stats the core sent after taking it
+            assert await client.is_sleeping()  # a call behind the add: its answer comes after the stats that count it
             assert (await client.device_memory())["kv_cache"] == 0
             waiting = client.stats.num_waiting
             assert client.stats.sleep_level == 2
             await client.wake_up()
-            late = [t async for out in stream for t in out.outputs[0].token_ids]
+            late = await _final_tokens(stream)
             return control, late, waiting
         finally:
             await client.shutdown()
