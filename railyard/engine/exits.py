@@ -10,10 +10,15 @@ import signal
 import threading
 
 
+EXITED_ELSEWHERE = 1 << 16  # the exit code of a process another one started: its parent got the real one
+
+
 def describe_exit(code: int | None) -> str:
     """'exit code 1', 'killed by SIGKILL', or 'still running' for a multiprocessing exitcode."""
     if code is None:
         return "still running"
+    if code == EXITED_ELSEWHERE:
+        return "exited; its parent has the exit code"
     if code < 0:
         try:
             return f"killed by {signal.Signals(-code).name}"

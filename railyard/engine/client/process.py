@@ -14,10 +14,14 @@ import asyncio
 import itertools
 import logging
 import multiprocessing
+import os
+import select
 import shutil
+import signal
 import tempfile
 import time
 import weakref
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -28,47 +32,70 @@ from railyard.engine.startup.background import Background
 from railyard.engine.client.base import CoreClient
 from railyard.engine.config import EngineConfig, SamplingParams
 from railyard.engine.core.process import run_engine_core
-from railyard.engine.exits import describe_exit
+from railyard.engine.exits import EXITED_ELSEWHERE, describe_exit
 from railyard.engine.lora.request import LoRARequest
 from railyard.engine.tokenizer import load_tokenizer
 from railyard.engine.core.wire import (
     Abort, AddRequest, CoreFailed, Ready, Shutdown, StartupFailed, StepOutputs, StopSequence, UtilityCall,
     UtilityResult, encoder, from_core_decoder, request_error)
-from railyard.errors import ConfigError, EngineDeadError, ModelLoadError
+from railyard.errors import ConfigError, EngineDeadError, InvalidRequestError, ModelLoadError
 
 log = logging.getLogger("railyard.engine")
 
 DEFAULT_START_TIMEOUT_S = 1800.0  # loading a large checkpoint and capturing graphs can take minutes
 _STOP_S = 10.0  # how long shutdown waits for the core to stop by itself before forcing it
 _ERRORS_BY_KIND = {"ConfigError": ConfigError, "ModelLoadError": ModelLoadError}
+_JOIN_CALL = -1  # the call id of a handed-over core's first question (call ids count from 0)
+
+
+@dataclass(frozen=True)
+class CoreHandoff:
+    """A running engine core taken over by a new front (sleep mode's standby engines, serve/standby.py): its config,
+    its process, the directory of its sockets' addresses and its Ready message (model facts and stats, encoded)."""
+
+    config: EngineConfig
+    pid: int
+    directory: str
+    ready: bytes
 
 
 class EngineProcessClient(CoreClient):
-    """An EngineClient whose core runs in a spawned process; constructing it starts that process."""
+    """An EngineClient whose core runs in a spawned process; constructing it starts that process, or, given a
+    handoff, takes over a core that is already running (its owner stays its parent)."""
 
-    def __init__(self, config: EngineConfig, *, start_timeout_s: float = DEFAULT_START_TIMEOUT_S, **kwargs) -> None:
+    def __init__(self, config: EngineConfig, *, start_timeout_s: float = DEFAULT_START_TIMEOUT_S,
+                 handoff: CoreHandoff | None = None, standby: bool = False, **kwargs) -> None:
+        """standby: start a core that can be handed to other fronts (detach), for a pool of standby engines."""
         self._closed = False
-        self._dir = tempfile.mkdtemp(prefix="railyard-engine-")
+        self._handoff = handoff
+        self._dir = handoff.directory if handoff is not None else tempfile.mkdtemp(prefix="railyard-engine-")
         self._ctx = zmq.Context()
         self._input = self._ctx.socket(zmq.PUSH)
         self._input.setsockopt(zmq.SNDHWM, 0)
         self._input.setsockopt(zmq.LINGER, 0)
-        self._input.bind(f"ipc://{self._dir}/input")
         self._output = self._ctx.socket(zmq.PULL)
         self._output.setsockopt(zmq.RCVHWM, 0)
+        self._input.bind(f"ipc://{self._dir}/input")
         self._output.bind(f"ipc://{self._dir}/output")
-        spawn = multiprocessing.get_context("spawn")  # CUDA cannot be forked
-        # Not a daemon: the core spawns its own tensor-parallel workers, which a daemon process may not.
-        self.process = spawn.Process(
-            target=run_engine_core, name="railyard-engine-core",
-            args=(config, f"ipc://{self._dir}/input", f"ipc://{self._dir}/output", logging.getLogger().level,
-                  time.time()))
-        self.process.start()
+        if handoff is None:
+            spawn = multiprocessing.get_context("spawn")  # CUDA cannot be forked
+            # Not a daemon: the core spawns its own tensor-parallel workers, which a daemon process may not.
+            self.process = spawn.Process(
+                target=run_engine_core, name="railyard-engine-core",
+                args=(config, f"ipc://{self._dir}/input", f"ipc://{self._dir}/output", logging.getLogger().level,
+                      time.time(), standby))
+            self.process.start()
+        else:
+            self.process = ForeignProcess(handoff.pid)
         # Never leave the core behind: also when this object is forgotten or the interpreter exits.
         self._finalizer = weakref.finalize(self, _stop_process, self.process, self._ctx, self._dir)
         prefetch = _TokenizerPrefetch(config)  # loads while the core starts: off the start-up's critical path
         try:
-            ready = self._wait_until_ready(start_timeout_s)
+            if handoff is None:
+                ready = self._wait_until_ready(start_timeout_s)
+            else:
+                self._wait_until_joined(start_timeout_s)
+                ready = from_core_decoder.decode(handoff.ready)
             info = ready.model_info
             started = time.perf_counter()
             tokenizer = prefetch.result(info.tokenizer)
@@ -80,6 +107,7 @@ class EngineProcessClient(CoreClient):
             self._finalizer()
             raise
         super().__init__(info, tokenizer, **kwargs)
+        self._config = config
         self.stats = ready.stats
         self._calls: dict[int, asyncio.Future] = {}
         self._call_ids = itertools.count()
@@ -90,6 +118,55 @@ class EngineProcessClient(CoreClient):
     @property
     def pid(self) -> int:
         return self.process.pid
+
+    def _wait_until_joined(self, timeout_s: float) -> None:
+        """A handed-over core reconnects to the addresses this front bound anew: ask it a question until it answers
+        (with no peer yet the question finds no pipe), as a start waits for Ready, before the event loop reads."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                self._input.send(encoder.encode(UtilityCall(_JOIN_CALL, "is_sleeping")), zmq.NOBLOCK)
+                break
+            except zmq.Again:
+                self._check_joining(deadline, timeout_s)
+                time.sleep(0.005)
+        while True:
+            if self._output.poll(100):
+                msg = from_core_decoder.decode(self._output.recv())
+                if isinstance(msg, UtilityResult) and msg.call_id == _JOIN_CALL:
+                    return
+                continue
+            self._check_joining(deadline, timeout_s)
+
+    def _check_joining(self, deadline: float, timeout_s: float) -> None:
+        if not self.process.is_alive():
+            raise EngineDeadError(f"the engine core (pid {self.process.pid}) handed over to this front has exited")
+        if time.monotonic() > deadline:
+            raise EngineDeadError(f"the engine core (pid {self.process.pid}) did not reconnect within {timeout_s:.0f} s")
+
+    async def detach(self) -> CoreHandoff:
+        """Let go of a sleeping core without stopping it (serve/standby.py hands it to the next front): the sockets
+        close, the process runs on. Only a core this client started as a standby, or took over, can be handed on."""
+        if not self.stats.sleep_level:
+            raise InvalidRequestError("only a sleeping engine core can be handed over: sleep it first")
+        config = self._handoff.config if self._handoff is not None else self._config
+        ready = encoder.encode(Ready(self.model_info, self.stats))
+        self._closed = True
+        if self.loop is not None:
+            self.loop.remove_reader(self.process.sentinel)
+        if self._reader is not None:
+            self._reader.cancel()
+            try:
+                await self._reader
+            except asyncio.CancelledError:
+                pass
+        self._finalizer.detach()
+        self._input.close(linger=0)
+        # Through the event loop's socket: it takes its descriptor off the loop, which a next front's socket in this
+        # process may be given (one left registered would take that socket's wake-ups).
+        (self._aoutput or self._output).close(linger=0)
+        self._ctx.term()
+        return CoreHandoff(config, self.process.pid, self._dir, ready)
 
     def _wait_until_ready(self, timeout_s: float) -> Ready:
         deadline = time.monotonic() + timeout_s
@@ -220,6 +297,38 @@ class EngineProcessClient(CoreClient):
             if not future.done():
                 future.set_exception(self.dead or EngineDeadError("the engine was shut down"))
         self._calls.clear()
+
+
+class ForeignProcess:
+    """A process this one did not start (a handed-over engine core, serve/standby.py), watched through a pidfd:
+    the parts of multiprocessing.Process a front uses. Its exit code goes to its parent, not here."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.sentinel = os.pidfd_open(pid)  # readable once the process has exited
+        weakref.finalize(self, os.close, self.sentinel)
+
+    @property
+    def exitcode(self) -> int | None:
+        return None if self.is_alive() else EXITED_ELSEWHERE
+
+    def is_alive(self) -> bool:
+        return not select.select([self.sentinel], [], [], 0)[0]
+
+    def join(self, timeout: float | None = None) -> None:
+        select.select([self.sentinel], [], [], timeout)
+
+    def terminate(self) -> None:
+        self._signal(signal.SIGTERM)
+
+    def kill(self) -> None:
+        self._signal(signal.SIGKILL)
+
+    def _signal(self, signum: int) -> None:
+        try:
+            signal.pidfd_send_signal(self.sentinel, signum)
+        except ProcessLookupError:
+            pass
 
 
 class _TokenizerPrefetch:

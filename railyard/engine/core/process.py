@@ -16,6 +16,7 @@ import traceback
 
 import msgspec
 import zmq
+from zmq.utils.monitor import recv_monitor_message
 
 from railyard.engine.config import EngineConfig
 from railyard.engine.core.wire import (
@@ -41,6 +42,7 @@ from railyard.errors import InvalidRequestError, RailyardError
 log = logging.getLogger("railyard.engine")
 
 _IDLE_POLL_MS = 1000  # an idle core wakes this often to check its tensor-parallel workers
+_RECONNECT_MS = 10  # how soon a core's sockets retry a front's addresses (zmq's default: 100 ms)
 
 
 class _Stop(Exception):
@@ -48,9 +50,13 @@ class _Stop(Exception):
 
 
 def run_engine_core(config: EngineConfig, input_address: str, output_address: str, log_level: int,
-                    spawned_at: float | None = None) -> None:
+                    spawned_at: float | None = None, standby: bool = False) -> None:
     """Process entry point (spawned at time.time() `spawned_at`): build the core, report Ready or StartupFailed,
-    then serve."""
+    then serve.
+
+    standby: a core its owner (serve/standby.py) hands from front to front while it sleeps: its sockets reconnect to
+    whichever front binds their addresses next, and it stops when its front goes away while it is awake (a replica
+    that died without putting it back to sleep)."""
     startup = StartupTimes()
     if spawned_at is not None:  # a new interpreter, and the imports this module needs, before we get here
         startup.add("engine_spawn", time.time() - spawned_at)
@@ -63,8 +69,11 @@ def run_engine_core(config: EngineConfig, input_address: str, output_address: st
     exit_when_parent_dies(grace_s=10.0)  # SIGTERM: the executor stops its tensor-parallel workers first
     ctx = zmq.Context()
     inp = ctx.socket(zmq.PULL)
-    inp.connect(input_address)
     out = ctx.socket(zmq.PUSH)
+    for sock in (inp, out):  # a front that binds the addresses anew (a standby's next owner) is found at once
+        sock.setsockopt(zmq.RECONNECT_IVL, _RECONNECT_MS)
+    front = inp.get_monitor_socket(zmq.EVENT_DISCONNECTED) if standby else None
+    inp.connect(input_address)
     out.setsockopt(zmq.SNDHWM, 0)
     out.setsockopt(zmq.LINGER, 5000)
     out.connect(output_address)
@@ -84,7 +93,7 @@ def run_engine_core(config: EngineConfig, input_address: str, output_address: st
             out.send(encoder.encode(StartupFailed(type(exc).__name__, f"{type(exc).__name__}: {exc}")))
             return
         out.send(encoder.encode(Ready(core.model_info(), core.stats())))
-        _serve(core, inp, out)
+        _serve(core, inp, out, front)
     except _Stop:
         pass
     except Exception as exc:  # the step loop died: tell the front why, then exit non-zero
@@ -95,16 +104,24 @@ def run_engine_core(config: EngineConfig, input_address: str, output_address: st
         signal.signal(signal.SIGTERM, signal.SIG_IGN)  # leaving already: a late SIGTERM must not interrupt that
         if core is not None:
             core.shutdown()
+        if front is not None:
+            inp.disable_monitor()
+            front.close(linger=0)
         inp.close(linger=0)
         out.close()
         ctx.term()
 
 
-def _serve(core, inp: zmq.Socket, out: zmq.Socket) -> None:
-    """The busy loop: drain inputs, step while there is work, send each step's deltas and stats."""
+def _serve(core, inp: zmq.Socket, out: zmq.Socket, front: zmq.Socket | None = None) -> None:
+    """The busy loop: drain inputs, step while there is work, send each step's deltas and stats. front: a standby
+    core's monitor of its input socket (its front's disconnects)."""
     poller = zmq.Poller()
     poller.register(inp, zmq.POLLIN)
+    if front is not None:
+        poller.register(front, zmq.POLLIN)
     while True:
+        if front is not None and front.poll(0):
+            _front_left(core, front)
         busy = core.can_step()  # asleep (sleep mode), requests wait until wake_up
         if not busy and not poller.poll(_IDLE_POLL_MS):
             core.check_health()
@@ -115,6 +132,16 @@ def _serve(core, inp: zmq.Socket, out: zmq.Socket) -> None:
             out.send(encoder.encode(StepOutputs(deltas, core.stats(), core.take_refused())), copy=False)
         elif handled:  # aborts, refusals or calls changed what the front should see
             out.send(encoder.encode(StepOutputs([], core.stats(), core.take_refused())))
+
+
+def _front_left(core, front: zmq.Socket) -> None:
+    """A standby core's front disconnected: asleep, it was handed back (the next front reconnects it); awake, its
+    replica died without putting it back to sleep, and the core stops rather than hold the GPU for nobody."""
+    while front.poll(0):
+        recv_monitor_message(front)
+    if not core.is_sleeping():
+        log.warning("the front of this standby engine core went away while it was awake: stopping")
+        raise _Stop
 
 
 def _drain(core, inp: zmq.Socket, out: zmq.Socket) -> int:

@@ -1,0 +1,102 @@
+"""A sleeping engine core handed from one front to the next (sleep mode's standby engines): the new front takes it
+over in the time of a reconnect, not a start (the same process: no new one is spawned), wakes it and gets exactly
+the tokens the first front got (the control); the core stays its first owner's child, which stops it last; and a
+core whose front dies while it is awake stops by itself rather than hold its device for nobody."""
+
+from __future__ import annotations
+
+import asyncio
+import pickle
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from railyard.engine.client.process import EngineProcessClient
+from railyard.engine.config import EngineConfig, SamplingParams
+from railyard.errors import InvalidRequestError
+
+GREEDY = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
+PROMPT = [5, 17, 42, 99, 7]
+
+
+def _config(model: str) -> EngineConfig:
+    return EngineConfig(model=model, device="cpu", max_model_len=128, num_gpu_blocks=64, enable_sleep_mode=True)
+
+
+async def _final(stream) -> list[int]:
+    return [out async for out in stream][-1].outputs[0].token_ids
+
+
+def test_a_sleeping_core_handed_to_two_fronts_in_turn_serves_each_the_control_tokens(tiny_model):
+    async def main():
+        owner = EngineProcessClient(_config(tiny_model), standby=True)
+        await owner.start()
+        control = await _final(await owner.add_request("c", None, GREEDY, prompt_token_ids=PROMPT))
+        with pytest.raises(InvalidRequestError, match="sleep it first"):
+            await owner.detach()
+        await owner.sleep(1)
+        handoff, process = await owner.detach(), owner.process
+        got = []
+        for i in range(2):
+            front = await asyncio.to_thread(EngineProcessClient, handoff.config, handoff=handoff)
+            await front.start()
+            assert front.process.pid == process.pid  # taken over, not spawned
+            await front.wake_up()
+            got.append(await _final(await front.add_request(f"r{i}", None, GREEDY, prompt_token_ids=PROMPT)))
+            await front.sleep(1)
+            handoff = await front.detach()
+        assert process.is_alive()  # handed back asleep: it waits for the next front
+        last = await asyncio.to_thread(EngineProcessClient, handoff.config, handoff=handoff)
+        await last.start()
+        await last.shutdown()
+        await asyncio.to_thread(process.join, 30)
+        return control, got, process.exitcode
+
+    control, got, exitcode = asyncio.run(asyncio.wait_for(main(), timeout=120))
+    assert got == [control, control]
+    assert exitcode == 0
+
+
+_TAKE_OVER = """
+import asyncio, pickle, sys
+from railyard.engine.client.process import EngineProcessClient
+
+async def main():
+    handoff = pickle.load(open(sys.argv[1], "rb"))
+    front = EngineProcessClient(handoff.config, handoff=handoff)
+    await front.start()
+    await front.wake_up()
+    print("awake", flush=True)
+    await asyncio.sleep(3600)
+
+asyncio.run(main())
+"""
+
+
+def test_a_core_whose_front_dies_while_it_is_awake_stops(tiny_model, tmp_path):
+    async def main():
+        owner = EngineProcessClient(_config(tiny_model), standby=True)
+        await owner.start()
+        await owner.sleep(1)
+        handoff, process = await owner.detach(), owner.process
+        (tmp_path / "handoff").write_bytes(pickle.dumps(handoff))
+        front = subprocess.Popen([sys.executable, "-c", _TAKE_OVER, str(tmp_path / "handoff")],
+                                 stdout=subprocess.PIPE, text=True)
+        try:
+            assert front.stdout.readline().strip() == "awake"
+            assert process.is_alive()
+            front.send_signal(signal.SIGKILL)
+            front.wait(30)
+            await asyncio.to_thread(process.join, 60)
+            return process.exitcode
+        finally:
+            if front.poll() is None:
+                front.kill()
+                front.wait(30)
+            if process.is_alive():
+                process.kill()
+                process.join(10)
+
+    assert asyncio.run(asyncio.wait_for(main(), timeout=120)) == 0  # it stopped by itself, cleanly
