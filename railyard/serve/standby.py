@@ -1,0 +1,156 @@
+"""Standby engines: a replica that scales out in the time of a wake-up, not a start.
+
+A new engine replica spends most of its start before it serves anything: a process, torch's imports, the CUDA context,
+the weights, the KV profile, graph capture, the front's tokenizer. `StandbyPool` keeps engine cores of one
+deployment's exact EngineConfig started and asleep (engine sleep mode: no KV cache, no graphs, weights in pinned host
+memory, the CUDA context and the compiled kernels kept) on one node's GPU. Every replica of the deployment there takes
+its engine from the pool (`claim`: a sleeping one if there is one, else one started now, as without a pool), connects
+to it (EngineProcessClient's handoff), wakes it and serves; when the replica leaves, its engine goes back to sleep
+into the pool (`give_back`), and a claimed standby is replaced in the background while the GPU has room for it.
+
+The pool's process is every core's parent (engine cores exit when their parent dies), so the pool is a detached Ray
+actor per deployment, node and GPU (`pool_for`); it stops its cores and itself once no replica has held an engine
+for IDLE_S (the app was deleted or scaled to zero), and with its Ray cluster. GPU accounting: a replica's fractional
+GPU covers the engine it claimed; a sleeping standby holds only its CUDA context and pinned host memory, which Ray
+does not count, and `slots` (engines the GPU holds for the deployment, as its fraction allows) bounds the pool's
+starts, so a standby never starts where the replicas' engines leave no memory for it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+
+from railyard.engine.client.process import CoreHandoff, EngineProcessClient
+from railyard.engine.config import EngineConfig
+
+log = logging.getLogger("railyard.serve")
+
+IDLE_S = 120.0  # a pool none of whose engines a replica held this long stops (its app is gone or scaled to zero)
+SLEEP_LEVEL = 1  # standbys keep their weights in pinned host memory: wake-up is a copy, not a checkpoint read
+
+
+class StandbyPool:
+    """Engine cores of one EngineConfig on this node's GPU, started and asleep, handed to replicas whole."""
+
+    def __init__(self, config: EngineConfig, standby: int, slots: int, cuda_visible_devices: str | None = None) -> None:
+        """standby: sleeping engines to keep ready; slots: engines (claimed, asleep or starting) the GPU holds for
+        the deployment at most; cuda_visible_devices: the GPU the replicas of this pool were given."""
+        if cuda_visible_devices is not None:  # the cores this process spawns inherit it
+            os.environ["CUDA_VISIBLE_DEVICES"] = cuda_visible_devices
+        self.config = config
+        self.standby, self.slots = standby, max(1, slots)
+        self._ready: list[CoreHandoff] = []
+        self._processes: dict[int, object] = {}  # pid -> its multiprocessing.Process: every core this pool started
+        self._claimed: set[int] = set()
+        self._starting = 0
+        self._idle_since: float | None = time.monotonic()
+        self._refill: asyncio.Task | None = None
+        self._watch: asyncio.Task | None = None
+
+    def counts(self) -> dict[str, int]:
+        self._forget_exited()
+        return {"ready": len(self._ready), "claimed": len(self._claimed), "starting": self._starting}
+
+    async def claim(self) -> CoreHandoff:
+        """A sleeping engine for a new replica: a ready one, else one started now; the pool refills behind it."""
+        self._ensure_watch()
+        self._forget_exited()
+        handoff = self._ready.pop() if self._ready else await self._start_one()
+        self._claimed.add(handoff.pid)
+        self._idle_since = None
+        self._schedule_refill()
+        return handoff
+
+    async def give_back(self, handoff: CoreHandoff) -> None:
+        """A leaving replica's engine, asleep again: ready for the next replica."""
+        self._claimed.discard(handoff.pid)
+        if handoff.pid in self._processes and self._processes[handoff.pid].is_alive():
+            self._ready.append(handoff)
+        self._mark_idle()
+        self._schedule_refill()
+
+    async def shutdown(self) -> None:
+        """Stop every core this pool started (SIGTERM: each shuts down cleanly), then forget them."""
+        for task in (self._refill, self._watch):
+            if task is not None:
+                task.cancel()
+        processes = list(self._processes.values())
+        for process in processes:
+            process.terminate()
+        for process in processes:
+            await asyncio.to_thread(process.join, 10.0)
+            if process.is_alive():
+                process.kill()
+                await asyncio.to_thread(process.join, 5.0)
+        self._processes.clear()
+        self._ready.clear()
+        self._claimed.clear()
+
+    def idle_for(self) -> float:
+        """Seconds since a replica last held one of this pool's engines (0 while one does)."""
+        return 0.0 if self._idle_since is None else time.monotonic() - self._idle_since
+
+    # -- inside -----------------------------------------------------------------------------------
+    async def _start_one(self) -> CoreHandoff:
+        self._starting += 1
+        try:
+            client = await asyncio.to_thread(EngineProcessClient, self.config, standby=True)
+            try:
+                await client.start()
+                await client.sleep(SLEEP_LEVEL)
+                handoff = await client.detach()
+            except BaseException:
+                await client.shutdown()
+                raise
+            self._processes[handoff.pid] = client.process
+            log.info("standby engine core %d of %s started and asleep", handoff.pid, self.config.model)
+            return handoff
+        finally:
+            self._starting -= 1
+
+    def _schedule_refill(self) -> None:
+        if self._refill is None or self._refill.done():
+            self._refill = asyncio.get_running_loop().create_task(self._fill(), name="railyard-standby-refill")
+
+    async def _fill(self) -> None:
+        while True:
+            self._forget_exited()
+            total = len(self._ready) + len(self._claimed) + self._starting
+            if len(self._ready) >= self.standby or total >= self.slots:
+                return
+            try:
+                self._ready.append(await self._start_one())
+            except Exception:
+                log.exception("starting a standby engine failed; replicas start their own until one succeeds")
+                return
+
+    def _forget_exited(self) -> None:
+        """Cores that exited (a claimed one whose replica died stops by itself) free their slot."""
+        for pid, process in list(self._processes.items()):
+            if not process.is_alive():
+                process.join(0)
+                del self._processes[pid]
+                self._claimed.discard(pid)
+                self._ready = [h for h in self._ready if h.pid != pid]
+        if not self._claimed:
+            self._mark_idle()
+
+    def _mark_idle(self) -> None:
+        if not self._claimed and self._idle_since is None:
+            self._idle_since = time.monotonic()
+
+    def _ensure_watch(self) -> None:
+        if self._watch is None:
+            self._watch = asyncio.get_running_loop().create_task(self._watch_exits(), name="railyard-standby-watch")
+
+    async def _watch_exits(self) -> None:
+        """Refill after a claimed core exits (its replica died), as after a claim."""
+        while True:
+            await asyncio.sleep(1.0)
+            before = len(self._processes)
+            self._forget_exited()
+            if len(self._processes) < before:
+                self._schedule_refill()
