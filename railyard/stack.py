@@ -162,6 +162,11 @@ class Autoscaling(_Strict):
     metrics_interval_s: float = Field(
         1.0, gt=0, description="how often replicas and handles report their counts (Ray's default: 10 s); the "
         "policy cannot react faster than this")
+    standby_engines: int = Field(
+        0, ge=0, le=4, description="engines kept started and asleep per node and GPU (engine sleep mode: no KV "
+        "cache, weights in host memory), so a replica added for a burst wakes one instead of starting one; 0 by "
+        "default: each holds a CUDA context and host memory the size of its weights, and only pays off where bursts "
+        "outrun a replica's start (serve/standby.py)")
 
     @model_validator(mode="after")
     def _bounds(self) -> "Autoscaling":

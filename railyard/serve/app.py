@@ -70,7 +70,21 @@ def bind_engine(spec: AppSpec, model: ServedModel, pool: PoolDeployment) -> serv
     """The pool's engine deployment, bound to its engine options."""
     return engine_deployment(spec, model, pool).bind(pool.engine, max_waiting_requests=spec.max_waiting_requests,
                                                      stream_interval_s=model.stream_interval_s,
-                                                     stream_items_per_s=model.stream_items_per_s)
+                                                     stream_items_per_s=model.stream_items_per_s,
+                                                     **standby_options(model, pool))
+
+
+def standby_options(model: ServedModel, pool: PoolDeployment) -> dict[str, int]:
+    """The replica's standby engines (autoscaling.standby_engines) and the engines its GPU holds for the pool: as many
+    as its GPU fraction allows, no more than the pool's max_replicas (those on one GPU, or CPU, at most)."""
+    standby = pool.autoscaling.standby_engines if pool.autoscaling is not None else 0
+    if not standby:
+        return {}
+    gpus = replica_resources(model, pool)["ray_actor_options"].get("num_gpus", 0)
+    slots = pool.autoscaling.max_replicas
+    if gpus:
+        slots = min(slots, max(1, int(1 / gpus + 1e-9)))
+    return {"standby_engines": standby, "standby_slots": slots + standby if not gpus else slots}
 
 
 def engine_deployment(spec: AppSpec, model: ServedModel, pool: PoolDeployment) -> serve.Deployment:

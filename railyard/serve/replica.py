@@ -13,6 +13,7 @@ controller replaces it.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import os
 from collections.abc import AsyncIterator
@@ -73,16 +74,30 @@ class EngineReplica:
 
     async def __init__(self, engine: dict[str, Any], *, max_waiting_requests: int = DEFAULT_MAX_WAITING_REQUESTS,
                        engine_process: bool = True, stream_interval_s: float = 0.0,
-                       stream_items_per_s: float = 0.0) -> None:
+                       stream_items_per_s: float = 0.0, standby_engines: int = 0, standby_slots: int = 1) -> None:
+        """standby_engines: sleeping engines the node's pool keeps for this deployment (serve/standby.py), of which
+        this replica takes its own; standby_slots: engines the GPU holds for the deployment at most."""
         import ray
         from ray import serve
 
         config = EngineConfig(**engine)
+        context = serve.get_replica_context()
+        self._pool = None
         await asyncio.to_thread(with_shape_tokenizer, config)  # a named shape speaks text as in `railyard serve`
         if config.tensor_parallel_size > 1 and config.device != "cpu":
             # The ranks are processes spawned here: they need every GPU the placement group reserved.
             await asyncio.to_thread(expose_reserved_gpus, config.tensor_parallel_size)
-        if engine_process:
+        if engine_process and standby_engines and config.tensor_parallel_size == 1:
+            from railyard.engine.client.process import EngineProcessClient
+            from railyard.serve.standby import pool_for
+
+            config = dataclasses.replace(config, enable_sleep_mode=True)
+            self._pool = pool_for(context.deployment, config, standby_engines, standby_slots)
+            handoff = await self._pool.claim.remote()
+            self.client = await asyncio.to_thread(
+                EngineProcessClient, config, handoff=handoff, max_waiting_requests=max_waiting_requests,
+                stream_interval_s=stream_interval_s, stream_items_per_s=stream_items_per_s)
+        elif engine_process:
             from railyard.engine.client.process import EngineProcessClient
 
             self.client: EngineClient = await asyncio.to_thread(
@@ -99,7 +114,6 @@ class EngineReplica:
                                                   max_waiting_requests=max_waiting_requests,
                                                   stream_interval_s=stream_interval_s,
                                                   stream_items_per_s=stream_items_per_s)
-        context = serve.get_replica_context()
         self.replica_id = context.replica_id.unique_id
         self.deployment = context.deployment
         self.node_id = ray.get_runtime_context().get_node_id()
@@ -108,6 +122,10 @@ class EngineReplica:
         self._loras: dict[str, LoRARequest] = {}  # the adapters this replica's engine has loaded, by name
         self._lora_locks: dict[str, asyncio.Lock] = {}
         await self.client.start()  # on the replica's event loop, where every method runs
+        if self._pool is not None:
+            woke = await self.client.wake_up()
+            log.info("engine replica %s took a standby engine (pid %d): %s", self.replica_id, self.client.pid,
+                     woke and woke.get("phases_s"))
         log.info("engine replica %s of %s ready on node %s", self.replica_id, self.deployment, self.node_id)
 
     # -- requests ----------------------------------------------------------------------------------
@@ -184,6 +202,13 @@ class EngineReplica:
             raise self.client.dead or EngineDeadError("the engine has stopped")
 
     async def __del__(self) -> None:
+        if self._pool is not None and self.client.is_running:
+            try:  # drained by now: its engine goes back to the pool asleep, for the next replica
+                await self.client.sleep(1)
+                await self._pool.give_back.remote(await self.client.detach())
+                return
+            except Exception as exc:  # noqa: BLE001 -- a busy or dead engine is stopped instead
+                log.warning("could not give the engine back to the standby pool (%s): stopping it", exc)
         try:
             await self.client.shutdown()
         except Exception as exc:  # noqa: BLE001 -- shutting down a dead engine must not mask the replica's exit

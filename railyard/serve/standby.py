@@ -154,3 +154,41 @@ class StandbyPool:
             self._forget_exited()
             if len(self._processes) < before:
                 self._schedule_refill()
+
+
+class _PoolActor(StandbyPool):
+    """The pool as a detached Ray actor on one node: it outlives the replicas that use it, and stops its cores and
+    itself once none has held an engine for IDLE_S."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self._reaper: asyncio.Task | None = None
+
+    async def claim(self) -> CoreHandoff:
+        if self._reaper is None:
+            self._reaper = asyncio.get_running_loop().create_task(self._reap(), name="railyard-standby-reaper")
+        return await super().claim()
+
+    async def _reap(self) -> None:
+        import ray
+
+        while self.idle_for() < IDLE_S:
+            await asyncio.sleep(5.0)
+        log.info("no replica of %s held a standby engine for %.0f s: stopping the pool", self.config.model, IDLE_S)
+        await self.shutdown()
+        ray.actor.exit_actor()
+
+
+def pool_for(deployment: str, config: EngineConfig, standby: int, slots: int):
+    """The pool actor of a deployment on this replica's node and GPU, created by the first replica there (detached:
+    it outlives the replica, as the engines it parents must)."""
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    node = ray.get_runtime_context().get_node_id()
+    gpus = os.environ.get("CUDA_VISIBLE_DEVICES")
+    name = f"railyard-standby-{deployment}-{node[:16]}-{gpus or 'cpu'}"
+    actor = ray.remote(num_cpus=0)(_PoolActor).options(
+        name=name, get_if_exists=True, lifetime="detached", max_concurrency=16,
+        scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False))
+    return actor.remote(config, standby, slots, gpus)
