@@ -19,6 +19,8 @@
 #      With two ingress replicas each has its own router: pp's trace, right after the 256-stream run, is where
 #      each router's stale count of the other's requests kept it on one replica (62% vs 74% with one ingress).
 #   6. `railyard bench burst` on the stack autoscaled 1..2 half-GPU replicas (railyard's pending policy).
+#   (burst_standby, not in the default phases) The same burst with autoscaling.standby_engines 1: the second
+#      replica wakes a sleeping engine instead of starting one (PHASES="burst burst_standby" compares the two).
 #   (ing1, not in the default phases) The stack of 1 with one ingress replica (the stack default): what the second
 #      one adds.
 #   (one, not in the default phases) One engine replica with the whole GPU and 2 x BLOCKS blocks behind Ray: the Ray
@@ -197,8 +199,10 @@ for name in ("ray_pp", "ray_p2", "ray_rr", "direct"):
     summary["routing"][name] = {"bench": bench(load(f"{name}_prefix")), "prefix_cache": hit_rate(name),
                                 "placement": load(f"placement_{name}")}
 burst = load("burst")
-if burst:
-    summary["burst"] = {k: burst.get(k) for k in ("trace", "requests", "failed", "error_counts", "phases", "fleet")}
+for name in ("burst", "burst_standby"):  # standby engines off, then on (autoscaling.standby_engines 1)
+    run = load(name)
+    if run:
+        summary[name] = {k: run.get(k) for k in ("trace", "requests", "failed", "error_counts", "phases", "fleet")}
 summary["steps"] = (R / "steps.txt").read_text().splitlines() if (R / "steps.txt").exists() else []
 pathlib.Path(out).write_text(json.dumps(summary, indent=1))
 for c, row in summary["throughput"].items():
@@ -240,10 +244,12 @@ for name, row in summary["routing"].items():
     pl = row["placement"]
     print(f"{name:7s} hit rate {p and p['hit_rate']}  TTFT p50/p99 {b and b['ttft_p50_ms']}/{b and b['ttft_p99_ms']} "
           f"failed {b and b['failed']}  groups split {pl and pl['groups_split']}")
-if burst:
-    print("burst", json.dumps(summary["burst"]["fleet"]), "failed", burst.get("failed"))
+for name in ("burst", "burst_standby"):
+    if name in summary:
+        print(name, json.dumps(summary[name]["fleet"]), "failed", summary[name].get("failed"))
 PY
   cp $R/burst.png "$OUT/burst.png" 2>/dev/null
+  cp $R/burst_standby.png "$OUT/burst_standby.png" 2>/dev/null
   python3 - $R <<'PY' | tee -a "$LOG"  # CPU% per process over each observed run (proc_cpu.py), busiest first
 import json, pathlib, sys
 for f in sorted(pathlib.Path(sys.argv[1]).glob("cpu_*_c*.json")):
@@ -301,6 +307,9 @@ stack() {  # name kind(yes: autoscaling | no | old | ing1 | one) -> a stack file
   [ "$1" = opt ] && proxy=ray  # Ray's throughput mode with its Python proxy kept, as measured before HAProxy
   [ "$2" = yes ] && scaling="autoscaling: {min_replicas: 1, max_replicas: 2, target_pending_per_replica: 8,
                   upscale_delay_s: 3, downscale_delay_s: 60, look_back_period_s: 5, metrics_interval_s: 1}"
+  [ "$2" = standby ] && scaling="autoscaling: {min_replicas: 1, max_replicas: 2, target_pending_per_replica: 8,
+                  upscale_delay_s: 3, downscale_delay_s: 60, look_back_period_s: 5, metrics_interval_s: 1,
+                  standby_engines: 1}"
   [ "$2" = old ] && { interval=0.05 budget=0 ingress=1 proxy=ray; }
   [ "$2" = ing1 ] && ingress=1
   [ "$2" = one ] && { scaling="num_replicas: 1" fraction=1.0; engine=${ENGINE/num_gpu_blocks: $BLOCKS/num_gpu_blocks: $(( 2 * BLOCKS ))}; }
@@ -402,10 +411,11 @@ placement() {  # name: which replica served each request of the prefix trace, fr
   [ -n "$logs" ] && python3 scripts/bench/prefix_placement.py "$logs" --groups $PREFIX_GROUPS --requests $PREFIX_N \
     > $R/placement_$1.json 2>> $R/placement.err
 }
-burst() {  # the burst trace on the autoscaled stack; RAY_AUTH_MODE=token: it joins the token-authenticated
+burst() {  # [name] the burst trace on the autoscaled stack; RAY_AUTH_MODE=token: it joins the token-authenticated
   # local Ray at an explicit address to read serve.status()
+  local name=${1:-burst}
   RAY_AUTH_MODE=token python3 -m railyard.cli bench burst --url $URL --model qwen3 $BURST --seed 0 --app gpu \
-    --deployment engine-qwen3-default --ray-address "$RAY_GCS" --plot $R/burst.png > $R/burst.json 2> $R/burst.err
+    --deployment engine-qwen3-default --ray-address "$RAY_GCS" --plot $R/$name.png > $R/$name.json 2> $R/$name.err
 }
 export -f bench observed warm scrape prefix_trace burst pair_bench
 export TPUT PAIR_PORT_A PAIR_PORT_B
@@ -512,5 +522,17 @@ if phase burst && step "ray up (autoscaling 1..2)" $T_UP up burst pending_prefix
   step "warm-up" 60 warm $URL
   export RAY_GCS
   step "burst" 200 burst
+fi
+stop
+
+# 7. The same burst with a standby engine (autoscaling.standby_engines 1): the second replica wakes a sleeping engine
+#    its node's pool started beside the first, instead of starting one. STANDBY_WAIT_S after the warm-up lets the
+#    pool's standby finish its start (a replica start, ~17 s on the H200) before the burst begins.
+if phase burst_standby && step "ray up (autoscaling 1..2, one standby engine)" $T_UP up burst_standby pending_prefix \
+    "$(stack burst_standby standby)"; then
+  step "warm-up" 60 warm $URL
+  sleep ${STANDBY_WAIT_S:-30}
+  export RAY_GCS
+  step "burst (standby)" 200 burst burst_standby
 fi
 log done
