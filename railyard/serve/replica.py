@@ -92,7 +92,7 @@ class EngineReplica:
             from railyard.serve.standby import pool_for
 
             config = dataclasses.replace(config, enable_sleep_mode=True)
-            self._pool = pool_for(context.deployment, config, standby_engines, standby_slots)
+            self._pool = pool_for(context.app_name, context.deployment, config, standby_engines, standby_slots)
             handoff = await self._pool.claim.remote()
             self.client = await asyncio.to_thread(
                 EngineProcessClient, config, handoff=handoff, max_waiting_requests=max_waiting_requests,

@@ -9,7 +9,7 @@ to it (EngineProcessClient's handoff), wakes it and serves; when the replica lea
 into the pool (`give_back`), and a claimed standby is replaced in the background while the GPU has room for it.
 
 The pool's process is every core's parent (engine cores exit when their parent dies), so the pool is a detached Ray
-actor per deployment, node and GPU (`pool_for`); it stops its cores and itself once no replica has held an engine
+actor per app deployment, node, GPU and engine options (`pool_for`); it stops its cores and itself once no replica has held an engine
 for IDLE_S (the app was deleted or scaled to zero), and with its Ray cluster. GPU accounting: a replica's fractional
 GPU covers the engine it claimed; a sleeping standby holds only its CUDA context and pinned host memory, which Ray
 does not count, and `slots` (engines the GPU holds for the deployment, as its fraction allows) bounds the pool's
@@ -19,6 +19,7 @@ starts, so a standby never starts where the replicas' engines leave no memory fo
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 import os
 import time
@@ -53,6 +54,11 @@ class StandbyPool:
     def counts(self) -> dict[str, int]:
         self._forget_exited()
         return {"ready": len(self._ready), "claimed": len(self._claimed), "starting": self._starting}
+
+    def engines(self) -> dict[str, list[int]]:
+        """The engine cores' pids: those waiting asleep for a replica, and those replicas hold."""
+        self._forget_exited()
+        return {"ready": [h.pid for h in self._ready], "claimed": sorted(self._claimed)}
 
     async def claim(self) -> CoreHandoff:
         """A sleeping engine for a new replica: a ready one, else one started now; the pool refills behind it."""
@@ -179,15 +185,18 @@ class _PoolActor(StandbyPool):
         ray.actor.exit_actor()
 
 
-def pool_for(deployment: str, config: EngineConfig, standby: int, slots: int):
-    """The pool actor of a deployment on this replica's node and GPU, created by the first replica there (detached:
-    it outlives the replica, as the engines it parents must)."""
+def pool_for(app: str, deployment: str, config: EngineConfig, standby: int, slots: int):
+    """The pool actor of an app's deployment on this replica's node and GPU, created by the first replica there
+    (detached: it outlives the replica, as the engines it parents must). Named for the engines it holds too: two apps
+    whose deployments share a name, or a redeployment with other engine options, never get another's engines (a
+    pool left without replicas stops after IDLE_S)."""
     import ray
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     node = ray.get_runtime_context().get_node_id()
     gpus = os.environ.get("CUDA_VISIBLE_DEVICES")
-    name = f"railyard-standby-{deployment}-{node[:16]}-{gpus or 'cpu'}"
+    engines = hashlib.sha256(repr((config, standby, slots)).encode()).hexdigest()[:12]
+    name = f"railyard-standby-{app}-{deployment}-{node[:16]}-{gpus or 'cpu'}-{engines}"
     actor = ray.remote(num_cpus=0)(_PoolActor).options(
         name=name, get_if_exists=True, lifetime="detached", max_concurrency=16,
         scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False))

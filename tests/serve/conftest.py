@@ -92,10 +92,14 @@ def deploy_engines(apps: dict[str, dict]) -> dict[str, RayEngineClient]:
         clients[app_name] = (model, pool)
     handles = serve.run_many(targets, wait_for_applications_running=True)
     for (app_name, (model, pool)), handle in zip(list(clients.items()), handles):
-        clients[app_name] = RayEngineClient(model.name, [PoolHandle(pool.name, None, handle, 1024)],
-                                            load_tokenizer(model.model), max_model_len=1024,
-                                            vocab_size=read_model_spec(model.model).vocab_size)
+        clients[app_name] = engine_client(handle, model.model, model.name, pool.name)
     return clients
+
+
+def engine_client(handle, model_dir: str, name: str, pool: str = "default") -> RayEngineClient:
+    """A client over one engine deployment's handle, as the ingress holds one (max_model_len 1024)."""
+    return RayEngineClient(name, [PoolHandle(pool, None, handle, 1024)], load_tokenizer(model_dir),
+                           max_model_len=1024, vocab_size=read_model_spec(model_dir).vocab_size)
 
 
 def deploy_engine(args: dict, app_name: str) -> RayEngineClient:

@@ -1,10 +1,13 @@
 """Standby engines on real Ray Serve: with autoscaling.standby_engines 1 the deployment's replica takes its engine
 from its node's pool (a detached actor that parents the engine cores), the pool keeps one more asleep beside it, and a
-replica that goes (the app deleted) gives its engine back asleep instead of stopping it."""
+replica that goes gives its engine back asleep instead of stopping it. The burst case: a replica added by scaling
+out takes the engine the pool already held asleep (no start), serves the first replica's greedy tokens, and the
+pool refills behind it within its slots; scaled back in, that engine goes back to sleep in the pool."""
 
 from __future__ import annotations
 
 import asyncio
+import copy
 
 import httpx
 import pytest
@@ -12,20 +15,22 @@ import ray
 from ray import serve
 
 from railyard.serve.app import build_app
-from tests.serve.conftest import engine_args, wait_until
+from railyard.serve.launch import deploy
+from railyard.stack import parse_stack, to_serve_config
+from tests.serve.conftest import engine_args, engine_client, run_request, running_replicas, wait_until
 
 pytestmark = pytest.mark.timeout(300)
 
 APP, PREFIX, DEPLOYMENT = "standby", "/standby", "engine-tiny-default"
 AUTOSCALING = {"min_replicas": 1, "max_replicas": 2, "target_pending_per_replica": 8, "standby_engines": 1}
+NODE_ID_LABEL = "ray.io/node-id"  # Ray's own node label: replicas pinned to one node share that node's pool
 
 
-def _pool():
-    names = [a["name"] for a in ray.util.list_named_actors(all_namespaces=True)
-             if a["name"].startswith(f"railyard-standby-{DEPLOYMENT}-")]
-    assert len(names) == 1, names
-    return ray.get_actor(names[0], namespace=next(a["namespace"] for a in ray.util.list_named_actors(
-        all_namespaces=True) if a["name"] == names[0]))
+def _pool(app: str, deployment: str = DEPLOYMENT):
+    actors = [a for a in ray.util.list_named_actors(all_namespaces=True)
+              if a["name"].startswith(f"railyard-standby-{app}-{deployment}-")]
+    assert len(actors) == 1, actors
+    return ray.get_actor(actors[0]["name"], namespace=actors[0]["namespace"])
 
 
 def test_a_replica_serves_from_the_pool_which_keeps_a_standby_and_takes_the_engine_back(serve_cluster,
@@ -38,7 +43,7 @@ def test_a_replica_serves_from_the_pool_which_keeps_a_standby_and_takes_the_engi
                                 "ignore_eos": True})
         assert resp.status_code == 200, resp.text
         assert resp.json()["usage"]["completion_tokens"] == 8
-        pool = _pool()
+        pool = _pool(APP)
         asyncio.run(wait_until(lambda: ray.get(pool.counts.remote()) == {"ready": 1, "claimed": 1, "starting": 0},
                                120, "a standby beside the replica's engine"))
         serve.delete(APP)
@@ -46,6 +51,113 @@ def test_a_replica_serves_from_the_pool_which_keeps_a_standby_and_takes_the_engi
                                120, "the replica's engine back in the pool, asleep"))
     finally:
         serve.delete(APP)
+        if pool is not None:
+            ray.get(pool.shutdown.remote())
+            ray.kill(pool)
+
+
+BURST_APP, BURST_MODEL = "standby-burst", "burst"
+BURST_DEPLOYMENT = f"engine-{BURST_MODEL}-default"
+BURST_SLOTS = AUTOSCALING["max_replicas"] + AUTOSCALING["standby_engines"]  # on CPU: serve/app.py standby_options
+PROMPT = [5, 17, 42, 99, 7, 63]
+
+
+def _burst_config(model_dir: str, node_id: str) -> dict:
+    """The burst stack's Ray Serve config (`railyard serve --config`), every replica on one node (their pool is per
+    node)."""
+    stack = parse_stack({"name": BURST_APP, "image": "railyard:test", "models": [
+        {"name": BURST_MODEL, "model": model_dir,
+         "engine": {"max_model_len": 1024, "dtype": "float32", "torch_threads": 1},
+         "autoscaling": {**AUTOSCALING, "downscale_delay_s": 1.0},
+         "lifecycle": {"graceful_shutdown_timeout_s": 60.0, "graceful_shutdown_wait_loop_s": 0.2}}]})
+    config = to_serve_config(stack)
+    app = config["applications"][0]
+    app["route_prefix"] = f"/{BURST_APP}"  # the suite's proxy serves other apps beside it
+    (deployment,) = app["deployments"]
+    deployment["ray_actor_options"]["label_selector"] = {NODE_ID_LABEL: node_id}
+    return config
+
+
+def _deploy_burst(config: dict, min_replicas: int) -> None:
+    """The config at min_replicas replicas (its deployment's autoscaling_config alone: from the second deploy on, a
+    lightweight update that adds or removes replicas, as the autoscaler does), routed round robin (each call to the
+    next replica)."""
+    config = copy.deepcopy(config)
+    config["applications"][0]["deployments"][0]["autoscaling_config"]["min_replicas"] = min_replicas
+    deploy(config, cpu=True, router="round_robin", timeout_s=240)
+
+
+def _infos(handle, replicas: int) -> dict[str, dict]:
+    """Each running replica's info(), by replica id (round robin: consecutive calls go to each in turn)."""
+    infos: dict[str, dict] = {}
+    for _ in range(8 * replicas):
+        info = handle.info.remote().result()
+        infos[info["replica"]] = info
+        if len(infos) == replicas:
+            break
+    assert len(infos) == replicas, infos
+    return infos
+
+
+async def _tokens_by_replica(client, replicas: int) -> dict[str, list[int]]:
+    """The same greedy request until every replica has served it: its tokens from each."""
+    tokens: dict[str, list[int]] = {}
+    for _ in range(8 * replicas):
+        served = await run_request(client, PROMPT, 8)
+        assert served.error is None, served.error
+        tokens[served.replica] = served.token_ids
+        if len(tokens) == replicas:
+            break
+    assert len(tokens) == replicas, tokens
+    return tokens
+
+
+def test_a_replica_added_takes_the_engine_the_pool_held_asleep_and_gives_it_back_when_scaled_in(serve_cluster,
+                                                                                              tiny_model_dir):
+    node = serve_cluster.node_ids[0]
+    config = _burst_config(tiny_model_dir, node)
+    pool = None
+    try:
+        _deploy_burst(config, 1)
+        handle = serve.get_deployment_handle(BURST_DEPLOYMENT, BURST_APP)
+        client = engine_client(handle, tiny_model_dir, BURST_MODEL)
+        pool = _pool(BURST_APP, BURST_DEPLOYMENT)
+        asyncio.run(wait_until(lambda: ray.get(pool.counts.remote()) == {"ready": 1, "claimed": 1, "starting": 0},
+                               120, "a standby asleep beside the first replica's engine"))
+        (first,) = _infos(handle, 1).values()
+        engines = ray.get(pool.engines.remote())
+        assert engines["claimed"] == [first["engine_pid"]]
+        (asleep,) = engines["ready"]
+
+        _deploy_burst(config, 2)  # the burst's scale-out
+        asyncio.run(wait_until(lambda: running_replicas(BURST_APP, BURST_DEPLOYMENT) == 2, 120, "a second replica"))
+        infos = _infos(handle, 2)
+        assert first["replica"] in infos  # scaled out: the first replica stays
+        (added,) = (info for replica, info in infos.items() if replica != first["replica"])
+        assert added["engine_pid"] == asleep  # the sleeping engine, woken: no engine was started for the replica
+        assert added["node_id"] == node
+        tokens = asyncio.run(_tokens_by_replica(client, 2))
+        assert tokens[added["replica"]] == tokens[first["replica"]]
+        assert len(tokens[first["replica"]]) == 8
+        asyncio.run(wait_until(lambda: ray.get(pool.counts.remote()) == {"ready": 1, "claimed": 2, "starting": 0},
+                               120, "the pool refilled behind the claim"))
+        engines = ray.get(pool.engines.remote())
+        assert sorted(engines["claimed"]) == sorted([first["engine_pid"], asleep])
+        assert engines["ready"][0] not in (first["engine_pid"], asleep)  # a new standby, in the third slot
+        assert len(engines["ready"]) + len(engines["claimed"]) <= BURST_SLOTS
+
+        _deploy_burst(config, 1)  # the burst is over: scale in
+        asyncio.run(wait_until(lambda: running_replicas(BURST_APP, BURST_DEPLOYMENT) == 1, 120, "one replica left"))
+        asyncio.run(wait_until(lambda: ray.get(pool.counts.remote()) == {"ready": 2, "claimed": 1, "starting": 0},
+                               120, "the leaving replica's engine back in the pool"))
+        (kept,) = _infos(handle, 1).values()
+        engines = ray.get(pool.engines.remote())
+        assert engines["claimed"] == [kept["engine_pid"]]
+        gone = ({first["engine_pid"], asleep} - {kept["engine_pid"]}).pop()
+        assert gone in engines["ready"]  # asleep in the pool again, not stopped: the next replica wakes it
+        assert asyncio.run(_tokens_by_replica(client, 1))[kept["replica"]] == tokens[first["replica"]]
+    finally:
+        serve.delete(BURST_APP)
         if pool is not None:
             ray.get(pool.shutdown.remote())
             ray.kill(pool)
