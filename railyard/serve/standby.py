@@ -9,8 +9,8 @@ to it (EngineProcessClient's handoff), wakes it and serves; when the replica lea
 into the pool (`give_back`), and a claimed standby is replaced in the background while the GPU has room for it.
 
 The pool's process is every core's parent (engine cores exit when their parent dies), so the pool is a detached Ray
-actor per app deployment, node, GPU and engine options (`pool_for`); it stops its cores and itself once no replica has held an engine
-for IDLE_S (the app was deleted or scaled to zero), and with its Ray cluster. GPU accounting: a replica's fractional
+actor per deployment, node, GPU and engine options (`pool_for`); it stops its cores and itself once no replica has
+held an engine for IDLE_S (the app was deleted or scaled to zero), and with its Ray cluster. GPU accounting: a replica's fractional
 GPU covers the engine it claimed; a sleeping standby holds only its CUDA context and pinned host memory, which Ray
 does not count, and `slots` (engines the GPU holds for the deployment, as its fraction allows) bounds the pool's
 starts, so a standby never starts where the replicas' engines leave no memory for it.
