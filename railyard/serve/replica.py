@@ -123,9 +123,10 @@ class EngineReplica:
         self._lora_locks: dict[str, asyncio.Lock] = {}
         await self.client.start()  # on the replica's event loop, where every method runs
         if self._pool is not None:
-            woke = await self.client.wake_up()
-            log.info("engine replica %s took a standby engine (pid %d): %s", self.replica_id, self.client.pid,
-                     woke and woke.get("phases_s"))
+            woke = await self.client.wake_up()  # None: started for this replica, awake
+            log.info("engine replica %s took %s engine (pid %d)%s", self.replica_id,
+                     "a standby" if woke else "a new", self.client.pid, f": {woke.get('phases_s')}" if woke else "")
+            await self._pool.serving.remote(self.client.pid)
         log.info("engine replica %s of %s ready on node %s", self.replica_id, self.deployment, self.node_id)
 
     # -- requests ----------------------------------------------------------------------------------

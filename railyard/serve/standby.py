@@ -4,14 +4,16 @@ A new engine replica spends most of its start before it serves anything: a proce
 the weights, the KV profile, graph capture, the front's tokenizer. `StandbyPool` keeps engine cores of one
 deployment's exact EngineConfig started and asleep (engine sleep mode: no KV cache, no graphs, weights in pinned host
 memory, the CUDA context and the compiled kernels kept) on one node's GPU. Every replica of the deployment there takes
-its engine from the pool (`claim`: a sleeping one if there is one, else one started now, as without a pool), connects
-to it (EngineProcessClient's handoff), wakes it and serves; when the replica leaves, its engine goes back to sleep
-into the pool (`give_back`), and a claimed standby is replaced in the background while the GPU has room for it.
+its engine from the pool (`claim`: a sleeping one if there is one, which the replica wakes; else one started now for
+it, awake, which the replica waits for as for a start of its own: one start-up, not a start, a sleep and a wake-up),
+connects to it (EngineProcessClient's handoff) and serves; when the replica leaves, its engine goes back to sleep
+into the pool (`give_back`). Once a replica's engine serves (`serving`), the pool refills in the background while the
+GPU has room: after, not during, that engine's start or wake-up, which a standby's start would slow.
 
 The pool's process is every core's parent (engine cores exit when their parent dies), so the pool is a detached Ray
 actor per deployment, node, GPU and engine options (`pool_for`); it stops its cores and itself once no replica has
-held an engine for IDLE_S (the app was deleted or scaled to zero), and with its Ray cluster. GPU accounting: a replica's fractional
-GPU covers the engine it claimed; a sleeping standby holds only its CUDA context and pinned host memory, which Ray
+held an engine for IDLE_S (the app was deleted or scaled to zero), and with its Ray cluster. GPU accounting: a
+replica's fractional GPU covers the engine it claimed; a sleeping standby holds only its CUDA context and pinned host memory, which Ray
 does not count, and `slots` (engines the GPU holds for the deployment, as its fraction allows) bounds the pool's
 starts, so a standby never starts where the replicas' engines leave no memory for it.
 """
@@ -22,9 +24,10 @@ import asyncio
 import hashlib
 import logging
 import os
+import tempfile
 import time
 
-from railyard.engine.client.process import CoreHandoff, EngineProcessClient
+from railyard.engine.client.process import CoreHandoff, EngineProcessClient, spawn_core
 from railyard.engine.config import EngineConfig
 
 log = logging.getLogger("railyard.serve")
@@ -61,14 +64,20 @@ class StandbyPool:
         return {"ready": [h.pid for h in self._ready], "claimed": sorted(self._claimed)}
 
     async def claim(self) -> CoreHandoff:
-        """A sleeping engine for a new replica: a ready one, else one started now; the pool refills behind it."""
+        """An engine for a new replica: a sleeping one if one is ready, else one started now, awake, for the replica
+        to wait for (its handoff has no Ready yet)."""
         self._ensure_watch()
         self._forget_exited()
-        handoff = self._ready.pop() if self._ready else await self._start_one()
+        handoff = self._ready.pop() if self._ready else await self._start_for_claim()
         self._claimed.add(handoff.pid)
         self._idle_since = None
-        self._schedule_refill()
         return handoff
+
+    async def serving(self, pid: int) -> None:
+        """The replica holding engine `pid` serves: refill behind it now (a claim alone does not, so that no
+        standby's start competes with the claimed engine's start or wake-up)."""
+        if pid in self._claimed:
+            self._schedule_refill()
 
     async def give_back(self, handoff: CoreHandoff) -> None:
         """A leaving replica's engine, asleep again: ready for the next replica."""
@@ -100,6 +109,14 @@ class StandbyPool:
         return 0.0 if self._idle_since is None else time.monotonic() - self._idle_since
 
     # -- inside -----------------------------------------------------------------------------------
+    async def _start_for_claim(self) -> CoreHandoff:
+        """A core spawned for the claiming replica, connecting to the sockets the replica binds: it starts awake."""
+        directory = tempfile.mkdtemp(prefix="railyard-engine-")
+        process = await asyncio.to_thread(spawn_core, self.config, directory, True)
+        self._processes[process.pid] = process
+        log.info("engine core %d of %s started for a replica (no standby was ready)", process.pid, self.config.model)
+        return CoreHandoff(self.config, process.pid, directory)
+
     async def _start_one(self) -> CoreHandoff:
         self._starting += 1
         try:

@@ -50,18 +50,34 @@ _JOIN_CALL = -1  # the call id of a handed-over core's first question (call ids 
 
 @dataclass(frozen=True)
 class CoreHandoff:
-    """A running engine core taken over by a new front (sleep mode's standby engines, serve/standby.py): its config,
-    its process, the directory of its sockets' addresses and its Ready message (model facts and stats, encoded)."""
+    """An engine core taken over by a new front (sleep mode's standby engines, serve/standby.py): its config, its
+    process, the directory of its sockets' addresses and its Ready message (model facts and stats, encoded), or None
+    for a core still starting (spawned by its owner for this front: the front waits for its Ready, as after a
+    spawn of its own)."""
 
     config: EngineConfig
     pid: int
     directory: str
-    ready: bytes
+    ready: bytes | None = None
+
+
+def spawn_core(config: EngineConfig, directory: str, standby: bool = False) -> multiprocessing.Process:
+    """Start an engine core process that connects to the sockets a front binds in `directory` (now or later) and
+    reports Ready there. standby: a core that can be handed from front to front (serve/standby.py)."""
+    spawn = multiprocessing.get_context("spawn")  # CUDA cannot be forked
+    # Not a daemon: the core spawns its own tensor-parallel workers, which a daemon process may not.
+    process = spawn.Process(
+        target=run_engine_core, name="railyard-engine-core",
+        args=(config, f"ipc://{directory}/input", f"ipc://{directory}/output", logging.getLogger().level,
+              time.time(), standby))
+    process.start()
+    return process
 
 
 class EngineProcessClient(CoreClient):
     """An EngineClient whose core runs in a spawned process; constructing it starts that process, or, given a
-    handoff, takes over a core that is already running (its owner stays its parent)."""
+    handoff, takes over a core that is already running or that its owner started for it (the owner stays its
+    parent)."""
 
     def __init__(self, config: EngineConfig, *, start_timeout_s: float = DEFAULT_START_TIMEOUT_S,
                  handoff: CoreHandoff | None = None, standby: bool = False, **kwargs) -> None:
@@ -77,21 +93,12 @@ class EngineProcessClient(CoreClient):
         self._output.setsockopt(zmq.RCVHWM, 0)
         self._input.bind(f"ipc://{self._dir}/input")
         self._output.bind(f"ipc://{self._dir}/output")
-        if handoff is None:
-            spawn = multiprocessing.get_context("spawn")  # CUDA cannot be forked
-            # Not a daemon: the core spawns its own tensor-parallel workers, which a daemon process may not.
-            self.process = spawn.Process(
-                target=run_engine_core, name="railyard-engine-core",
-                args=(config, f"ipc://{self._dir}/input", f"ipc://{self._dir}/output", logging.getLogger().level,
-                      time.time(), standby))
-            self.process.start()
-        else:
-            self.process = ForeignProcess(handoff.pid)
+        self.process = spawn_core(config, self._dir, standby) if handoff is None else ForeignProcess(handoff.pid)
         # Never leave the core behind: also when this object is forgotten or the interpreter exits.
         self._finalizer = weakref.finalize(self, _stop_process, self.process, self._ctx, self._dir)
         prefetch = _TokenizerPrefetch(config)  # loads while the core starts: off the start-up's critical path
         try:
-            if handoff is None:
+            if handoff is None or handoff.ready is None:  # started for this front, by it or by its owner
                 ready = self._wait_until_ready(start_timeout_s)
             else:
                 self._wait_until_joined(start_timeout_s)

@@ -1,11 +1,13 @@
 """A sleeping engine core handed from one front to the next (sleep mode's standby engines): the new front takes it
 over in the time of a reconnect, not a start (the same process: no new one is spawned), wakes it and gets exactly
 the tokens the first front got (the control); the core stays its first owner's child, which stops it last; and a
-core whose front dies while it is awake stops by itself rather than hold its device for nobody."""
+core whose front dies while it is awake stops by itself rather than hold its device for nobody. An owner can also
+spawn a core for the next front, which then waits for it as for a start of its own."""
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import pickle
 import signal
 import subprocess
@@ -13,9 +15,9 @@ import sys
 
 import pytest
 
-from railyard.engine.client.process import EngineProcessClient
+from railyard.engine.client.process import CoreHandoff, EngineProcessClient, spawn_core
 from railyard.engine.config import EngineConfig, SamplingParams
-from railyard.errors import InvalidRequestError
+from railyard.errors import InvalidRequestError, ModelLoadError
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
 PROMPT = [5, 17, 42, 99, 7]
@@ -61,7 +63,7 @@ def test_a_sleeping_core_handed_to_two_fronts_in_turn_serves_each_the_control_to
 
 _TAKE_OVER = """
 import asyncio, pickle, sys
-from railyard.engine.client.process import EngineProcessClient
+from railyard.engine.client.process import CoreHandoff, EngineProcessClient, spawn_core
 
 async def main():
     handoff = pickle.load(open(sys.argv[1], "rb"))
@@ -100,3 +102,35 @@ def test_a_core_whose_front_dies_while_it_is_awake_stops(tiny_model, tmp_path):
                 process.join(10)
 
     assert asyncio.run(asyncio.wait_for(main(), timeout=120)) == 0  # it stopped by itself, cleanly
+
+
+def test_a_core_started_for_a_front_by_its_owner_serves_it_from_its_start_or_fails_with_the_start_up_error(
+        tiny_model, tmp_path):
+    """An owner with no sleeping core spawns one for the next front (spawn_core; a handoff without Ready): the front
+    waits for its Ready as after a spawn of its own, and it is awake (nothing to wake); a start that fails raises the
+    start's own error in the front."""
+    async def main():
+        config = _config(tiny_model)
+        (tmp_path / "ok").mkdir()
+        process = spawn_core(config, str(tmp_path / "ok"), standby=True)
+        front = await asyncio.to_thread(EngineProcessClient, config, handoff=CoreHandoff(config, process.pid,
+                                                                                         str(tmp_path / "ok")))
+        await front.start()
+        try:
+            woke = await front.wake_up()
+            tokens = await _final(await front.add_request("r", None, GREEDY, prompt_token_ids=PROMPT))
+        finally:
+            await front.shutdown()
+        await asyncio.to_thread(process.join, 30)
+        bad = dataclasses.replace(config, model=str(tmp_path / "no-such-model"))
+        (tmp_path / "bad").mkdir()
+        failing = spawn_core(bad, str(tmp_path / "bad"), standby=True)
+        with pytest.raises(ModelLoadError):
+            await asyncio.to_thread(EngineProcessClient, bad, handoff=CoreHandoff(bad, failing.pid,
+                                                                                str(tmp_path / "bad")))
+        await asyncio.to_thread(failing.join, 30)
+        return woke, tokens, process.exitcode, failing.exitcode
+
+    woke, tokens, exitcode, failed = asyncio.run(asyncio.wait_for(main(), timeout=120))
+    assert woke is None and len(tokens) == 12
+    assert exitcode == 0 and failed is not None
