@@ -13,9 +13,9 @@ GPU has room: after, not during, that engine's start or wake-up, which a standby
 The pool's process is every core's parent (engine cores exit when their parent dies), so the pool is a detached Ray
 actor per deployment, node, GPU and engine options (`pool_for`); it stops its cores and itself once no replica has
 held an engine for IDLE_S (the app was deleted or scaled to zero), and with its Ray cluster. GPU accounting: a
-replica's fractional GPU covers the engine it claimed; a sleeping standby holds only its CUDA context and pinned host memory, which Ray
-does not count, and `slots` (engines the GPU holds for the deployment, as its fraction allows) bounds the pool's
-starts, so a standby never starts where the replicas' engines leave no memory for it.
+replica's fractional GPU covers the engine it claimed; a sleeping standby holds only its CUDA context and pinned host
+memory, which Ray does not count, and `slots` (engines the GPU holds for the deployment, as its fraction allows)
+bounds the pool's starts, so a standby never starts where the replicas' engines leave no memory for it.
 """
 
 from __future__ import annotations

@@ -124,13 +124,15 @@ def test_a_workload_across_the_limits_compiles_and_captures_nothing_after_ready(
 
 @pytest.mark.parametrize("level", [1, 2])
 def test_after_sleep_and_wake_up_the_workload_compiles_and_captures_nothing(gpu_models, level, monkeypatch, tmp_path):
-    """Sleep mode's promise: wake-up captures the graphs again and re-runs the warm-up, so the step loop after it
-    meets no first-use work either (the weights and the KV cache have new addresses, the kernels are loaded)."""
+    """Sleep mode's promise: wake-up captures the graphs again and runs the warm-up's peak steps, so the step loop
+    after it meets no first-use work either (the weights and the KV cache have new addresses; the kernels the start
+    compiled stay loaded, so wake-up itself compiles or loads none)."""
     monkeypatch.setenv("RAILYARD_CACHE", str(tmp_path / "cache"))
     monkeypatch.delenv("TRITON_CACHE_DIR", raising=False)
     llm = LLM(gpu_models["dense"], **LIMITS, enable_sleep_mode=True)
     llm.sleep(level)
     llm.wake_up()
+    assert llm.engine.last_wake_up.triton_kernels == 0, "wake-up JIT'd kernels: sleep gave back more than memory"
     captures = _Captures(monkeypatch)
     jit_before = jit_after_ready()
     for prompts, params in _workloads(random.Random(11), LIMITS["max_model_len"]):

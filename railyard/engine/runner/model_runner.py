@@ -27,7 +27,7 @@ from railyard.engine.runner.models.loader import build_empty, fill_from_checkpoi
 from railyard.engine.runner.layers.parallel import SINGLE, ParallelState
 from railyard.engine.runner.piecewise_graphs import PiecewiseGraphs
 from railyard.engine.runner.sleep import SleepingWeights, device_bytes, put_to_sleep, wake_weights
-from railyard.engine.runner.warmup import WarmLimits, WarmStep, ladder, sampling_variants, warm_steps
+from railyard.engine.runner.warmup import WarmLimits, WarmStep, ladder, peak_steps, sampling_variants, warm_steps
 from railyard.engine.runner.sampler import (DoneSample, PendingSample, SamplerOutput, SamplingRow, host_tensor, sample_async,
                                     to_device)
 from railyard.engine.sched.scheduler import SchedulerOutput
@@ -305,9 +305,11 @@ class ModelRunner:
 
     def wake_up(self, tags: frozenset[str] = frozenset({"weights", "kv_cache"})) -> StartupTimes:
         """Undo `sleep` for the parts tags names ("weights", "kv_cache"): weights back on the device, the KV cache
-        allocated at the same number of blocks, and, once both are there, the graphs captured and the warm-up run by
-        the code start-up runs, so no kernel compiles and no graph is captured on the step loop after it. Returns
-        where its time went (phases as start-up names them; weights_to_device for the host copy's return)."""
+        allocated at the same number of blocks, and, once both are there, the graphs captured by the code start-up
+        runs and the warm-up's peak steps run (warmup.peak_steps: the start's kernels are all still loaded, only the
+        allocator's cache must grow back), so no kernel compiles, no graph is captured and the allocator does not
+        grow on the step loop after it. Returns where its time went (phases as start-up names them;
+        weights_to_device for the host copy's return)."""
         times = StartupTimes()
         timed = times.phase
         with starting(), TritonJitTimer(enabled=self.device.type == "cuda") as jit:
@@ -335,7 +337,7 @@ class ModelRunner:
                     self.graphs = self._capture_graphs()
                 if self.device.type == "cuda":
                     with timed("warm_up"):
-                        self.warm_up()
+                        self.warm_up(peaks_only=True)
                 self._recapture = False
         jit.record(times)
         return times
@@ -604,32 +606,38 @@ class ModelRunner:
                           piecewise_tokens=self.piecewise.max_tokens if self.piecewise is not None else 0)
 
     @torch.inference_mode()
-    def warm_up(self) -> int:
+    def warm_up(self, peaks_only: bool = False) -> int:
         """Run every warm-up step (warmup.warm_steps) through this runner's own step path, sampling each, and swap
-        blocks out and back where swapping is on; returns the number of steps. Every tensor-parallel rank runs the
-        same steps, so their collectives meet. Leaves no per-sequence state behind."""
-        steps = warm_steps(self.warm_limits())
+        blocks out and back where swapping is on; returns the number of steps. peaks_only (a wake-up): only the
+        largest step of each walk (warmup.peak_steps), each sampling every kind of row, and the largest swap. Every
+        tensor-parallel rank runs the same steps, so their collectives meet. Leaves no per-sequence state behind."""
+        limits = self.warm_limits()
+        steps = peak_steps(limits) if peaks_only else warm_steps(limits)
         variants = sampling_variants()
         fed = None
         start = time.perf_counter()
         pending = []  # waited for at the end: the host plans the next step while the device runs this one
         for i, step in enumerate(steps):
             plan = self._warm_plan(step, first_block=i, fed_rows=0 if fed is None else fed.shape[0])
-            rows = [self._warm_row(variants[(i + r) % len(variants)] if i % 2 else variants[0], r)
+            mixed = peaks_only or i % 2  # every kind of row (the sampler's largest path), else greedy only
+            rows = [self._warm_row(variants[(i + r) % len(variants)] if mixed else variants[0], r)
                     for r in range(step.num_seqs)]
             pending.append(self.launch_sample(ForwardPass(self.compute_logits(plan, fed), rows)))
             fed = pending[-1].token_ids
         for sampled in pending:  # their host copies too, as a step's result() takes them
             sampled.result()
         if self.num_cpu_blocks:
-            for n in ladder(1, min(self.num_cpu_blocks, self.num_gpu_blocks, 17)):
+            swaps = ladder(1, min(self.num_cpu_blocks, self.num_gpu_blocks, 17))
+            for n in swaps[-1:] if peaks_only else swaps:
                 pairs = [(b, b) for b in range(n)]
                 self.swap(StepPlan([], [], [], [0], [], [], [], swap_out=pairs, swap_in=pairs))
         self._fed = None
         _synchronize(self.device)
-        log.info("warm-up: %d steps (up to %d tokens, %d sequences, contexts of %d) in %.2f s", len(steps),
-                 max((s.num_tokens for s in steps), default=0), max((s.num_seqs for s in steps), default=0),
-                 self.config.max_model_len, time.perf_counter() - start)
+        log.info("warm-up%s: %d steps (up to %d tokens, %d sequences, contexts of %d) in %.2f s%s",
+                 " (peak steps)" if peaks_only else "", len(steps), max((s.num_tokens for s in steps), default=0),
+                 max((s.num_seqs for s in steps), default=0), self.config.max_model_len, time.perf_counter() - start,
+                 f"; the allocator holds {torch.cuda.memory_reserved(self.device) / GIB:.2f} GiB"
+                 if self.device.type == "cuda" else "")
         return len(steps)
 
     def _warm_plan(self, step: WarmStep, first_block: int, fed_rows: int) -> StepPlan:

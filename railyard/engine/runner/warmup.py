@@ -20,6 +20,7 @@ at a time around a small step:
   forbidden ids before min_tokens); swap preemption copies blocks out and back.
 Nothing is captured here (graphs are captured before), and the KV cache it writes holds no live sequence yet.
 Structured outputs' mask kernel is warmed where its vocabulary is known: on the grammar thread, at its set-up.
+Sleep mode's wake-up runs only `peak_steps`, the largest step of each walk: its kernels are still compiled.
 """
 
 from __future__ import annotations
@@ -86,35 +87,52 @@ def doubling(lo: int, hi: int) -> list[int]:
     return sizes + [hi] if hi >= lo else sizes
 
 
-def warm_steps(limits: WarmLimits) -> list[WarmStep]:
-    """The steps to run before ready (module docstring), each at most the engine's limits, without repeats."""
+def _walks(limits: WarmLimits) -> list[list[WarmStep]]:
+    """The warm-up's walks (module docstring): each along one dimension of a step, from its smallest value to its
+    largest, every step at most the engine's limits."""
     B, T, L, bs = limits.max_num_seqs, limits.max_num_batched_tokens, limits.max_model_len, limits.block_size
     short = min(L, bs + 1)  # a decode's context: two blocks where it fits
     prompt = min(17, L, T - 1) if T > 1 else 0  # a prefill beside decodes: just past one 16-row query tile
     contexts = doubling(min(bs, L), L)
-    steps: list[WarmStep] = []
+    walks: list[list[WarmStep]] = []
     # Decode-only steps: inside the captured graphs (their inputs and feed), then beyond them, where attention runs
     # eagerly; at the smallest eager batch (the most context splits) over context lengths.
     graphs = min(limits.decode_graph_batch, B, T)
-    steps += [WarmStep(decodes=(short,) * n) for n in ladder(1, graphs)]
+    walks.append([WarmStep(decodes=(short,) * n) for n in ladder(1, graphs)])
     eager = ladder(graphs + 1, min(B, T))
-    steps += [WarmStep(decodes=(short,) * n) for n in eager]
+    walks.append([WarmStep(decodes=(short,) * n) for n in eager])
     if eager:
-        steps += [WarmStep(decodes=(ctx,) * eager[0]) for ctx in contexts]
+        walks.append([WarmStep(decodes=(ctx,) * eager[0]) for ctx in contexts])
     if prompt and B > 1:
         # Decodes beside a prefill: over their context (one decode) and their number (short contexts).
-        steps += [WarmStep(decodes=(ctx,), prefills=((prompt, 0),)) for ctx in contexts]
-        steps += [WarmStep(decodes=(short,) * n, prefills=((prompt, 0),)) for n in ladder(1, min(B - 1, T - prompt))]
+        walks.append([WarmStep(decodes=(ctx,), prefills=((prompt, 0),)) for ctx in contexts])
+        walks.append([WarmStep(decodes=(short,) * n, prefills=((prompt, 0),))
+                      for n in ladder(1, min(B - 1, T - prompt))])
     # Prefill steps: over their tokens (rows of at most max_model_len, as many as the budget allows), over cached
     # context before a short chunk, and over their number of rows.
+    walk = []
     for tokens in ladder(2, min(T, L * B)):
         full, rest = divmod(tokens, L)
-        steps.append(WarmStep(prefills=((L, 0),) * full + (((rest, 0),) if rest else ())))
+        walk.append(WarmStep(prefills=((L, 0),) * full + (((rest, 0),) if rest else ())))
+    walks.append(walk)
     if prompt and L > prompt:
-        steps += [WarmStep(prefills=((prompt, ctx),)) for ctx in doubling(min(bs, L - prompt), L - prompt)]
+        walks.append([WarmStep(prefills=((prompt, ctx),)) for ctx in doubling(min(bs, L - prompt), L - prompt)])
     if L >= 2:
-        steps += [WarmStep(prefills=((2, 0),) * n) for n in ladder(2, min(B, T // 2))]
-    return list(dict.fromkeys(steps))
+        walks.append([WarmStep(prefills=((2, 0),) * n) for n in ladder(2, min(B, T // 2))])
+    return [w for w in walks if w]
+
+
+def warm_steps(limits: WarmLimits) -> list[WarmStep]:
+    """The steps to run before ready (module docstring), each at most the engine's limits, without repeats."""
+    return list(dict.fromkeys(step for walk in _walks(limits) for step in walk))
+
+
+def peak_steps(limits: WarmLimits) -> list[WarmStep]:
+    """The last step of each walk: the most tokens, rows and context any step of the warm-up holds, which is what
+    the caching allocator grows to. Sleep mode's wake-up runs only these: its kernels are compiled (sleep frees
+    memory, not kernels), but `torch.cuda.empty_cache()` gave the allocator's cached memory back, and without them
+    the first large steps after wake-up would grow it again on the step loop."""
+    return list(dict.fromkeys(walk[-1] for walk in _walks(limits)))
 
 
 def sampling_variants() -> list[SamplingParams]:

@@ -1,8 +1,10 @@
 """The start-up warm-up spans every step the engine's limits allow, one dimension at a time, and running it changes
-nothing a request later sees.
+nothing a request later sees. Sleep mode's wake-up runs only its peak steps: as large as any step of the warm-up in
+every dimension that sizes a step's memory, in a handful of steps.
 
 Oracles: the kernels' own choice functions over every (rows, context) the limits allow (brute force on small
-limits) against those of the warm-up's steps; an engine that never warmed up, for the tokens."""
+limits) against those of the warm-up's steps; the full warm-up's own largest steps, for its peak steps; an engine
+that never warmed up, or the same engine before it slept, for the tokens."""
 
 from __future__ import annotations
 
@@ -11,7 +13,7 @@ import pytest
 from railyard.engine.config import SamplingParams
 from railyard.engine.llm import LLM
 from railyard.engine.runner.kernels.paged_attention import decode_splits
-from railyard.engine.runner.warmup import WarmLimits, WarmStep, doubling, ladder, warm_steps
+from railyard.engine.runner.warmup import WarmLimits, WarmStep, doubling, ladder, peak_steps, warm_steps
 
 H200_SMS = 132
 SMALL = WarmLimits(max_num_seqs=8, max_num_batched_tokens=64, max_model_len=512, block_size=16,
@@ -110,6 +112,27 @@ def test_decode_batches_beyond_the_graphs_meet_every_size_bucket():
         assert any(_bucket(b) == _bucket(n) and _int_class(b) == _int_class(n) for b in sizes), n
 
 
+def _largest(steps: list[WarmStep]) -> dict[str, tuple[int, int, int, int]]:
+    """Per kind of step (decodes only, prefills only, both): the most tokens, rows, context and cached context any
+    of the steps holds (what sizes a step's activations, logits, sampling and attention buffers)."""
+    largest: dict[str, tuple[int, int, int, int]] = {}
+    for s in steps:
+        kind = "decode" if not s.prefills else "prefill" if not s.decodes else "mixed"
+        size = (s.num_tokens, s.num_seqs, max(n + c for n, c in s.rows()), max(c for _, c in s.rows()))
+        largest[kind] = tuple(map(max, largest.get(kind, size), size))
+    return largest
+
+
+@pytest.mark.parametrize("limits", [SMALL, WarmLimits(256, 8192, 32768, 16, 256, 2048),
+                                    WarmLimits(64, 4096, 4096, 16, 32, 2048), WarmLimits(300, 8192, 1024, 16, 64, 2048),
+                                    WarmLimits(4, 16, 32, 8), WarmLimits(1, 1, 1, 16)])
+def test_the_peak_steps_are_as_large_as_the_warm_up_in_every_dimension_in_a_handful_of_its_steps(limits):
+    every, peaks = warm_steps(limits), peak_steps(limits)
+    assert set(peaks) <= set(every)
+    assert _largest(peaks) == _largest(every)
+    assert len(peaks) <= 8  # one per walk of the warm-up
+
+
 # -- running it ---------------------------------------------------------------------------------------------------
 GREEDY = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
 PROMPTS = [[(7 * i + 3 * n) % 256 for i in range(n)] for n in (3, 17, 40, 100)]
@@ -133,3 +156,19 @@ def test_the_warm_up_runs_every_step_and_changes_no_token_after_it(tiny_models, 
     assert runner.warm_up() == len(warm_steps(runner.warm_limits()))
     assert runner._fed is None and runner._rows == {}  # no sequence's state left behind
     assert _generate(warmed) == _generate(LLM(tiny_models[arch], **LIMITS, **extra))
+
+
+@pytest.mark.parametrize("extra", [{}, dict(preemption_mode="swap", num_cpu_blocks=32)], ids=["plain", "swap"])
+def test_a_wake_up_runs_only_the_peak_steps_and_changes_no_token(tiny_models, extra):
+    """What wake-up runs after its graphs on a GPU (ModelRunner.wake_up): a handful of steps, not the start's
+    walk over every specialisation, and the engine serves the tokens it served before it slept."""
+    llm = LLM(tiny_models["qwen2"], **LIMITS, **extra, enable_sleep_mode=True)
+    runner = llm.engine.executor.runner
+    before = _generate(llm)
+    llm.sleep(1)
+    llm.wake_up()
+    limits = runner.warm_limits()
+    assert runner.warm_up(peaks_only=True) == len(peak_steps(limits))
+    assert 3 * len(peak_steps(limits)) < len(warm_steps(limits))
+    assert runner._fed is None and runner._rows == {}
+    assert _generate(llm) == before
