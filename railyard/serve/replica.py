@@ -93,7 +93,7 @@ class EngineReplica:
 
             config = dataclasses.replace(config, enable_sleep_mode=True)
             self._pool = pool_for(context.app_name, context.deployment, config, standby_engines, standby_slots)
-            handoff = await self._pool.claim.remote()
+            handoff = await self._pool.claim.remote(ray.get_runtime_context().current_actor)
             self.client = await asyncio.to_thread(
                 EngineProcessClient, config, handoff=handoff, max_waiting_requests=max_waiting_requests,
                 stream_interval_s=stream_interval_s, stream_items_per_s=stream_items_per_s)

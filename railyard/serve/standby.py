@@ -26,6 +26,7 @@ import logging
 import os
 import tempfile
 import time
+from typing import Any
 
 from railyard.engine.client.process import CoreHandoff, EngineProcessClient, spawn_core
 from railyard.engine.config import EngineConfig
@@ -34,6 +35,7 @@ log = logging.getLogger("railyard.serve")
 
 IDLE_S = 120.0  # a pool none of whose engines a replica held this long stops (its app is gone or scaled to zero)
 SLEEP_LEVEL = 1  # standbys keep their weights in pinned host memory: wake-up is a copy, not a checkpoint read
+OWNER_CHECK_S = 5.0  # how often the pool asks whether the replicas holding its engines are alive
 
 
 class StandbyPool:
@@ -180,26 +182,56 @@ class StandbyPool:
 
 
 class _PoolActor(StandbyPool):
-    """The pool as a detached Ray actor on one node: it outlives the replicas that use it, and stops its cores and
-    itself once none has held an engine for IDLE_S."""
+    """The pool as a detached Ray actor on one node: it outlives the replicas that use it, stops the engine of a
+    replica that died holding it, and stops its cores and itself once none has held an engine for IDLE_S."""
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self._reaper: asyncio.Task | None = None
+        self._owners: dict[int, Any] = {}  # a claimed core's pid -> the handle of the replica actor holding it
 
-    async def claim(self) -> CoreHandoff:
+    async def claim(self, owner: Any = None) -> CoreHandoff:
+        """owner: the claiming replica's actor handle (ray.get_runtime_context().current_actor)."""
         if self._reaper is None:
             self._reaper = asyncio.get_running_loop().create_task(self._reap(), name="railyard-standby-reaper")
-        return await super().claim()
+        handoff = await super().claim()
+        if owner is not None:
+            self._owners[handoff.pid] = owner
+        return handoff
+
+    async def give_back(self, handoff: CoreHandoff) -> None:
+        self._owners.pop(handoff.pid, None)
+        await super().give_back(handoff)
 
     async def _reap(self) -> None:
         import ray
 
         while self.idle_for() < IDLE_S:
-            await asyncio.sleep(5.0)
+            await asyncio.sleep(OWNER_CHECK_S)
+            await self._stop_orphans()
         log.info("no replica of %s held a standby engine for %.0f s: stopping the pool", self.config.model, IDLE_S)
         await self.shutdown()
         ray.actor.exit_actor()
+
+    async def _stop_orphans(self) -> None:
+        """Stop the claimed cores whose replica died. One that connected to its core stops it anyway (a core whose
+        front goes while it is awake stops); one that died before would leave it waiting for a front forever,
+        awake or asleep, in a slot, and the pool never idle."""
+        from ray.exceptions import ActorDiedError
+
+        for pid, owner in list(self._owners.items()):
+            if pid not in self._claimed:  # given back, or exited
+                self._owners.pop(pid, None)
+                continue
+            try:
+                await asyncio.wait_for(owner.__ray_ready__.remote(), OWNER_CHECK_S)
+            except ActorDiedError:
+                log.warning("the replica holding engine core %d died: stopping that core", pid)
+                self._owners.pop(pid, None)
+                if pid in self._processes:
+                    self._processes[pid].terminate()  # it exits; the watch frees its slot and refills
+            except Exception:  # noqa: BLE001 -- busy (a timeout) or unreachable for now: not dead
+                pass
 
 
 def pool_for(app: str, deployment: str, config: EngineConfig, standby: int, slots: int):

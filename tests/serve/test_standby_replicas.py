@@ -2,20 +2,25 @@
 from its node's pool (a detached actor that parents the engine cores), the pool keeps one more asleep beside it, and a
 replica that goes gives its engine back asleep instead of stopping it. The burst case: a replica added by scaling
 out takes the engine the pool already held asleep (no start), serves the first replica's greedy tokens, and the
-pool refills behind it within its slots; scaled back in, that engine goes back to sleep in the pool."""
+pool refills behind it within its slots; scaled back in, that engine goes back to sleep in the pool. And a replica
+that dies holding a claim it never connected to does not leave its engine waiting forever: the pool stops it."""
 
 from __future__ import annotations
 
 import asyncio
 import copy
+import os
 
 import httpx
 import pytest
 import ray
 from ray import serve
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
+from railyard.engine.config import EngineConfig
 from railyard.serve.app import build_app
 from railyard.serve.launch import deploy
+from railyard.serve.standby import pool_for
 from railyard.stack import parse_stack, to_serve_config
 from tests.serve.conftest import engine_args, engine_client, run_request, running_replicas, wait_until
 
@@ -161,3 +166,39 @@ def test_a_replica_added_takes_the_engine_the_pool_held_asleep_and_gives_it_back
         if pool is not None:
             ray.get(pool.shutdown.remote())
             ray.kill(pool)
+
+
+@ray.remote(num_cpus=0)
+class _Claimer:
+    """A replica's first move alone: claim an engine from its node's pool, then nothing (killed before connecting)."""
+
+    def claim(self, config: EngineConfig) -> int:
+        pool = pool_for("orphans", "engine-orphan", config, 0, 1)
+        return ray.get(pool.claim.remote(ray.get_runtime_context().current_actor)).pid
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def test_the_engine_of_a_replica_that_died_before_taking_it_is_stopped_and_its_slot_freed(serve_cluster,
+                                                                                         tiny_model_dir):
+    config = EngineConfig(model=tiny_model_dir, device="cpu", max_model_len=128, num_gpu_blocks=64,
+                          enable_sleep_mode=True, torch_threads=1)
+    claimer = _Claimer.options(
+        scheduling_strategy=NodeAffinitySchedulingStrategy(serve_cluster.node_ids[0], soft=False)).remote()
+    pid = ray.get(claimer.claim.remote(config))  # an engine started for it (none was asleep), waiting for its front
+    pool = _pool("orphans", "engine-orphan")
+    try:
+        assert ray.get(pool.engines.remote()) == {"ready": [], "claimed": [pid]}
+        ray.kill(claimer)
+        asyncio.run(wait_until(lambda: ray.get(pool.counts.remote()) == {"ready": 0, "claimed": 0, "starting": 0},
+                               120, "the dead replica's engine stopped and its slot freed"))
+        assert not _alive(pid)
+    finally:
+        ray.get(pool.shutdown.remote())
+        ray.kill(pool)
