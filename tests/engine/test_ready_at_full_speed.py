@@ -132,7 +132,7 @@ def test_after_sleep_and_wake_up_the_workload_compiles_and_captures_nothing(gpu_
     llm = LLM(gpu_models["dense"], **LIMITS, enable_sleep_mode=True)
     llm.sleep(level)
     llm.wake_up()
-    assert llm.engine.last_wake_up.triton_kernels == 0, "wake-up JIT'd kernels: sleep gave back more than memory"
+    assert llm.engine.core.last_wake_up.triton_kernels == 0, "wake-up JIT'd kernels: sleep gave back more than memory"
     captures = _Captures(monkeypatch)
     jit_before = jit_after_ready()
     for prompts, params in _workloads(random.Random(11), LIMITS["max_model_len"]):
