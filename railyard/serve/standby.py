@@ -24,6 +24,7 @@ import asyncio
 import hashlib
 import logging
 import os
+import shutil
 import tempfile
 import time
 from typing import Any
@@ -50,6 +51,7 @@ class StandbyPool:
         self.standby, self.slots = standby, max(1, slots)
         self._ready: list[CoreHandoff] = []
         self._processes: dict[int, object] = {}  # pid -> its multiprocessing.Process: every core this pool started
+        self._directories: dict[int, str] = {}  # pid -> the directory of its sockets' addresses
         self._claimed: set[int] = set()
         self._starting = 0
         self._idle_since: float | None = time.monotonic()
@@ -102,7 +104,10 @@ class StandbyPool:
             if process.is_alive():
                 process.kill()
                 await asyncio.to_thread(process.join, 5.0)
+        for directory in self._directories.values():
+            shutil.rmtree(directory, ignore_errors=True)
         self._processes.clear()
+        self._directories.clear()
         self._ready.clear()
         self._claimed.clear()
 
@@ -114,8 +119,12 @@ class StandbyPool:
     async def _start_for_claim(self) -> CoreHandoff:
         """A core spawned for the claiming replica, connecting to the sockets the replica binds: it starts awake."""
         directory = tempfile.mkdtemp(prefix="railyard-engine-")
-        process = await asyncio.to_thread(spawn_core, self.config, directory, True)
-        self._processes[process.pid] = process
+        try:
+            process = await asyncio.to_thread(spawn_core, self.config, directory, True)
+        except BaseException:
+            shutil.rmtree(directory, ignore_errors=True)
+            raise
+        self._processes[process.pid], self._directories[process.pid] = process, directory
         log.info("engine core %d of %s started for a replica (no standby was ready)", process.pid, self.config.model)
         return CoreHandoff(self.config, process.pid, directory)
 
@@ -130,7 +139,7 @@ class StandbyPool:
             except BaseException:
                 await client.shutdown()
                 raise
-            self._processes[handoff.pid] = client.process
+            self._processes[handoff.pid], self._directories[handoff.pid] = client.process, handoff.directory
             log.info("standby engine core %d of %s started and asleep", handoff.pid, self.config.model)
             return handoff
         finally:
@@ -158,6 +167,8 @@ class StandbyPool:
             if not process.is_alive():
                 process.join(0)
                 del self._processes[pid]
+                if pid in self._directories:
+                    shutil.rmtree(self._directories.pop(pid), ignore_errors=True)
                 self._claimed.discard(pid)
                 self._ready = [h for h in self._ready if h.pid != pid]
         if not self._claimed:

@@ -6,6 +6,7 @@ engine given back waits asleep for the next replica, and shutdown leaves no proc
 from __future__ import annotations
 
 import asyncio
+import os
 
 from railyard.engine.client.process import EngineProcessClient
 from railyard.engine.config import EngineConfig, SamplingParams
@@ -64,10 +65,12 @@ def test_replicas_take_sleeping_engines_the_pool_refills_within_its_slots_and_sh
         await pool.give_back(await replica3.detach())
         processes = list(pool._processes.values())
         await pool.shutdown()
-        return woke, started, control, out, third, first, processes
+        return woke, started, control, out, third, first, processes, [first.directory, second.directory]
 
-    woke, started, control, out, third, first, processes = asyncio.run(asyncio.wait_for(main(), timeout=180))
+    woke, started, control, out, third, first, processes, directories = asyncio.run(
+        asyncio.wait_for(main(), timeout=180))
     assert woke is None and "kv_allocation" in started  # its report is a start's, and no wake-up followed
     assert len(control) == 8 and out == control and third == control
     assert len(processes) == 2 and first.pid in {p.pid for p in processes}
     assert all(p.exitcode is not None for p in processes)  # none left behind
+    assert not any(os.path.exists(d) for d in directories)  # nor their sockets' directories
