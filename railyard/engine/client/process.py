@@ -169,11 +169,18 @@ class EngineProcessClient(CoreClient):
                 pass
         self._finalizer.detach()
         self._input.close(linger=0)
-        # Through the event loop's socket: it takes its descriptor off the loop, which a next front's socket in this
-        # process may be given (one left registered would take that socket's wake-ups).
-        (self._aoutput or self._output).close(linger=0)
+        self._unwatch_output()
+        # Closed once, through its owner: closing the asyncio shadow instead would leave the owner to close the same
+        # handle again when it is collected, by then perhaps the handle of a next front's socket in this process.
+        self._output.close(linger=0)
         self._ctx.term()
         return CoreHandoff(config, self.process.pid, self._dir, ready)
+
+    def _unwatch_output(self) -> None:
+        """Take the output socket's descriptor off the event loop (zmq.asyncio registered it there): a socket this
+        process opens next may be given the same descriptor, and a stale registration would take its wake-ups."""
+        if self._aoutput is not None and self.loop is not None and not self._output.closed:
+            self.loop.remove_reader(self._aoutput.FD)
 
     def _wait_until_ready(self, timeout_s: float) -> Ready:
         deadline = time.monotonic() + timeout_s
@@ -221,6 +228,7 @@ class EngineProcessClient(CoreClient):
                 pass
         self._die(self.dead or EngineDeadError("the engine was shut down"), quiet=True)
         self._fail_calls()
+        self._unwatch_output()
         self._finalizer()
 
     @property
