@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import random
 import socket
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,10 +29,28 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 CPUS_PER_NODE = 6  # logical CPUs Ray may hand out per node (replicas take 1 each; they mostly wait)
 
 
+# Ray takes ports 10002-19999 for its workers by default; the kernel's ephemeral range starts above what we pick.
+_PORTS_FROM = 20000
+
+
 def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A port free now, below the kernel's ephemeral range. The ports picked here are bound seconds later (after Ray
+    has started), and one from the ephemeral range (what binding port 0 gives) may meanwhile be taken by any
+    process's outgoing connection or its own bind to port 0: Ray opens many, and a second copy of the suite more."""
+    try:
+        ephemeral_low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        ephemeral_low = 32768
+    rng = random.SystemRandom()
+    for _ in range(1000):
+        port = rng.randrange(_PORTS_FROM, max(ephemeral_low, _PORTS_FROM + 1000))
+        with socket.socket() as s:
+            try:
+                s.bind(("", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError(f"no free port in [{_PORTS_FROM}, {ephemeral_low})")
 
 
 @dataclass
