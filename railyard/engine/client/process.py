@@ -161,24 +161,25 @@ class EngineProcessClient(CoreClient):
         self._closed = True
         if self.loop is not None:
             self.loop.remove_reader(self.process.sentinel)
-        if self._reader is not None:
-            self._reader.cancel()
-            try:
-                await self._reader
-            except asyncio.CancelledError:
-                pass
+        await self._stop_reading()
         self._finalizer.detach()
         self._input.close(linger=0)
-        self._unwatch_output()
         # Closed once, through its owner: closing the asyncio shadow instead would leave the owner to close the same
         # handle again when it is collected, by then perhaps the handle of a next front's socket in this process.
         self._output.close(linger=0)
         self._ctx.term()
         return CoreHandoff(config, self.process.pid, self._dir, ready)
 
-    def _unwatch_output(self) -> None:
-        """Take the output socket's descriptor off the event loop (zmq.asyncio registered it there): a socket this
-        process opens next may be given the same descriptor, and a stale registration would take its wake-ups."""
+    async def _stop_reading(self) -> None:
+        """End the task reading the core's outputs and take the output socket's descriptor off the event loop
+        (zmq.asyncio registered it there): a socket this process opens next may be given the same descriptor, and a
+        stale registration would take its wake-ups."""
+        if self._reader is not None:
+            self._reader.cancel()
+            try:
+                await self._reader
+            except asyncio.CancelledError:
+                pass
         if self._aoutput is not None and self.loop is not None and not self._output.closed:
             self.loop.remove_reader(self._aoutput.FD)
 
@@ -220,15 +221,9 @@ class EngineProcessClient(CoreClient):
             except zmq.ZMQError:
                 pass
             await asyncio.to_thread(self.process.join, _STOP_S)
-        if self._reader is not None:
-            self._reader.cancel()
-            try:
-                await self._reader
-            except asyncio.CancelledError:
-                pass
+        await self._stop_reading()
         self._die(self.dead or EngineDeadError("the engine was shut down"), quiet=True)
         self._fail_calls()
-        self._unwatch_output()
         self._finalizer()
 
     @property

@@ -324,16 +324,14 @@ class ModelRunner:
             if "kv_cache" in tags and not self.kv_tensors:
                 if self._sleeping is None:  # as at start-up: the piecewise graphs before the cache
                     with timed("cuda_graphs"):
-                        self.piecewise = self._capture_piecewise()
-                    self._measure_piecewise()
+                        self._recapture_piecewise()
                 with timed("kv_allocation"):
                     self._allocate_kv_cache()
                     _synchronize(self.device)
             if self._recapture and self._sleeping is None and self.kv_tensors:
                 with timed("cuda_graphs"):
                     if self.piecewise is None:  # the cache came back before the weights
-                        self.piecewise = self._capture_piecewise()
-                        self._measure_piecewise()
+                        self._recapture_piecewise()
                     self.graphs = self._capture_graphs()
                 if self.device.type == "cuda":
                     with timed("warm_up"):
@@ -341,6 +339,11 @@ class ModelRunner:
                 self._recapture = False
         jit.record(times)
         return times
+
+    def _recapture_piecewise(self) -> None:
+        """The piecewise graphs captured again (a wake-up: no weight load beside them) and their memory measured."""
+        self.piecewise = self._capture_piecewise()
+        self._measure_piecewise()
 
     def _reload_weights(self) -> None:
         """Level 2's wake-up: the weights as start-up filled them (the checkpoint, or a named shape's seed)."""
