@@ -579,6 +579,7 @@ def _model_args(model: StackModel) -> dict[str, Any]:
                 "max_prompt_tokens": pool.max_prompt_tokens if pool else None,
                 "deployment": name,
                 "engine": engine_options(model, pool),
+                **_standby_args(model, pool),
             }
         )
     args: dict[str, Any] = {
@@ -590,11 +591,19 @@ def _model_args(model: StackModel) -> dict[str, Any]:
         "stream_interval_s": model.stream_interval_s,
         "stream_items_per_s": model.stream_items_per_s,
     }
-    if model.autoscaling is not None:
-        args["autoscaling"] = model.autoscaling.model_dump(exclude_none=True)
     if model.lora is not None:
         args["lora"] = {"adapters": [{"name": n, "path": p} for n, p in model.lora.pod_paths().items()]}
     return args
+
+
+def _standby_args(model: StackModel, pool: StackPool | None) -> dict[str, Any]:
+    """What a pool's replicas need of its autoscaling: the standby engines to keep and the replicas their GPU may
+    hold at most. Only that: Ray Serve hashes `args` into the app's code version, so an autoscaling bound or delay
+    in args would restart every replica when edited; in `deployments` it is an update in place."""
+    _, auto = scaling(model, pool)
+    if auto is None or not auto.standby_engines:
+        return {}
+    return {"standby": {"engines": auto.standby_engines, "max_replicas": auto.max_replicas}}
 
 
 def _deployment(model: StackModel, name: str, pool: StackPool | None) -> dict[str, Any]:
@@ -631,12 +640,14 @@ def to_serve_config(stack: Stack) -> dict[str, Any]:
     """The Ray Serve config (`serve run` / serveConfigV2) for a stack.
 
     `args` is what `railyard.serve.app:build_app(args)` receives:
-    `{"models": [{"name", "model", "tensor_parallel_size", "engine": {...}, "autoscaling"?: {...},
-    "stream_interval_s", "stream_items_per_s",
-    "pools": [{"name", "max_prompt_tokens" (None = no limit), "deployment", "engine": {...}}]}], "ingress": {...}}`
+    `{"models": [{"name", "model", "tensor_parallel_size", "engine": {...}, "stream_interval_s", "stream_items_per_s",
+    "pools": [{"name", "max_prompt_tokens" (None = no limit), "deployment", "engine": {...},
+    "standby"?: {"engines", "max_replicas"}}]}], "ingress": {...}}`
     (the ingress's proxy is not among them: it is the Ray cluster's environment, `Ingress.ray_env()`),
     where each pool's `deployment` names its entry in `deployments` and `engine` holds the options the stack sets
-    for it (the model's, then the pool's): the engine applies its own defaults to the rest.
+    for it (the model's, then the pool's): the engine applies its own defaults to the rest. Replica counts and
+    autoscaling live in `deployments` only, where Ray Serve applies an edit to the running replicas; what is in
+    `args` is code to Ray Serve, and an edit there starts every replica anew.
     """
     deployments = [_deployment(model, name, pool) for model in stack.models for name, pool in replica_pools(model)]
     app = {

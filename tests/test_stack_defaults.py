@@ -43,6 +43,8 @@ def _deployment_options(spec, entry: dict | None = None) -> dict:
     if entry is not None:
         deployment = deployment.options(**{k: v for k, v in entry.items() if k != "name"})
     options = deployment._deployment_config.model_dump()
+    # which options code and which the config file set is Serve's bookkeeping, not what the replicas run with
+    options.pop("user_configured_option_names")
     options["ray_actor_options"] = deployment.ray_actor_options
     return options
 

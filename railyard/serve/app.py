@@ -19,7 +19,6 @@ from railyard.serve.ingress import OpenAIIngress
 from railyard.serve.replica import EngineReplica
 from railyard.serve.router import ROUTERS
 from railyard.engine.config import EngineConfig
-from railyard.engine.config import EngineConfig
 from railyard.serve.spec import AppSpec, PoolDeployment, ServedModel, parse_app_args
 
 
@@ -71,20 +70,14 @@ def bind_engine(spec: AppSpec, model: ServedModel, pool: PoolDeployment) -> serv
     return engine_deployment(spec, model, pool).bind(pool.engine, max_waiting_requests=spec.max_waiting_requests,
                                                      stream_interval_s=model.stream_interval_s,
                                                      stream_items_per_s=model.stream_items_per_s,
-                                                     **standby_options(model, pool))
+                                                     **standby_options(pool))
 
 
-def standby_options(model: ServedModel, pool: PoolDeployment) -> dict[str, int]:
-    """The replica's standby engines (autoscaling.standby_engines) and the engines its GPU holds for the pool: as many
-    as its GPU fraction allows, no more than the pool's max_replicas (those on one GPU, or CPU, at most)."""
-    standby = pool.autoscaling.standby_engines if pool.autoscaling is not None else 0
-    if not standby:
+def standby_options(pool: PoolDeployment) -> dict[str, int]:
+    """The replica's standby engines and its pool's max_replicas (the replica bounds its GPU's engines by them)."""
+    if pool.standby is None:
         return {}
-    gpus = replica_resources(model, pool)["ray_actor_options"].get("num_gpus", 0)
-    slots = pool.autoscaling.max_replicas
-    if gpus:
-        slots = min(slots, max(1, int(1 / gpus + 1e-9)))
-    return {"standby_engines": standby, "standby_slots": slots + standby if not gpus else slots}
+    return {"standby_engines": pool.standby.engines, "standby_max_replicas": pool.standby.max_replicas}
 
 
 def engine_deployment(spec: AppSpec, model: ServedModel, pool: PoolDeployment) -> serve.Deployment:

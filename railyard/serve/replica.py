@@ -74,9 +74,11 @@ class EngineReplica:
 
     async def __init__(self, engine: dict[str, Any], *, max_waiting_requests: int = DEFAULT_MAX_WAITING_REQUESTS,
                        engine_process: bool = True, stream_interval_s: float = 0.0,
-                       stream_items_per_s: float = 0.0, standby_engines: int = 0, standby_slots: int = 1) -> None:
+                       stream_items_per_s: float = 0.0, standby_engines: int = 0,
+                       standby_max_replicas: int = 1) -> None:
         """standby_engines: sleeping engines the node's pool keeps for this deployment (serve/standby.py), of which
-        this replica takes its own; standby_slots: engines the GPU holds for the deployment at most."""
+        this replica takes its own; standby_max_replicas: the deployment's, which with the GPU share Ray gave this
+        replica bounds the engines its GPU holds for the deployment."""
         import ray
         from ray import serve
 
@@ -89,10 +91,12 @@ class EngineReplica:
             await asyncio.to_thread(expose_reserved_gpus, config.tensor_parallel_size)
         if engine_process and standby_engines and config.tensor_parallel_size == 1:
             from railyard.engine.client.process import EngineProcessClient
-            from railyard.serve.standby import pool_for
+            from railyard.serve.standby import pool_for, standby_slots
 
             config = dataclasses.replace(config, enable_sleep_mode=True)
-            self._pool = pool_for(context.app_name, context.deployment, config, standby_engines, standby_slots)
+            gpus = ray.get_runtime_context().get_assigned_resources().get("GPU", 0.0)
+            slots = standby_slots(standby_engines, standby_max_replicas, gpus)
+            self._pool = pool_for(context.app_name, context.deployment, config, standby_engines, slots)
             handoff = await self._pool.claim.remote(ray.get_runtime_context().current_actor)
             self.client = await asyncio.to_thread(
                 EngineProcessClient, config, handoff=handoff, max_waiting_requests=max_waiting_requests,

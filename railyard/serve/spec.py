@@ -1,8 +1,9 @@
 """The serve application's arguments (`args` of the Ray Serve config), validated once into plain data.
 
 The shape is what `railyard.stack.to_serve_config` writes:
-`{"models": [{"name", "model", "tensor_parallel_size", "engine", "autoscaling"?, "stream_interval_s"?,
-"stream_items_per_s"?, "pools": [{"name", "max_prompt_tokens", "deployment", "engine"}]}], "ingress": {"num_replicas"}}`.
+`{"models": [{"name", "model", "tensor_parallel_size", "engine", "stream_interval_s"?, "stream_items_per_s"?,
+"pools": [{"name", "max_prompt_tokens", "deployment", "engine", "standby"?}]}], "ingress": {"num_replicas"}}`.
+A pool's `standby` ({"engines", "max_replicas"}) is what its replicas need of autoscaling.standby_engines.
 Optional extras, for running without a stack file: per pool `num_replicas`, `autoscaling`, `ray_actor_options`,
 `max_ongoing_requests`; top level `router` (name and options), `replica` (the stack's lifecycle options and
 max_waiting_requests) and the ingress's `name`. A model's `lora: {"adapters": [{"name", "path"}]}` serves LoRA
@@ -33,6 +34,15 @@ _ENGINE_FIELDS = set(EngineConfig.option_names())
 
 
 @dataclass(frozen=True)
+class Standby:
+    """A pool's standby engines (autoscaling.standby_engines) and its max_replicas, which bounds the engines one GPU
+    holds for it (serve/standby.py standby_slots)."""
+
+    engines: int
+    max_replicas: int
+
+
+@dataclass(frozen=True)
 class PoolDeployment:
     """One length pool of a served model: its engine deployment and that deployment's engine options."""
 
@@ -44,6 +54,7 @@ class PoolDeployment:
     autoscaling: Autoscaling | None = None
     ray_actor_options: dict[str, Any] | None = None
     max_ongoing_requests: int | None = None  # default: the engine's max_num_seqs
+    standby: Standby | None = None
 
 
 @dataclass(frozen=True)
@@ -141,7 +152,8 @@ def _model(raw: Any, i: int) -> ServedModel:
         pools.append(PoolDeployment(str(p["name"]), str(p.get("deployment") or deployment_name(name, p["name"])),
                                     int(limit) if limit is not None else None, engine,
                                     int(p.get("num_replicas", replicas)), autoscaling,
-                                    p.get("ray_actor_options"), p.get("max_ongoing_requests")))
+                                    p.get("ray_actor_options"), p.get("max_ongoing_requests"),
+                                    _standby(p.get("standby"), autoscaling, pwhere)))
     limits = [p.max_prompt_tokens for p in pools]
     if any(limit is None for limit in limits[:-1]):
         raise ConfigError(f"{where}.pools: only the last pool may omit max_prompt_tokens")
@@ -152,6 +164,19 @@ def _model(raw: Any, i: int) -> ServedModel:
     if budget < 0:
         raise ConfigError(f"{where}.stream_items_per_s must be >= 0, got {budget}")
     return ServedModel(name, path, tp, pools, interval, budget, adapters or [])
+
+
+def _standby(raw: Any, autoscaling: Autoscaling | None, where: str) -> Standby | None:
+    """A pool's `standby` ({"engines", "max_replicas"}, as a stack writes it), else its autoscaling's."""
+    if raw is None:
+        if autoscaling is None or not autoscaling.standby_engines:
+            return None
+        return Standby(autoscaling.standby_engines, autoscaling.max_replicas)
+    if not isinstance(raw, dict) or set(raw) != {"engines", "max_replicas"}:
+        raise ConfigError(f"{where}.standby must be {{\"engines\": N, \"max_replicas\": M}}")
+    auto = _validated(Autoscaling, {"standby_engines": raw["engines"], "max_replicas": raw["max_replicas"]},
+                      f"{where}.standby")
+    return Standby(auto.standby_engines, auto.max_replicas) if auto.standby_engines else None
 
 
 def _adapters(raw: Any, where: str) -> list[tuple[str, str]] | None:

@@ -245,6 +245,16 @@ class _PoolActor(StandbyPool):
                 pass
 
 
+def standby_slots(standby: int, max_replicas: int, gpus: float) -> int:
+    """Engines (claimed, asleep or starting) one GPU may hold for a deployment whose replicas take `gpus` of it each:
+    as many replicas as fit on it, no more than the deployment's max_replicas, so a standby only ever takes memory
+    a replica of its own deployment could have used, never a share Ray gave another. On the CPU (gpus 0) memory is
+    not counted in slots: every replica, and the standbys beside them."""
+    if gpus <= 0:
+        return max_replicas + standby
+    return max(1, min(max_replicas, int(1 / gpus + 1e-9)))
+
+
 def pool_for(app: str, deployment: str, config: EngineConfig, standby: int, slots: int):
     """The pool actor of an app's deployment on this replica's node and GPU, created by the first replica there
     (detached: it outlives the replica, as the engines it parents must). Named for the engines it holds too: two apps

@@ -9,7 +9,7 @@ pytest.importorskip("ray")
 from ray.serve.schema import ServeDeploySchema
 
 from railyard.errors import ConfigError
-from railyard.serve.app import autoscaling_config, build_app, replica_resources
+from railyard.serve.app import autoscaling_config, build_app, replica_resources, standby_options
 from railyard.serve.autoscaling import POLICIES, POLICY_IMPORT_PATH
 from railyard.serve.launch import for_cpu, with_autoscaling_policy, with_pending_policy, with_router
 from railyard.serve.spec import (
@@ -37,7 +37,53 @@ def test_the_stacks_args_become_one_deployment_per_model_and_pool(tiny_model):
     assert [(p.name, p.max_prompt_tokens) for p in chat.pools] == [("short", 512), ("long", None)]
     assert chat.pools[0].engine["max_num_batched_tokens"] == 2048
     assert chat.pools[1].engine["max_num_batched_tokens"] == 8192
-    assert chat.pools[0].autoscaling.target_pending_per_replica == 8
+    # replica counts and autoscaling are the deployments' options, not the replicas' code
+    assert all(p.autoscaling is None and p.standby is None for p in chat.pools)
+    assert all(d["autoscaling_config"]["target_ongoing_requests"] == 8 for d in app["deployments"][:2])
+
+
+def _code_version(stack) -> str:
+    """Ray Serve's code version of the stack's app: a change redeploys every replica, else it updates in place."""
+    from ray.serve._private.deploy_utils import get_app_code_version
+    from ray.serve.schema import ServeApplicationSchema
+
+    return get_app_code_version(ServeApplicationSchema.model_validate(to_serve_config(stack)["applications"][0]))
+
+
+def test_autoscaling_edits_update_the_running_replicas_and_engine_edits_restart_them(tiny_model):
+    stack = _stack(tiny_model)
+    before = _code_version(stack)
+    auto = stack.models[0].autoscaling
+    auto.min_replicas, auto.max_replicas, auto.upscale_delay_s, auto.target_pending_per_replica = 2, 6, 1.0, 16
+    stack.models[1].num_replicas = 3
+    assert _code_version(stack) == before
+    stack.models[1].engine.max_model_len = 512
+    assert _code_version(stack) != before
+
+
+def test_standby_engines_reach_each_pools_replicas_with_the_max_replicas_that_bounds_them(tiny_model):
+    stack = parse_stack({"name": "cfg", "image": "railyard:test", "models": [
+        {"name": "chat", "model": tiny_model, "engine": {"max_model_len": 1024},
+         "autoscaling": {"min_replicas": 1, "max_replicas": 2, "standby_engines": 1},
+         "pools": [{"name": "short", "max_prompt_tokens": 512},
+                   {"name": "long", "autoscaling": {"min_replicas": 1, "max_replicas": 3, "standby_engines": 2}}]},
+        {"name": "small", "model": tiny_model, "autoscaling": {"min_replicas": 1, "max_replicas": 4}}]})
+    args = to_serve_config(stack)["applications"][0]["args"]
+    assert [p.get("standby") for m in args["models"] for p in m["pools"]] == [
+        {"engines": 1, "max_replicas": 2}, {"engines": 2, "max_replicas": 3}, None]
+    spec = parse_app_args(args)
+    assert [standby_options(p) for m in spec.models for p in m.pools] == [
+        {"standby_engines": 1, "standby_max_replicas": 2}, {"standby_engines": 2, "standby_max_replicas": 3}, {}]
+    # without a stack file, a pool's autoscaling says the same
+    bare = parse_app_args({"models": [{"name": "m", "model": tiny_model,
+                                       "autoscaling": {"max_replicas": 2, "standby_engines": 1}}]})
+    assert standby_options(bare.models[0].pools[0]) == {"standby_engines": 1, "standby_max_replicas": 2}
+    with pytest.raises(ConfigError, match=r"pools\[0\].standby must be"):
+        parse_app_args({"models": [{"name": "m", "model": tiny_model, "pools": [
+            {"name": "p", "standby": {"engines": 1}}]}]})
+    with pytest.raises(ConfigError, match=r"pools\[0\].standby.standby_engines"):
+        parse_app_args({"models": [{"name": "m", "model": tiny_model, "pools": [
+            {"name": "p", "standby": {"engines": 9, "max_replicas": 2}}]}]})
 
 
 def test_a_models_stream_interval_reaches_its_replicas_and_defaults_to_ray_serve_llms_50_ms(tiny_model):
@@ -100,8 +146,9 @@ def test_a_tensor_parallel_replica_asks_for_strict_pack_bundles(tiny_model):
     assert cpu["placement_group_bundles"] == [{"CPU": 1}, {"CPU": 1}]
 
 
-def test_autoscaling_runs_the_pending_requests_policy_with_the_stacks_thresholds(tiny_model):
-    spec = parse_app_args(to_serve_config(_stack(tiny_model))["applications"][0]["args"])
+def test_autoscaling_set_in_code_runs_the_pending_requests_policy_with_its_thresholds(tiny_model):
+    spec = parse_app_args({"models": [{"name": "m", "model": tiny_model, "autoscaling": {
+        "min_replicas": 1, "max_replicas": 4, "target_pending_per_replica": 8}}]})
     config = autoscaling_config(spec.models[0].pools[0])
     assert config.policy.policy_function == POLICY_IMPORT_PATH
     assert (config.min_replicas, config.max_replicas, config.target_ongoing_requests) == (1, 4, 8)

@@ -10,7 +10,7 @@ import os
 
 from railyard.engine.client.process import EngineProcessClient
 from railyard.engine.config import EngineConfig, SamplingParams
-from railyard.serve.standby import StandbyPool
+from railyard.serve.standby import StandbyPool, standby_slots
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
 PROMPT = [1, 2, 3, 5, 8]
@@ -74,3 +74,12 @@ def test_replicas_take_sleeping_engines_the_pool_refills_within_its_slots_and_sh
     assert len(processes) == 2 and first.pid in {p.pid for p in processes}
     assert all(p.exitcode is not None for p in processes)  # none left behind
     assert not any(os.path.exists(d) for d in directories)  # nor their sockets' directories
+
+
+def test_a_gpu_holds_as_many_engines_for_a_deployment_as_its_replicas_fit_there_up_to_max_replicas():
+    assert standby_slots(1, max_replicas=2, gpus=0.5) == 2  # the second replica's share: its standby waits there
+    assert standby_slots(1, max_replicas=4, gpus=0.5) == 2  # never a share Ray may give another deployment
+    assert standby_slots(2, max_replicas=2, gpus=0.25) == 2
+    assert standby_slots(1, max_replicas=3, gpus=1 / 3) == 3  # 1 / (1/3) rounds to 3, not 2
+    assert standby_slots(1, max_replicas=2, gpus=1.0) == 1  # a whole-GPU replica leaves no room for a standby
+    assert standby_slots(1, max_replicas=2, gpus=0.0) == 3  # on the CPU: every replica and its standby

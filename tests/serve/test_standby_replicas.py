@@ -20,7 +20,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from railyard.engine.config import EngineConfig
 from railyard.serve.app import build_app
 from railyard.serve.launch import deploy
-from railyard.serve.standby import pool_for
+from railyard.serve.standby import pool_for, standby_slots
 from railyard.stack import parse_stack, to_serve_config
 from tests.serve.conftest import engine_args, engine_client, run_request, running_replicas, wait_until
 
@@ -63,7 +63,7 @@ def test_a_replica_serves_from_the_pool_which_keeps_a_standby_and_takes_the_engi
 
 BURST_APP, BURST_MODEL = "standby-burst", "burst"
 BURST_DEPLOYMENT = f"engine-{BURST_MODEL}-default"
-BURST_SLOTS = AUTOSCALING["max_replicas"] + AUTOSCALING["standby_engines"]  # on CPU: serve/app.py standby_options
+BURST_SLOTS = standby_slots(AUTOSCALING["standby_engines"], AUTOSCALING["max_replicas"], gpus=0.0)  # on the CPU
 PROMPT = [5, 17, 42, 99, 7, 63]
 
 
