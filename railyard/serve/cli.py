@@ -150,8 +150,10 @@ def run_stack(args: argparse.Namespace) -> int:
                      progress=lambda line: print(f"railyard: replicas: {line}", file=sys.stderr, flush=True),
                      own_ray=own_ray)
         names = ", ".join(m.name for m in stack.models)
-        print(f"railyard: {names} on Ray Serve at {url} (OpenAI API under {url}/v1, metrics at {url}/metrics); "
-              "Ctrl-C to stop", flush=True)
+        import ray
+
+        print(f"railyard: {names} on Ray Serve at {url} (OpenAI API under {url}/v1, metrics at {url}/metrics; "
+              f"Ray at {ray.get_runtime_context().gcs_address}); Ctrl-C to stop", flush=True)
         threading.Event().wait()
     except Stopped as stop:
         code = stop.exit_code

@@ -5,6 +5,7 @@ on stderr and exits 2, and a stop signal at any moment, mid-deploy included, lea
 from __future__ import annotations
 
 import json
+import re
 import os
 import shutil
 import signal
@@ -116,6 +117,7 @@ def test_stack_cpu_serves_behind_haproxy_with_its_admin_ports_on_loopback_and_st
     try:
         up.wait_for("Ctrl-C to stop")
         assert "railyard: replicas: " in up.output()  # progress while the replicas started
+        assert re.search(r"; Ray at [\d.]+:\d+\); Ctrl-C to stop", up.output())  # for `ray status`, serve.status()
         assert [command for _, command in listeners(up.port)] == ["haproxy"]
         for port in (up.stats_port, up.metrics_port):
             assert listeners(port) and all(address == LOOPBACK for address, _ in listeners(port)), listeners(port)
