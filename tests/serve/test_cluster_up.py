@@ -5,8 +5,8 @@ on stderr and exits 2, and a stop signal at any moment, mid-deploy included, lea
 from __future__ import annotations
 
 import json
-import re
 import os
+import re
 import shutil
 import signal
 import subprocess
