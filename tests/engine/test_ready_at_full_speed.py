@@ -33,7 +33,9 @@ CASES = {"bf16": ("dense", dict(), 0),
          "fp8": ("dense", dict(quantization="fp8", kv_cache_dtype="fp8", preemption_mode="swap", num_cpu_blocks=1024),
                  0),
          "moe": ("moe", dict(), 0),
-         "lora": ("dense", dict(enable_lora=True, max_loras=2), 3)}  # three adapters for two slots: evictions too
+         # three adapters for two slots: evictions too; the third adapter's requests wait for a slot, so fewer
+         # sequences run at once and a smaller cache is what reaches preemption
+         "lora": ("dense", dict(enable_lora=True, max_loras=2, num_gpu_blocks=300), 3)}
 KINDS = [SamplingParams(temperature=0.0), SamplingParams(temperature=0.8, seed=3),
          SamplingParams(temperature=0.7, top_k=20, top_p=0.9, min_p=0.05),
          SamplingParams(temperature=0.0, repetition_penalty=1.2, presence_penalty=0.5, frequency_penalty=0.5),
@@ -104,7 +106,7 @@ def test_a_workload_across_the_limits_compiles_and_captures_nothing_after_ready(
     adapters = _adapters(gpu_models[model], num_adapters, tmp_path / "adapters")
     monkeypatch.setenv("RAILYARD_CACHE", str(tmp_path / "cache"))  # an empty kernel cache: every kernel is new
     monkeypatch.delenv("TRITON_CACHE_DIR", raising=False)
-    llm = LLM(gpu_models[model], **LIMITS, **options)
+    llm = LLM(gpu_models[model], **{**LIMITS, **options})
     captures = _Captures(monkeypatch)
     jit_before = jit_after_ready()
     rng = random.Random(7)
