@@ -8,11 +8,9 @@ walking the slots' counts; programs past the last tile return at once. So a CUDA
 replays for any mix of adapters and base-model tokens (whose group, after the last slot, no program visits), and a
 long prefill launches no idle programs per slot.
 
-shrink: out[k, t, :] = x[t, k-th share of K] A_s^T in float32: K is split over programs when few tokens would leave
-the GPU idle, each split storing its own partial plane (no atomics, and no zeroed buffer: a memset per call would be
-one more launch per LoRA point and step). Rows of base-model tokens are never written.
-expand: y[t, part columns] += (sum over k of out[k, t, part's rank block], rounded to B's dtype) B_s^T, in y's dtype;
-every output element belongs to exactly one program, so no atomics.
+shrink: out[t, :] = x[t] A_s^T in float32 (split over K with atomic adds when few tokens would leave the GPU idle).
+expand: y[t, part columns] += out[t, part's rank block] (rounded to B's dtype) B_s^T, in y's dtype; every output
+element belongs to exactly one program, so no atomics.
 """
 
 from __future__ import annotations
@@ -46,7 +44,7 @@ def _row_tile(counts_ptr, starts_ptr, order_ptr, NUM_SLOTS: tl.constexpr, BLOCK_
 
 @triton.jit
 def _shrink_kernel(x_ptr, a_ptr, out_ptr, order_ptr, counts_ptr, starts_ptr, N, K,
-                   stride_xm, stride_xk, stride_as, stride_an, stride_ak, stride_ok, stride_om, stride_on,
+                   stride_xm, stride_xk, stride_as, stride_an, stride_ak, stride_om, stride_on,
                    NUM_SLOTS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                    SPLIT_K: tl.constexpr, DOT_PRECISION: tl.constexpr):
     slot, tok, mask_m = _row_tile(counts_ptr, starts_ptr, order_ptr, NUM_SLOTS, BLOCK_M)
@@ -66,15 +64,19 @@ def _shrink_kernel(x_ptr, a_ptr, out_ptr, order_ptr, counts_ptr, starts_ptr, N, 
         at = tl.load(a_base + offs_n[None, :] * stride_an + offs_k[:, None] * stride_ak,
                      mask=mask_k[:, None] & mask_n[None, :], other=0.0)
         acc += tl.dot(xt, at, input_precision=DOT_PRECISION)
-    ptrs = out_ptr + pid_k * stride_ok + tok[:, None] * stride_om + offs_n[None, :] * stride_on
-    tl.store(ptrs, acc, mask=mask_m[:, None] & mask_n[None, :])
+    ptrs = out_ptr + tok[:, None] * stride_om + offs_n[None, :] * stride_on
+    mask = mask_m[:, None] & mask_n[None, :]
+    if SPLIT_K == 1:
+        tl.store(ptrs, acc, mask=mask)
+    else:
+        tl.atomic_add(ptrs, acc, mask=mask)
 
 
 @triton.jit
 def _expand_kernel(s_ptr, b_ptr, y_ptr, order_ptr, counts_ptr, starts_ptr, offsets_ptr,
-                   stride_sk, stride_sm, stride_sn, stride_bs, stride_bn, stride_br, stride_ym, stride_yn,
-                   NUM_SLOTS: tl.constexpr, TILES_PER_PART: tl.constexpr, RANK: tl.constexpr, SPLIT_K: tl.constexpr,
-                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr):
+                   stride_sm, stride_sn, stride_bs, stride_bn, stride_br, stride_ym, stride_yn,
+                   NUM_SLOTS: tl.constexpr, TILES_PER_PART: tl.constexpr, RANK: tl.constexpr, BLOCK_M: tl.constexpr,
+                   BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr):
     part = tl.program_id(1) // TILES_PER_PART
     tile = tl.program_id(1) % TILES_PER_PART
     lo = tl.load(offsets_ptr + part)
@@ -85,10 +87,8 @@ def _expand_kernel(s_ptr, b_ptr, y_ptr, order_ptr, counts_ptr, starts_ptr, offse
     if slot < 0:
         return
     offs_r = tl.arange(0, RANK)
-    s_ptrs = s_ptr + tok[:, None] * stride_sm + (part * RANK + offs_r)[None, :] * stride_sn
-    st = tl.load(s_ptrs, mask=mask_m[:, None], other=0.0)
-    for k in tl.static_range(1, SPLIT_K):
-        st += tl.load(s_ptrs + k * stride_sk, mask=mask_m[:, None], other=0.0)
+    st = tl.load(s_ptr + tok[:, None] * stride_sm + (part * RANK + offs_r)[None, :] * stride_sn,
+                 mask=mask_m[:, None], other=0.0)
     offs_n = lo + tile * BLOCK_N + tl.arange(0, BLOCK_N)
     mask_n = offs_n < hi
     bt = tl.load(b_ptr + slot.to(tl.int64) * stride_bs + offs_n[None, :] * stride_bn + offs_r[:, None] * stride_br,
@@ -111,24 +111,23 @@ def _block_m(num_tokens: int) -> int:
 
 def shrink(x: torch.Tensor, a: torch.Tensor, order: torch.Tensor, counts: torch.Tensor,
            starts: torch.Tensor) -> torch.Tensor:
-    """x [T, K] and A [slots, N, K] -> float32 [split, T, N], the partial products of K's splits (expand sums them);
-    rows of base-model tokens hold whatever the memory held."""
+    """x [T, K] and A [slots, N, K] -> float32 [T, N]; rows of base-model tokens are left as they are (zeros)."""
     t, k = x.shape
     slots, n, _ = a.shape
     block_m, block_n, block_k = _block_m(t), 16 if n <= 16 else 32, 64
     # Few row tiles per slot leave most of the GPU idle over a long K: split K across programs instead.
     split_k = 1 if t > 256 else max(1, min(16, triton.cdiv(k, 4 * block_k)))
-    out = torch.empty((split_k, t, n), dtype=torch.float32, device=x.device)
+    out = torch.zeros((t, n), dtype=torch.float32, device=x.device)
     grid = (triton.cdiv(t, block_m) + slots, triton.cdiv(n, block_n) * split_k)
     _shrink_kernel[grid](x, a, out, order, counts, starts, n, k, x.stride(0), x.stride(1), a.stride(0), a.stride(1),
-                         a.stride(2), out.stride(0), out.stride(1), out.stride(2), NUM_SLOTS=slots, BLOCK_M=block_m, BLOCK_N=block_n,
+                         a.stride(2), out.stride(0), out.stride(1), NUM_SLOTS=slots, BLOCK_M=block_m, BLOCK_N=block_n,
                          BLOCK_K=block_k, SPLIT_K=split_k, DOT_PRECISION=_dot_precision(x))
     return out
 
 
 def expand(shrunk: torch.Tensor, b: torch.Tensor, y: torch.Tensor, order: torch.Tensor, counts: torch.Tensor,
            starts: torch.Tensor, part_offsets: torch.Tensor, max_part: int, rank: int) -> None:
-    """y [T, out] += shrunk's (summed) part blocks times each part's B [slots, out, rank] columns, in place."""
+    """y [T, out] += shrunk's part blocks times each part's B [slots, out, rank] columns, in place."""
     t = y.shape[0]
     block_m = _block_m(t)
     block_n = 64 if max_part >= 64 else 32 if max_part >= 32 else 16
@@ -136,5 +135,6 @@ def expand(shrunk: torch.Tensor, b: torch.Tensor, y: torch.Tensor, order: torch.
     slots = b.shape[0]
     grid = (triton.cdiv(t, block_m) + slots, tiles * (part_offsets.numel() - 1))
     _expand_kernel[grid](shrunk, b, y, order, counts, starts, part_offsets, shrunk.stride(0), shrunk.stride(1),
-                         shrunk.stride(2), b.stride(0), b.stride(1), b.stride(2), y.stride(0), y.stride(1),
-                         NUM_SLOTS=slots, TILES_PER_PART=tiles, RANK=rank, SPLIT_K=shrunk.shape[0], BLOCK_M=block_m, BLOCK_N=block_n, DOT_PRECISION=_dot_precision(b))
+                         b.stride(0), b.stride(1), b.stride(2), y.stride(0), y.stride(1), NUM_SLOTS=slots,
+                         TILES_PER_PART=tiles,
+                         RANK=rank, BLOCK_M=block_m, BLOCK_N=block_n, DOT_PRECISION=_dot_precision(b))
