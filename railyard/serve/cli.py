@@ -108,9 +108,9 @@ def _on_stop_signals(handler) -> None:
         signal.signal(sig, handler)
 
 
-def _start_ray(address: str | None) -> None:
+def _start_ray(address: str | None) -> str:
     """ray.init, with Ray's own SIGTERM handler (installed at its start: sys.exit(15)) read as a stop; a Ray of our
-    own runs the HAProxy loopback hook in its workers."""
+    own runs the HAProxy loopback hook in its workers. Returns the Ray cluster's GCS address."""
     import ray
 
     runtime_env = None if address else {"worker_process_setup_hook": haproxy_local.HOOK}
@@ -122,6 +122,7 @@ def _start_ray(address: str | None) -> None:
         raise
     finally:
         _on_stop_signals(Stopped.handler)  # ray.init replaced SIGTERM's
+    return ray.get_runtime_context().gcs_address
 
 
 def run_stack(args: argparse.Namespace) -> int:
@@ -144,16 +145,14 @@ def run_stack(args: argparse.Namespace) -> int:
     daemon = mps.start() if local_mps(stack, args) else None  # before Ray: its processes inherit the pipe
     code = 0
     try:
-        _start_ray(args.address)
+        gcs = _start_ray(args.address)
         url = deploy(config, host=args.host, port=args.port, cpu=args.cpu, router=getattr(args, "router", None),
                      autoscaling_policy=getattr(args, "autoscaling_policy", None), timeout_s=args.deploy_timeout,
                      progress=lambda line: print(f"railyard: replicas: {line}", file=sys.stderr, flush=True),
                      own_ray=own_ray)
         names = ", ".join(m.name for m in stack.models)
-        import ray
-
         print(f"railyard: {names} on Ray Serve at {url} (OpenAI API under {url}/v1, metrics at {url}/metrics; "
-              f"Ray at {ray.get_runtime_context().gcs_address}); Ctrl-C to stop", flush=True)
+              f"Ray at {gcs}); Ctrl-C to stop", flush=True)
         threading.Event().wait()
     except Stopped as stop:
         code = stop.exit_code
