@@ -157,8 +157,8 @@ class Autoscaling(_Strict):
         600.0, ge=0, description="load must stay low this long before a replica goes (Ray's default): bringing one "
         "back costs a cold start (weights, KV profiling, CUDA graphs), so lulls between bursts keep it")
     look_back_period_s: float = Field(
-        5.0, gt=0, description="the window pending counts are averaged over: 5 s, not Ray's 30, which would "
-        "average a burst's first seconds away")
+        5.0, gt=0, description="the window pending counts are averaged over, which a fall in load must last "
+        "before it counts (a rise counts from the latest report): 5 s, not Ray's 30")
     metrics_interval_s: float = Field(
         1.0, gt=0, description="how often replicas and handles report their counts (Ray's default: 10 s); the "
         "policy cannot react faster than this")

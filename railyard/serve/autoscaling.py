@@ -29,9 +29,15 @@ def desired_replicas(total_pending: float, target_per_replica: float, min_replic
 
 def fleet_pending(ctx: Any) -> float:
     """Pending requests across the deployment: the engines' own counts plus requests still queued
-    at handles (not yet on any replica). A replica that has not reported yet is covered by Ray's
-    count of ongoing requests, so a fresh replica never hides load."""
-    reported = (ctx.aggregated_metrics or {}).get(PENDING_METRIC) or {}
+    at handles (not yet on any replica). A replica's count is the larger of its latest report and
+    its average over the look-back window: a burst counts from its first report (the upscale delay
+    then decides whether it lasts, instead of the average first climbing over the window), and a fall
+    counts once the window has seen it. A replica that has not reported yet is covered by Ray's count
+    of ongoing requests, so a fresh replica never hides load."""
+    reported = dict((ctx.aggregated_metrics or {}).get(PENDING_METRIC) or {})
+    for replica, series in ((ctx.raw_metrics or {}).get(PENDING_METRIC) or {}).items():
+        if series:
+            reported[replica] = max(reported.get(replica, 0.0), max(series, key=lambda s: s.timestamp).value)
     queued = ctx.total_queued_requests or 0.0
     total = sum(reported.values()) + queued
     if len(reported) < len(ctx.running_replicas):
