@@ -55,16 +55,34 @@ SMALL = TILES[0][1]
 # ones; BLOCK_K whole 32-weight groups.
 MXFP4_TILES = ((2, (16, 64, 128, 4, 3)), (8, (16, 128, 64, 4, 3)), (32, (64, 128, 64, 8, 3)))
 MXFP4_LARGE = (128, 128, 64, 8, 3)
+# The tables are for 2-byte activations. A pipeline stage holds an A tile and a B tile in shared memory, so 4-byte
+# (float32) ones double it: past this budget (under Hopper's 227 KiB per block, with room for Triton's own) a tile
+# loses pipeline stages, then halves BLOCK_K, until it fits.
+SHARED_MEMORY_BUDGET = 200 * 1024
 
 
-def pick_config(slots: int, num_experts: int, fp8: bool, mxfp4: bool = False) -> tuple[int, int, int, int, int]:
-    """The tile for T * k = `slots` (token, expert) pairs over num_experts experts (the tables above)."""
+def fit_shared_memory(tile: tuple[int, int, int, int, int], element_bytes: int,
+                      budget: int = SHARED_MEMORY_BUDGET) -> tuple[int, int, int, int, int]:
+    """The tile with as many stages and as long a K step as its operand tiles of `element_bytes` allow."""
+    bm, bn, bk, warps, stages = tile
+    while stages * (bm * bk + bk * bn) * element_bytes > budget:
+        if stages > 2:
+            stages -= 1
+        elif bk > 32:
+            bk //= 2
+        else:
+            break
+    return bm, bn, bk, warps, stages
+
+
+def pick_config(slots: int, num_experts: int, fp8: bool, mxfp4: bool = False,
+                element_bytes: int = 2) -> tuple[int, int, int, int, int]:
+    """The tile for T * k = `slots` (token, expert) pairs over num_experts experts (the tables above), fitted to
+    shared memory for activations of `element_bytes` (FP8's K step is its scale block's: its tiles stay)."""
     per_expert = slots / num_experts
     tiles, large = (MXFP4_TILES, MXFP4_LARGE) if mxfp4 else (FP8_TILES, FP8_LARGE) if fp8 else (TILES, LARGE)
-    for most, tile in tiles:
-        if per_expert <= most:
-            return tile
-    return large
+    tile = next((tile for most, tile in tiles if per_expert <= most), large)
+    return tile if fp8 else fit_shared_memory(tile, element_bytes)
 
 
 @triton.jit
@@ -214,7 +232,7 @@ def fused_experts(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_wei
         return torch.zeros_like(x)
     mxfp4 = w13.dtype == torch.uint8
     fp8 = w13_scale is not None and not mxfp4
-    config = config or pick_config(slots, num_experts, fp8, mxfp4)
+    config = config or pick_config(slots, num_experts, fp8, mxfp4, x.element_size())
     routing = align_by_expert(topk_ids, num_experts, config[0])
     gate_up = torch.empty((slots, w13.shape[1]), dtype=x.dtype, device=x.device)
     if fp8:

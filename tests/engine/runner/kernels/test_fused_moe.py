@@ -317,3 +317,24 @@ def test_a_captured_mxfp4_graph_replays_new_routing_on_gpu():
     graph.replay()
     want = experts_reference(x, w13, w2, weights, ids, silu_and_mul_native, b13, b2)
     torch.testing.assert_close(out, want, rtol=1e-3, atol=1e-3)
+
+
+def _shared_bytes(tile, element_bytes: int) -> int:
+    bm, bn, bk, _, stages = tile
+    return stages * (bm * bk + bk * bn) * element_bytes
+
+
+@pytest.mark.parametrize("per_expert", [1, 4, 12, 24, 100])
+def test_tiles_fit_shared_memory_for_float32_activations_and_stay_as_tuned_for_bf16(per_expert):
+    """The tables are tuned for 2-byte activations; float32 ones double every pipeline stage, and the wide tile
+    asked for 294,912 bytes of an H100's 232,448 (Triton's OutOfResources on the GPU)."""
+    slots, experts = per_expert * 64, 64
+    for fp8, mxfp4 in ((False, False), (False, True)):
+        tuned = fused_moe.pick_config(slots, experts, fp8, mxfp4)
+        assert _shared_bytes(tuned, 2) <= fused_moe.SHARED_MEMORY_BUDGET
+        wide = fused_moe.pick_config(slots, experts, fp8, mxfp4, element_bytes=4)
+        assert _shared_bytes(wide, 4) <= fused_moe.SHARED_MEMORY_BUDGET
+        assert wide[:2] == tuned[:2] and wide[3] == tuned[3]  # the same output tile and warps
+        assert wide[2] >= 32 and wide[4] >= 2 and wide[2] % fused_moe.MXFP4_GROUP == 0
+    assert fused_moe.fit_shared_memory((32, 256, 128, 4, 2), 4) == (32, 256, 64, 4, 2)
+    assert fused_moe.pick_config(slots, experts, True, element_bytes=4) == fused_moe.pick_config(slots, experts, True)
