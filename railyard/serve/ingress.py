@@ -18,6 +18,7 @@ from railyard.engine.runner.models.loader import resolve_model_dir
 from railyard.engine.tokenizer import load_tokenizer
 from railyard.model.spec import ModelSpec, read_model_spec
 from railyard.serve.client import PoolHandle, RayEngineClient
+from railyard.serve.logs import log_where_serve_logs
 from railyard.serve.metrics import ReplicaWatcher
 from railyard.shapes import is_shape, shape_config
 
@@ -61,6 +62,7 @@ class OpenAIIngress:
 
     def __init__(self, routes: list[dict[str, Any]], engines: dict[str, Any],
                  lora_runtime_updates: bool = False) -> None:
+        log_where_serve_logs()
         self.clients = make_clients(routes, engines)
         self.lora_modules = {r["name"]: [LoRAModule(a["name"], a["path"]) for a in (r.get("lora") or {}).get(
             "adapters", [])] for r in routes}

@@ -26,6 +26,7 @@ from railyard.engine.config import EngineConfig, SamplingParams
 from railyard.engine.lora.request import LoRARequest
 from railyard.engine.outputs import EngineStats, RequestOutput
 from railyard.errors import EngineDeadError
+from railyard.serve.logs import log_where_serve_logs
 from railyard.serve.placement import expose_reserved_gpus
 
 log = logging.getLogger("railyard.serve")
@@ -82,6 +83,7 @@ class EngineReplica:
         import ray
         from ray import serve
 
+        log_where_serve_logs()  # its start-up (and its engine core's, and a standby's wake-up) in the replica's log
         config = EngineConfig(**engine)
         context = serve.get_replica_context()
         self._pool = None

@@ -31,6 +31,7 @@ from typing import Any
 
 from railyard.engine.client.process import CoreHandoff, EngineProcessClient, spawn_core
 from railyard.engine.config import EngineConfig
+from railyard.serve.logs import log_where_serve_logs
 
 log = logging.getLogger("railyard.serve")
 
@@ -197,6 +198,7 @@ class _PoolActor(StandbyPool):
     replica that died holding it, and stops its cores and itself once none has held an engine for IDLE_S."""
 
     def __init__(self, *args, **kwargs) -> None:
+        log_where_serve_logs()  # its standby cores' start-up and sleep lines, in this actor's .err file
         super().__init__(*args, **kwargs)
         self._reaper: asyncio.Task | None = None
         self._owners: dict[int, Any] = {}  # a claimed core's pid -> the handle of the replica actor holding it

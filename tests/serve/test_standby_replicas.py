@@ -140,6 +140,9 @@ def test_a_replica_added_takes_the_engine_the_pool_held_asleep_and_gives_it_back
         assert first["replica"] in infos  # scaled out: the first replica stays
         (added,) = (info for replica, info in infos.items() if replica != first["replica"])
         assert added["engine_pid"] == asleep  # the sleeping engine, woken: no engine was started for the replica
+        # the replica's own log says so, with where the wake-up's time went (railyard's lines in Serve's files)
+        assert f"engine replica {added['replica']} took a standby engine (pid {asleep}): {{" in \
+            _replica_log(added["replica"])
         assert added["node_id"] == node
         tokens = asyncio.run(_tokens_by_replica(client, 2))
         assert tokens[added["replica"]] == tokens[first["replica"]]
@@ -166,6 +169,15 @@ def test_a_replica_added_takes_the_engine_the_pool_held_asleep_and_gives_it_back
         if pool is not None:
             ray.get(pool.shutdown.remote())
             ray.kill(pool)
+
+
+def _replica_log(replica_id: str) -> str:
+    """The replica's Ray Serve log file (the session's logs/serve)."""
+    from pathlib import Path
+
+    logs = Path(ray._private.worker._global_node.get_session_dir_path()) / "logs" / "serve"
+    (path,) = logs.glob(f"replica_*_{replica_id}.log")
+    return path.read_text()
 
 
 @ray.remote(num_cpus=0)

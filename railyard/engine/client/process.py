@@ -69,7 +69,8 @@ def spawn_core(config: EngineConfig, directory: str, standby: bool = False) -> m
     # Not a daemon: the core spawns its own tensor-parallel workers, which a daemon process may not.
     process = spawn.Process(
         target=run_engine_core, name="railyard-engine-core",
-        args=(config, f"ipc://{directory}/input", f"ipc://{directory}/output", logging.getLogger().level,
+        args=(config, f"ipc://{directory}/input", f"ipc://{directory}/output",
+              logging.getLogger("railyard").getEffectiveLevel(),
               time.time(), standby))
     process.start()
     return process
