@@ -75,7 +75,8 @@ if [ -n "$SMALL" ]; then  # CPU dry run: every step, tiny sizes
   TPUT="--input-len 16-64 --output-len 8"; C_LOW=4 C_HIGH=16 N_LOW=16 N_HIGH=16
   PREFIX_N=24 PREFIX_GROUPS=4
   PREFIX="--num-prompts $PREFIX_N --prefix-groups $PREFIX_GROUPS --shared-prefix-len 128 --input-len 16-64 --output-len 4 --request-rate 4"
-  BURST="--rate 1 --burst-factor 16 --steady-s 4 --burst-s 20 --after-s 4 --input-len 16-64 --output-len 128"
+  BURST="--rate 1 --burst-factor 24 --steady-s 4 --burst-s 20 --after-s 4 --input-len 16-64 --output-len 128"
+  WARM_STREAMS=4  # on 2 cores 16 warm-up streams last long enough to scale the autoscaled stacks up before the burst
   T_UP=240 T_BENCH=120
 else
   # The wheels carried in .whl and .whl-ray (Ray 2.60 for Python 3.12 and what ray[serve] needs beyond the image).
@@ -83,7 +84,7 @@ else
   carried_wheels .whl .whl-ray > $R/pip.log 2>&1 || { log "wheel install failed"; tail -5 $R/pip.log | tee -a "$LOG"; }
   # No usage-stats reports (no network there); no OOM killer reading a VM's MemTotal, which starts small and grows.
   export RAY_USAGE_STATS_ENABLED=0 RAY_memory_monitor_refresh_ms=0
-  MODEL=${MODEL:-qwen3-0.6b} BLOCKS=${BLOCKS:-16384} CPU_FLAG= DIRECT_FLAGS=
+  MODEL=${MODEL:-qwen3-0.6b} BLOCKS=${BLOCKS:-16384} CPU_FLAG= DIRECT_FLAGS= WARM_STREAMS=16
   MAXLEN=8192 SEQS=256 TOKENS=8192
   # The issue-12 workload: 100-1024 prompt tokens, 256 out (EOS ignored); 6 and 3 rounds of the streams.
   # OUT_LEN (e.g. 128-384, the same mean): output lengths spread, so that a closed loop's requests do not finish,
@@ -395,7 +396,7 @@ observed() {  # name cmd...: the command, and every process's CPU% over it ($R/c
 }
 warm() {  # url: Triton JIT and CUDA graphs of both replicas warm, outside the measurements
   python3 -m railyard.cli bench serve --url $1 --model qwen3 --num-prompts 32 --input-len 64-512 --output-len 16 \
-    --max-concurrency 16 --seed 99 > /dev/null 2>&1
+    --max-concurrency $WARM_STREAMS --seed 99 > /dev/null 2>&1
 }
 scrape() {  # name url: the fleet's prefix-cache and routing counters from /metrics, as JSON
   curl -s $2/metrics > $R/metrics_$1.txt
