@@ -75,7 +75,7 @@ if [ -n "$SMALL" ]; then  # CPU dry run: every step, tiny sizes
   TPUT="--input-len 16-64 --output-len 8"; C_LOW=4 C_HIGH=16 N_LOW=16 N_HIGH=16
   PREFIX_N=24 PREFIX_GROUPS=4
   PREFIX="--num-prompts $PREFIX_N --prefix-groups $PREFIX_GROUPS --shared-prefix-len 128 --input-len 16-64 --output-len 4 --request-rate 4"
-  BURST="--rate 0.5 --burst-factor 4 --steady-s 4 --burst-s 10 --after-s 4 --input-len 16-64 --output-len 8"
+  BURST="--rate 1 --burst-factor 16 --steady-s 4 --burst-s 20 --after-s 4 --input-len 16-64 --output-len 128"
   T_UP=240 T_BENCH=120
 else
   # The wheels carried in .whl and .whl-ray (Ray 2.60 for Python 3.12 and what ray[serve] needs beyond the image).
