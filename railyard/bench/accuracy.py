@@ -5,7 +5,9 @@ candidate one and compares, position by position: each decoder layer's output (t
 after the layer, cosine similarity per token), the final logits (KL divergence of the candidate's
 distribution from the reference's, in nats) and their argmax (teacher-forced top-1 agreement). The
 prefill writes its keys and values into the paged cache and attends over them there, so a
-quantized cache is measured too. `greedy_agreement` compares free-running greedy generations, where one
+quantized cache is measured too. With a LoRA adapter, every runner built with enable_lora runs each prompt under it
+(an FP8 model's adapters against the unquantized model's; a runner without LoRA is then the model the adapter
+left alone). `greedy_agreement` compares free-running greedy generations, where one
 early flip changes everything after it.
 """
 
@@ -21,6 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from railyard.engine.config import EngineConfig
+from railyard.engine.lora.request import LoRARequest
 from railyard.engine.runner.layers.fp8 import ScaledAccumulator
 from railyard.engine.runner.model_runner import ModelRunner, StepPlan
 from railyard.engine.runner.models.loader import resolve_model_dir
@@ -125,23 +128,33 @@ def layer_outputs(runner: ModelRunner) -> Iterator[list[list[torch.Tensor]]]:
             h.remove()
 
 
-def prefill(runner: ModelRunner, prompts: list[list[int]]) -> PrefillOutputs:
+def with_adapter(plan: StepPlan, runner: ModelRunner, lora: LoRARequest | None, load: bool) -> StepPlan:
+    """The plan with every sequence under the adapter (in slot 0, loaded first if `load`), where the runner serves
+    adapters; else as it is."""
+    if lora is not None and runner.lora is not None:
+        plan.lora_slots = [0] * len(plan.seq_lens)
+        plan.lora_loads = [(0, lora)] if load else []
+    return plan
+
+
+def prefill(runner: ModelRunner, prompts: list[list[int]], lora: LoRARequest | None = None) -> PrefillOutputs:
     """One prefill step of every prompt (fresh blocks, laid out one sequence after another)."""
     bs = runner.block_size
-    plan = prefill_plan(prompts, fresh_block_tables(prompts, bs), bs, last_only=False)
+    plan = with_adapter(prefill_plan(prompts, fresh_block_tables(prompts, bs), bs, last_only=False), runner, lora, True)
     with layer_outputs(runner) as layers:
         logits = runner.compute_logits(plan)
     return PrefillOutputs([torch.cat(x) for x in layers], logits.float())
 
 
-def prefill_then_decode(runner: ModelRunner, prompts: list[list[int]], decode_tokens: int) -> PrefillOutputs:
+def prefill_then_decode(runner: ModelRunner, prompts: list[list[int]], decode_tokens: int,
+                        lora: LoRARequest | None = None) -> PrefillOutputs:
     """Each prompt's last `decode_tokens` tokens fed one decode step at a time (teacher-forced) after a prefill of
     the rest: the layer outputs and logits of those decode positions only, [len(prompts) * decode_tokens, ...]
     ordered step by step. Decode steps read the cache through the decode kernel, which prefill never runs."""
     bs = runner.block_size
     heads = [p[:-decode_tokens] for p in prompts]
     tables = fresh_block_tables(prompts, bs)
-    runner.compute_logits(prefill_plan(heads, tables, bs, last_only=True))
+    runner.compute_logits(with_adapter(prefill_plan(heads, tables, bs, last_only=True), runner, lora, True))
     logits: list[torch.Tensor] = []
     with layer_outputs(runner) as layers:
         for step in range(decode_tokens):
@@ -149,7 +162,7 @@ def prefill_then_decode(runner: ModelRunner, prompts: list[list[int]], decode_to
             plan = StepPlan([p[n] for p, n in zip(prompts, pos)], pos,
                             [t[n // bs] * bs + n % bs for t, n in zip(tables, pos)], list(range(len(prompts) + 1)),
                             [n + 1 for n in pos], tables, list(range(len(prompts))), [], [])
-            logits.append(runner.compute_logits(plan).float())
+            logits.append(runner.compute_logits(with_adapter(plan, runner, lora, False)).float())
     return PrefillOutputs([torch.cat(x) for x in layers], torch.cat(logits))
 
 
@@ -173,14 +186,18 @@ def compare(reference: PrefillOutputs, candidate: PrefillOutputs, chunk: int = 2
 
 
 def compare_prefill(model: str, prompts: list[list[int]], reference_args: dict,
-                    candidates: dict[str, dict], decode_tokens: int = 0, **common_args) -> dict[str, Comparison]:
+                    candidates: dict[str, dict], decode_tokens: int = 0, lora: LoRARequest | None = None,
+                    **common_args) -> dict[str, Comparison]:
     """Each candidate's engine arguments against the reference's (same model, weights, prompts).
 
     decode_tokens > 0: compare the last decode_tokens positions of each prompt fed as decode steps
-    (prefill_then_decode) instead of one prefill. One runner lives at a time (a 7B reference and its FP8 twin
+    (prefill_then_decode) instead of one prefill. lora: the adapter every prompt runs under in the runners built
+    with enable_lora. One runner lives at a time (a 7B reference and its FP8 twin
     need not share the GPU)."""
     def run(runner: ModelRunner) -> PrefillOutputs:
-        return prefill_then_decode(runner, prompts, decode_tokens) if decode_tokens else prefill(runner, prompts)
+        if decode_tokens:
+            return prefill_then_decode(runner, prompts, decode_tokens, lora)
+        return prefill(runner, prompts, lora)
 
     ref_runner = build_runner(model, prompts, **common_args, **reference_args)
     reference = run(ref_runner)

@@ -153,9 +153,6 @@ class EngineConfig:
             if self.max_cpu_loras < self.max_loras:
                 raise ConfigError(f"max_cpu_loras ({self.max_cpu_loras}) must be at least max_loras "
                                   f"({self.max_loras}): every adapter on the device is also held in host memory")
-        if self.enable_lora and self.quantization:
-            raise ConfigError(f"LoRA adapters on {self.quantization}-quantized linear layers are not supported; "
-                              "drop --quantization or --enable-lora")
 
     def resolve(self, model_max_len: int) -> None:
         """Fill the options whose defaults depend on the model (called once the config.json is read)."""

@@ -1,7 +1,7 @@
 """Where an engine's start-up goes, function by function: builds the engine core in this process under cProfile
 (imports included) and writes the start-up phases and the profile's top entries.
 
-    python3 scripts/bench/profile_startup.py --model DIR_OR_SHAPE --out PREFIX [--sort tottime] [engine options]
+    python3 scripts/bench/profile_startup.py --model DIR_OR_SHAPE --out PREFIX [--engine-option value ...]
 
 Writes PREFIX.txt (phases, then the top 60 by cumulative and by own time) and PREFIX.prof (pstats). The
 engine's options are EngineConfig fields as `--name value` (ints, floats and booleans parsed)."""
@@ -30,6 +30,8 @@ def main() -> None:
     parser.add_argument("--model", required=True)
     parser.add_argument("--out", required=True)
     args, rest = parser.parse_known_args()
+    if len(rest) % 2 or not all(name.startswith("--") for name in rest[::2]):
+        parser.error(f"engine options go as --name value pairs, got {' '.join(rest)!r}")
     options = {rest[i].lstrip("-").replace("-", "_"): _value(rest[i + 1]) for i in range(0, len(rest), 2)}
     profiler = cProfile.Profile()
     started = time.perf_counter()

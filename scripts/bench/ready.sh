@@ -6,12 +6,14 @@
 # the third (first_over_last), and the Triton kernels JIT'd after ready; (3) `railyard bench startup` of the
 # qwen2-7b shape, cold then warm; (4) the longest gap between two tokens of a stream at 64 streams served, with
 # and without --max-prefill-tokens-with-decodes. Each phase starts only if the call has time left for it.
-# (5) `profile`: a warm start of the qwen2-7b checkpoint in one process under cProfile (scripts/bench/profile_startup.py),
-# as the defaults and as each of $PROFILE_VARIANTS (engine options as --name=value, space-separated).
+# (5) `profile` (after `startup`, whose checkpoint and warm kernel cache it uses): a warm start of the qwen2-7b
+# checkpoint in one process under cProfile (scripts/bench/profile_startup.py), as the defaults and as each of
+# $PROFILE_VARIANTS (engine options as --name=value, space-separated).
 # Writes $OUT/log.txt, tests.txt, tp_<shape>.json, startup.json, gaps_<cap>.json, profile_<variant>.txt/.prof.
 #   carry: the wheels in $WHEELS (default .whl: fastapi, starlette, uvicorn, pydantic(-core), pyzmq, msgspec,
 #          xgrammar, apache-tvm-ffi, opentelemetry-api, ...)
-#   env: CALL_S (seconds this call may use, default 480), PHASES (default "tests throughput startup gaps"; "profile" on request),
+#   env: CALL_S (seconds this call may use, default 480), PHASES (default "tests throughput startup gaps"; "profile"
+#        on request),
 #        SHAPES (default "qwen3-0.6b qwen2-7b"), WORK (the throughput workload), CAP (default 2048), COMMIT,
 #        BASELINE (a directory holding another checkout's railyard/: phase startup runs the same starts from it too,
 #        as $OUT/startup_baseline.json)
@@ -49,12 +51,14 @@ fi
 CACHE=/tmp/railyard-cache
 startup_runs() {  # the runs of a `bench startup` JSON: wall s and the phases over 0.1 s
   python3 -c "import json,sys; d=json.load(open(sys.argv[1]))
-for r in d['runs']: print(r['cache'], r['wall_s'], {p: s for p, s in r['phases_s'].items() if s >= 0.1}, 'jit', r['triton_jit_s'])" "$1" 2>&1 | tail -4
+for r in d['runs']:
+    print(r['cache'], r['wall_s'], {p: s for p, s in r['phases_s'].items() if s >= 0.1}, 'jit', r['triton_jit_s'])" \
+    "$1" 2>&1 | tail -4
 }
 if want startup 100; then
   log "bench startup qwen2-7b: cold, then warm"
   timeout $(( $(left) - 10 )) python3 -m railyard.cli bench startup --checkpoint-dir /tmp/qwen2-7b --model qwen2-7b \
-    --runs 3 --cache-dir $CACHE --output $OUT/startup.json > /tmp/startup.out 2> /tmp/startup.err
+    --runs 3 --cache-dir $CACHE --output $OUT/startup.json > /dev/null 2> /tmp/startup.err
   log "rc=$? $(startup_runs $OUT/startup.json)"
 fi
 if [ -n "${BASELINE:-}" ] && want startup 80; then  # the same starts from another checkout (the code before a change)

@@ -29,13 +29,15 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="Triton ke
 LIMITS = dict(max_num_seqs=32, max_num_batched_tokens=4096, max_model_len=4096, block_size=16,
               num_gpu_blocks=400)  # 32 sequences of ~600 tokens need more: preemption
 # case -> (checkpoint, engine options, adapters): the dense model in bf16 and in FP8, the mixture of experts, LoRA
+# (on bf16 and on FP8 weights)
 CASES = {"bf16": ("dense", dict(), 0),
          "fp8": ("dense", dict(quantization="fp8", kv_cache_dtype="fp8", preemption_mode="swap", num_cpu_blocks=1024),
                  0),
          "moe": ("moe", dict(), 0),
          # three adapters for two slots: evictions too; the third adapter's requests wait for a slot, so fewer
          # sequences run at once and a smaller cache is what reaches preemption
-         "lora": ("dense", dict(enable_lora=True, max_loras=2, num_gpu_blocks=300), 3)}
+         "lora": ("dense", dict(enable_lora=True, max_loras=2, num_gpu_blocks=300), 3),
+         "lora-fp8": ("dense", dict(enable_lora=True, max_loras=2, num_gpu_blocks=300, quantization="fp8"), 3)}
 KINDS = [SamplingParams(temperature=0.0), SamplingParams(temperature=0.8, seed=3),
          SamplingParams(temperature=0.7, top_k=20, top_p=0.9, min_p=0.05),
          SamplingParams(temperature=0.0, repetition_penalty=1.2, presence_penalty=0.5, frequency_penalty=0.5),

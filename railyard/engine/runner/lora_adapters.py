@@ -62,6 +62,7 @@ class LoRAAdapters:
                                       dtype, device)
                 linear.lora = weights
                 self.targets.append(_Target(i, path, linear, weights))
+            layer.adapters_attached()
         model.model.lora_batch = self.batch
         self.host: OrderedDict[int, list[tuple[torch.Tensor, torch.Tensor]]] = OrderedDict()
         self.slots: list[int | None] = [None] * config.max_loras  # the adapter id each slot holds

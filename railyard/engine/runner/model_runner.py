@@ -246,8 +246,6 @@ class ModelRunner:
         from railyard.engine.runner.kernels import lora_ops
         from railyard.engine.runner.lora_adapters import LoRAAdapters
 
-        if self.quantization:
-            raise ConfigError(f"LoRA adapters on a {self.quantization}-quantized checkpoint are not supported")
         if self.device.type == "cuda" and lora_ops() is None:
             raise ConfigError("LoRA adapters on the GPU need triton (their batched kernels), which does not import "
                               "here")

@@ -57,3 +57,24 @@ def test_a_slot_loaded_with_another_adapter_holds_that_adapter_alone(tiny_model,
         else:
             assert torch.count_nonzero(a) == 0 and torch.count_nonzero(b) == 0
     assert adapters.slots == [None, only_v.lora_int_id]
+
+
+def _fused_quantization(engine) -> list[tuple[bool, ...]]:
+    """Per decoder layer: whether its norms quantize for qkv and gate_up, and whether each projection may be handed a
+    quantized activation."""
+    out = []
+    for layer in engine.executor.runner.model.model.layers:
+        projections = (layer.self_attn.qkv_proj, layer.self_attn.o_proj, layer.mlp.gate_up_proj, layer.mlp.down_proj)
+        out.append((layer.input_layernorm.quantize_output, layer.post_attention_layernorm.quantize_output,
+                    *(p.takes_quantized_input for p in projections)))
+    return out
+
+
+def test_fp8_projections_with_adapter_slots_read_their_input_unquantized(tiny_model):
+    """An adapter's shrink reads the layer's input as it is: the norms stop handing qkv and gate_up a quantized
+    activation, the MLP stops quantizing for down, and o and down give their norm a plain output."""
+    plain = Engine(EngineConfig(model=tiny_model, quantization="fp8", max_model_len=128, num_gpu_blocks=32))
+    assert all(all(flags) for flags in _fused_quantization(plain))  # the control: FP8 alone fuses everywhere
+    engine, adapters = _adapters(tiny_model, quantization="fp8", max_loras=2, max_lora_rank=16)
+    assert not any(any(flags) for flags in _fused_quantization(engine))
+    assert adapters.device_bytes == lora_slot_bytes(engine.executor.runner.spec, 2, 16)  # slots in the model dtype

@@ -41,7 +41,8 @@ class _QuantizableWeight:
     """A linear layer's weight: plain, or (quant="fp8") `weight` [out, in] e4m3 and `weight_scale` [out] float32.
 
     Subclasses say how a checkpoint tensor's rows and columns map onto this rank (`_load`) and how a
-    per-output vector (a bias, a scale) does (`_load_vector`); this mixin turns both into FP8 loading.
+    per-output vector (a bias, a scale) does (`_load_vector`); this mixin turns both into FP8 loading. Subclasses
+    also hold `lora`, the layer's LoRA slots (None where the engine serves no adapters).
     """
 
     def _make_weight(self, rows: int, cols: int, quant: str | None, dtype: torch.dtype | None) -> None:
@@ -71,6 +72,12 @@ class _QuantizableWeight:
 
     def _load_vector(self, param: nn.Parameter, loaded: torch.Tensor, shard_id=None) -> None:
         raise NotImplementedError
+
+    @property
+    def takes_quantized_input(self) -> bool:
+        """Whether the layer may be handed a QuantizedActivation (FP8 weights, and no LoRA slots: an adapter reads
+        the input unquantized)."""
+        return self.quant == "fp8" and self.lora is None
 
     def _matmul(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         if self.quant:
@@ -173,9 +180,9 @@ class RowParallelLinear(_QuantizableWeight, nn.Module):
 
     def forward(self, x: torch.Tensor, defer_scales: bool = False) -> torch.Tensor | ScaledAccumulator:
         """defer_scales: the caller feeds the output straight to an RMSNorm, which may then get an FP8 GEMM's
-        ScaledAccumulator (fp8_linear) and apply the scales itself; only on one rank without a bias, where
-        nothing (all-reduce, bias add) stands between the GEMM and the norm."""
-        if defer_scales and self.quant and self.ps.world_size == 1 and self.bias is None:
+        ScaledAccumulator (fp8_linear) and apply the scales itself; only on one rank without a bias or LoRA slots,
+        where nothing (all-reduce, bias add, an adapter's sum) stands between the GEMM and the norm."""
+        if defer_scales and self.takes_quantized_input and self.ps.world_size == 1 and self.bias is None:
             return fp8_linear(x, self.weight, self.weight_scale, None, self.fp8_gemm, defer_scales=True)
         y = self._matmul(x, None)
         if self.lora is not None:

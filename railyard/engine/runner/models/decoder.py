@@ -85,7 +85,7 @@ class MLP(nn.Module):
 
     def forward(self, x: torch.Tensor, defer_scales: bool = False) -> torch.Tensor | ScaledAccumulator:
         """defer_scales: as RowParallelLinear's (the caller hands the output to an RMSNorm only)."""
-        h = silu_and_mul(self.gate_up_proj(x), quantize_output=self.down_proj.quant == "fp8")
+        h = silu_and_mul(self.gate_up_proj(x), quantize_output=self.down_proj.takes_quantized_input)
         return self.down_proj(h, defer_scales=defer_scales)
 
 
@@ -101,6 +101,15 @@ class DecoderLayer(nn.Module):
         fp8 = spec.quantization == "fp8"
         self.input_layernorm = RMSNorm(spec.hidden_size, spec.rms_norm_eps, quantize_output=fp8)
         self.post_attention_layernorm = RMSNorm(spec.hidden_size, spec.rms_norm_eps, quantize_output=fp8 and not moe)
+
+    def adapters_attached(self) -> None:
+        """LoRA slots now sit on some of this layer's linear layers. An adapter reads its layer's input as it is, so
+        a norm stops quantizing for a projection that holds slots (the projection quantizes its own copy for the
+        FP8 GEMM); the MLP asks its down projection each pass."""
+        if not self.self_attn.qkv_proj.takes_quantized_input:
+            self.input_layernorm.quantize_output = False
+        if isinstance(self.mlp, MLP) and not self.mlp.gate_up_proj.takes_quantized_input:
+            self.post_attention_layernorm.quantize_output = False
 
     def pre_attention(self, positions, x, residual):
         """Input norm (adding the residual first, except in layer 0) and the attention's projections:
