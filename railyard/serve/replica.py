@@ -98,9 +98,10 @@ class EngineReplica:
             slots = standby_slots(standby_engines, standby_max_replicas, gpus)
             self._pool = pool_for(context.app_name, context.deployment, config, standby_engines, slots)
             handoff = await self._pool.claim.remote(ray.get_runtime_context().current_actor)
-            self.client = await asyncio.to_thread(
-                EngineProcessClient, config, handoff=handoff, max_waiting_requests=max_waiting_requests,
-                stream_interval_s=stream_interval_s, stream_items_per_s=stream_items_per_s)
+            self.client = await asyncio.to_thread(  # a sleeping engine wakes while this front loads its tokenizer
+                EngineProcessClient, config, handoff=handoff, wake_on_join=True,
+                max_waiting_requests=max_waiting_requests, stream_interval_s=stream_interval_s,
+                stream_items_per_s=stream_items_per_s)
         elif engine_process:
             from railyard.engine.client.process import EngineProcessClient
 

@@ -46,6 +46,7 @@ DEFAULT_START_TIMEOUT_S = 1800.0  # loading a large checkpoint and capturing gra
 _STOP_S = 10.0  # how long shutdown waits for the core to stop by itself before forcing it
 _ERRORS_BY_KIND = {"ConfigError": ConfigError, "ModelLoadError": ModelLoadError}
 _JOIN_CALL = -1  # the call id of a handed-over core's first question (call ids count from 0)
+_WAKE_CALL = -2  # the call id of the wake-up a front that takes over a sleeping core asks for as it joins
 
 
 @dataclass(frozen=True)
@@ -80,10 +81,15 @@ class EngineProcessClient(CoreClient):
     parent)."""
 
     def __init__(self, config: EngineConfig, *, start_timeout_s: float = DEFAULT_START_TIMEOUT_S,
-                 handoff: CoreHandoff | None = None, standby: bool = False, **kwargs) -> None:
-        """standby: start a core that can be handed to other fronts (detach), for a pool of standby engines."""
+                 handoff: CoreHandoff | None = None, standby: bool = False, wake_on_join: bool = False,
+                 **kwargs) -> None:
+        """standby: start a core that can be handed to other fronts (detach), for a pool of standby engines.
+        wake_on_join: with a handoff, ask the core to wake up as soon as it has joined, so that its wake-up runs
+        while this front waits for its tokenizer; the first `wake_up()` then returns that wake-up's times."""
         self._closed = False
         self._handoff = handoff
+        self._wake_sent = False
+        self._early_wake: asyncio.Future | None = None
         self._dir = handoff.directory if handoff is not None else tempfile.mkdtemp(prefix="railyard-engine-")
         self._ctx = zmq.Context()
         self._input = self._ctx.socket(zmq.PUSH)
@@ -102,6 +108,9 @@ class EngineProcessClient(CoreClient):
                 ready = self._wait_until_ready(start_timeout_s)
             else:
                 self._wait_until_joined(start_timeout_s)
+                if wake_on_join:
+                    self._input.send(encoder.encode(UtilityCall(_WAKE_CALL, "wake_up", [None])), zmq.NOBLOCK)
+                    self._wake_sent = True
                 ready = from_core_decoder.decode(handoff.ready)
             info = ready.model_info
             started = time.perf_counter()
@@ -204,6 +213,8 @@ class EngineProcessClient(CoreClient):
         if self.loop is not None:
             return
         self.loop = asyncio.get_running_loop()
+        if self._wake_sent:  # its answer waits in the socket: the reader below delivers it here
+            self._early_wake = self._calls[_WAKE_CALL] = self.loop.create_future()
         self._aoutput = zmq.asyncio.Socket.from_socket(self._output)
         self._reader = self.loop.create_task(self._read_outputs(), name="railyard-engine-outputs")
         self.loop.add_reader(self.process.sentinel, self._on_process_exit)
@@ -244,6 +255,14 @@ class EngineProcessClient(CoreClient):
 
     def _send_stop(self, request_id: str, index: int, stop: str) -> None:
         self._send(StopSequence(request_id, index, stop))
+
+    async def wake_up(self, tags: list[str] | None = None) -> dict | None:
+        """As CoreClient's; the first call after a wake-on-join takeover waits for the wake-up already asked for."""
+        if self._early_wake is not None and tags is None:
+            early, self._early_wake = self._early_wake, None
+            self._check_alive()
+            return await early
+        return await super().wake_up(tags)
 
     async def _call(self, method: str, *args: Any) -> Any:
         call_id = next(self._call_ids)

@@ -61,6 +61,50 @@ def test_a_sleeping_core_handed_to_two_fronts_in_turn_serves_each_the_control_to
     assert exitcode == 0
 
 
+def test_a_front_that_wakes_on_join_asks_for_the_wake_up_before_it_waits_for_its_tokenizer(tiny_model, monkeypatch):
+    """The core's wake-up runs beside the front's tokenizer load, not after it: the wake-up is on its way to the core
+    by the time the front waits for its tokenizer, and the front's first wake_up() returns that wake-up's times
+    (the engine woke once) and serves the control tokens."""
+    from railyard.engine.client import process as process_module
+
+    sent: list[str] = []  # the utility calls this process sends its cores, in order
+    asked_before_tokenizer: list[bool] = []
+
+    class Recording:
+        def encode(self, msg):
+            sent.append(getattr(msg, "method", type(msg).__name__))
+            return encoder.encode(msg)
+
+    def tokenizer_result(prefetch, path):
+        asked_before_tokenizer.append("wake_up" in sent)
+        return result(prefetch, path)
+
+    encoder, result = process_module.encoder, process_module._TokenizerPrefetch.result
+    monkeypatch.setattr(process_module, "encoder", Recording())
+    monkeypatch.setattr(process_module._TokenizerPrefetch, "result", tokenizer_result)
+
+    async def main():
+        owner = EngineProcessClient(_config(tiny_model), standby=True)
+        await owner.start()
+        control = await _final(await owner.add_request("c", None, GREEDY, prompt_token_ids=PROMPT))
+        await owner.sleep(1)
+        handoff = await owner.detach()
+        asked_before_tokenizer.clear()
+        front = await asyncio.to_thread(EngineProcessClient, handoff.config, handoff=handoff, wake_on_join=True)
+        await front.start()
+        woke = await front.wake_up()
+        again = await front.wake_up()  # awake already: the core has nothing to do
+        tokens = await _final(await front.add_request("r", None, GREEDY, prompt_token_ids=PROMPT))
+        await front.shutdown()
+        return control, woke, again, tokens
+
+    control, woke, again, tokens = asyncio.run(asyncio.wait_for(main(), timeout=120))
+    assert asked_before_tokenizer == [True]
+    assert sent.count("wake_up") == 2  # the early one, and the second call's
+    assert woke is not None and "phases_s" in woke and again is None
+    assert tokens == control
+
+
 _TAKE_OVER = """
 import asyncio, pickle, sys
 from railyard.engine.client.process import CoreHandoff, EngineProcessClient, spawn_core
