@@ -2,7 +2,8 @@
 
 Made deterministically from a seed (each tensor from its own name-seeded generator), with a
 byte-level tokenizer and a ChatML chat template, and cached on disk. Used by the demo and the
-tests; HF transformers loads it as it would any real checkpoint.
+tests; HF transformers loads it as it would any real checkpoint. Finding the cached model imports no torch (only
+writing one does): a front process that only wants its tokenizer (a named shape's) starts in a fraction of a second.
 """
 
 from __future__ import annotations
@@ -14,11 +15,12 @@ import shutil
 import tempfile
 import zlib
 from pathlib import Path
-
-import torch
-from safetensors.torch import save_file
+from typing import TYPE_CHECKING
 
 from railyard.envs import cache_root
+
+if TYPE_CHECKING:
+    import torch
 
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 # ChatML; with `tools`, Qwen2.5's Hermes-style tool prompt, <tool_call> turns and <tool_response> results.
@@ -127,6 +129,8 @@ def _mlp_shapes(cfg: dict, layer: int, p: str) -> dict[str, tuple[int, ...]]:
 
 
 def random_tensor(name: str, shape: tuple[int, ...], seed: int, std: float) -> torch.Tensor:
+    import torch
+
     gen = torch.Generator().manual_seed(seed * 1_000_003 + zlib.crc32(name.encode()))
     noise = torch.randn(shape, generator=gen)
     if name.endswith("norm.weight"):
@@ -157,6 +161,8 @@ def write_tokenizer(path: Path) -> None:
 def write_tiny_checkpoint(path: str | Path, arch: str = DEFAULT_ARCH, seed: int = 0, std: float = 0.15,
                           num_shards: int = 1, **overrides) -> Path:
     """Write a tiny random checkpoint (config, safetensors weights, tokenizer) into `path`."""
+    from safetensors.torch import save_file
+
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
     cfg = tiny_config(arch, **overrides)
