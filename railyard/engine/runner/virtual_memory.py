@@ -14,6 +14,13 @@ back (the engine's start; never a step), holding its allocator's lock, and a cal
 is filled where no other thread frees device memory (the engine builds its model and its KV cache on one thread),
 and the garbage collector, which could free a tensor into the allocator from inside its own allocation, is off
 while a callback runs.
+
+A pool lives as long as the process: torch calls its callbacks for as long as its MemPool holds segments, also while
+the interpreter shuts down, and a callback into a collected pool (its attributes cleared, its ctypes thunks freed)
+fails or crashes. So a pool is never collected (it holds one extra reference to itself), its MemPool is never
+destroyed, and at shutdown its callbacks return at once: the process's exit gives the memory back. Nor does torch
+hand a MemPool's cached free segments back while the pool lives (empty_cache skips them): a pool's memory is what it
+ever held at once, which release() gives back whole.
 """
 
 from __future__ import annotations
@@ -22,6 +29,7 @@ import contextlib
 import ctypes
 import gc
 import logging
+import sys
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -131,15 +139,14 @@ class VirtualMemoryPool:
                                                    ctypes.cast(self._free_fn, ctypes.c_void_p).value)
         self._allocator = allocator
         self.pool = torch.cuda.MemPool(allocator)
+        ctypes.pythonapi.Py_IncRef(ctypes.py_object(self))  # never collected: see the module's docstring
 
     @contextlib.contextmanager
     def allocating(self, device: torch.device) -> Iterator[None]:
-        """Inside, this thread's device allocations come from the pool. On the way out, the segments that hold no
-        tensor (temporaries') go back at once, from this thread, not later from another's allocation."""
+        """Inside, this thread's device allocations come from the pool."""
         index = device.index if device.index is not None else torch.cuda.current_device()
         with torch.cuda.use_mem_pool(self.pool, index):
             yield
-        torch.cuda.empty_cache()
 
     @property
     def mapped_bytes(self) -> int:
@@ -181,6 +188,8 @@ class VirtualMemoryPool:
 
     # -- the allocator's callbacks (torch calls them; an exception must not cross into C) --------------
     def _alloc(self, size: int, device: int, stream: int) -> int:
+        if sys.is_finalizing():
+            return 0
         collecting = gc.isenabled()
         gc.disable()
         try:
@@ -211,6 +220,8 @@ class VirtualMemoryPool:
                 gc.enable()
 
     def _free(self, ptr: int, size: int, device: int, stream: int) -> None:
+        if sys.is_finalizing():  # the process is exiting: its memory goes back with it
+            return
         collecting = gc.isenabled()
         gc.disable()
         try:

@@ -42,14 +42,27 @@ def test_a_graph_over_pool_tensors_replays_the_same_after_release_and_restore():
     assert torch.equal(out, expected)
 
 
-def test_freeing_the_pool_tensors_returns_their_address_ranges():
+def test_pools_outlive_their_owners_and_keep_what_they_mapped():
+    """torch calls a pool's callbacks as long as its MemPool holds segments: a pool whose owner let go of it stays,
+    its tensors' memory freed into it and kept mapped (torch's empty_cache does not hand back a live MemPool's
+    cache), and a later pool allocates beside it."""
+    import gc
+    import weakref
+
     from railyard.engine.runner.virtual_memory import VirtualMemoryPool
 
     dev = torch.device("cuda")
-    pool = VirtualMemoryPool("test")
-    with pool.allocating(dev):
+    first = VirtualMemoryPool("first")
+    with first.allocating(dev):
         t = torch.empty(64 << 20, dtype=torch.uint8, device=dev)
-    assert pool.reserved_bytes >= 64 << 20
-    del t
+    mapped = first.mapped_bytes
+    assert mapped >= 64 << 20
+    ref = weakref.ref(first)
+    del t, first
+    gc.collect()
     torch.cuda.empty_cache()
-    assert pool.reserved_bytes == 0
+    assert ref() is not None and ref().mapped_bytes == mapped
+    second = VirtualMemoryPool("second")
+    with second.allocating(dev):
+        u = torch.ones(1 << 20, device=dev)
+    assert second.contains(u) and not ref().contains(u) and u.sum().item() == 1 << 20
