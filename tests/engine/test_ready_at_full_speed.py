@@ -128,16 +128,31 @@ def test_a_workload_across_the_limits_compiles_and_captures_nothing_after_ready(
 
 @pytest.mark.parametrize("level", [1, 2])
 def test_after_sleep_and_wake_up_the_workload_compiles_and_captures_nothing(gpu_models, level, monkeypatch, tmp_path):
-    """Sleep mode's promise: wake-up captures the graphs again and runs the warm-up's peak steps, so the step loop
-    after it meets no first-use work either (the weights and the KV cache have new addresses; the kernels the start
-    compiled stay loaded, so wake-up itself compiles or loads none)."""
+    """Sleep mode's promise: the weights and the KV cache keep their addresses (their physical memory is given back
+    and mapped again), so the graphs the start captured stay valid and wake-up captures none; it runs the warm-up's
+    peak steps, so the step loop after it meets no first-use work either (the kernels the start compiled stay
+    loaded, so wake-up itself compiles or loads none). Greedy tokens are the same before and after."""
     monkeypatch.setenv("RAILYARD_CACHE", str(tmp_path / "cache"))
     monkeypatch.delenv("TRITON_CACHE_DIR", raising=False)
     llm = LLM(gpu_models["dense"], **LIMITS, enable_sleep_mode=True)
+    probe = [[(7 * i + j) % 256 for j in range(40 + 30 * i)] for i in range(4)]
+    greedy = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
+    before = [o.outputs[0].token_ids for o in llm.generate(prompt_token_ids=probe, sampling_params=greedy,
+                                                          use_tqdm=False)]
+    held = llm.engine.core.device_memory()
+    free_awake = torch.cuda.mem_get_info()[0]
     llm.sleep(level)
-    llm.wake_up()
-    assert llm.engine.core.last_wake_up.triton_kernels == 0, "wake-up JIT'd kernels: sleep gave back more than memory"
+    memory = llm.engine.core.device_memory()
+    assert memory["kv_cache"] == 0 and memory["weights"] <= 0.01 * held["weights"], memory
+    given_back = held["kv_cache"] + held["weights"] - memory["weights"]
+    assert torch.cuda.mem_get_info()[0] - free_awake >= given_back  # to the device, not to torch's cache
     captures = _Captures(monkeypatch)
+    llm.wake_up()
+    assert captures.count == 0, "wake-up captured CUDA graphs: the graphs of the start were not kept"
+    assert llm.engine.core.last_wake_up.triton_kernels == 0, "wake-up JIT'd kernels: sleep gave back more than memory"
+    after = [o.outputs[0].token_ids for o in llm.generate(prompt_token_ids=probe, sampling_params=greedy,
+                                                         use_tqdm=False)]
+    assert after == before
     jit_before = jit_after_ready()
     for prompts, params in _workloads(random.Random(11), LIMITS["max_model_len"]):
         assert all(o.finished for o in llm.generate(prompt_token_ids=prompts, sampling_params=params, use_tqdm=False))

@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from railyard.engine.runner.attention.metadata import AttentionMetadata
-from railyard.engine.runner.graph_capture import capture_each, without_cache_flushes
+from railyard.engine.runner.graph_capture import capture_each, capture_graph
 
 log = logging.getLogger("railyard.engine")
 
@@ -90,14 +90,14 @@ class DecodeGraphs:
             nonlocal pool
             ids, pos, meta = self._views(bs)
             graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=pool):
+            with capture_graph(graph, pool):
                 logits = self.model.compute_logits(self.model(ids, pos, self.kv_caches, meta))
             pool = graph.pool()
             self.graphs[bs], self.logits[bs] = graph, logits
 
-        with without_cache_flushes():  # the model runner empties the cache once, before the first capture
-            # largest first: smaller graphs reuse its memory pool
-            self.warmed_up = warmed = capture_each(list(reversed(self.sizes)), warm_up, capture)
+        # the model runner empties the cache once, before the first capture
+        # largest first: smaller graphs reuse its memory pool
+        self.warmed_up = warmed = capture_each(list(reversed(self.sizes)), warm_up, capture)
         torch.cuda.synchronize(self.device)
         log.info("captured decode CUDA graphs for %d batch sizes (1..%d; warmed up first: %s) in %.1f s",
                  len(self.sizes), self.max_batch, warmed, time.perf_counter() - start)

@@ -1,12 +1,16 @@
-"""Capturing hundreds of CUDA graphs in a row: without torch's per-capture cache flushes, and without an eager
-warm-up run before each capture that needs none.
+"""Capturing hundreds of CUDA graphs in a row: without torch's per-capture device synchronisation and cache flushes,
+and without an eager warm-up run before each capture that needs none.
 
-Flushes. Why: `torch.cuda.graph` empties the caching allocator (and, in recent torch, the pinned host cache, and with
+Synchronisation. `torch.cuda.graph` waits for the whole device before every capture. Capturing records work, it
+runs none, so nothing needs the wait; but while the checkpoint loads on another thread beside the capture, each wait
+is one for that thread's copies in flight. `capture_graph` is torch's capture without the wait and the flushes.
+
+Flushes. `torch.cuda.graph` also empties the caching allocator (and the pinned host cache, and with
 `force_cudagraph_gc` runs `gc.collect()`) before every capture, so that one graph gets as much memory as can be
-had. railyard captures ~29 pieces for each of ~19 token counts plus every decode batch size into one shared pool,
-each flush a device synchronisation and a walk of the allocator's free lists: vLLM skips them for the same reason
-after its first graph (vllm/compilation/cuda_graph.py). The model runner empties the cache once before capture
-and measures the pool after it, so nothing it accounts for changes.
+had: a walk of the allocator's free lists each time, for ~29 pieces of each of ~19 token counts plus every decode
+batch size captured into one shared pool. vLLM skips them after its first graph for the same reason
+(vllm/compilation/cuda_graph.py). The model runner empties the cache once before capture and measures the pool
+after it, so nothing it accounts for changes.
 
 Warm-ups. A run outside capture compiles or loads the Triton kernels a size needs (and tunes autotuned ones),
 which must not happen under capture. Giving every size one (19 x 29 pieces and 20 decode sizes, each run eagerly
@@ -21,27 +25,27 @@ default), after one profile run of the largest step.
 from __future__ import annotations
 
 import contextlib
-import gc
 from collections.abc import Callable, Iterator
 
 import torch
 
+_CAPTURE_STREAMS: dict[int, torch.cuda.Stream] = {}
+
 
 @contextlib.contextmanager
-def without_cache_flushes() -> Iterator[None]:
-    """Inside: torch.cuda.empty_cache, torch._C._host_emptyCache (where torch has it) and gc.collect do nothing;
-    restored on exit, exceptions included."""
-    patched = [(torch.cuda, "empty_cache"), (gc, "collect")]
-    if hasattr(torch._C, "_host_emptyCache"):
-        patched.append((torch._C, "_host_emptyCache"))
-    saved = [(owner, name, getattr(owner, name)) for owner, name in patched]
-    try:
-        for owner, name in patched:
-            setattr(owner, name, lambda *args, **kwargs: None)
-        yield
-    finally:
-        for owner, name, original in saved:
-            setattr(owner, name, original)
+def capture_graph(graph: torch.cuda.CUDAGraph, pool=None, capture_error_mode: str = "global") -> Iterator[None]:
+    """`torch.cuda.graph(graph, pool=pool, capture_error_mode=...)` without its device synchronisation and cache
+    flushes (module docstring): work launched inside, on a side stream of this device, is captured into `graph`."""
+    device = torch.cuda.current_device()
+    stream = _CAPTURE_STREAMS.get(device)
+    if stream is None:
+        stream = _CAPTURE_STREAMS[device] = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        graph.capture_begin(*(() if pool is None else (pool,)), capture_error_mode=capture_error_mode)
+        try:
+            yield
+        finally:
+            graph.capture_end()
 
 
 class NeedsWarmUp(RuntimeError):

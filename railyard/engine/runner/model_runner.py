@@ -26,7 +26,8 @@ from railyard.engine.runner.layers.fp8 import FP8, cache_bits, gemm_path, scaled
 from railyard.engine.runner.models.loader import build_empty, fill_from_checkpoint, random_weights
 from railyard.engine.runner.layers.parallel import SINGLE, ParallelState
 from railyard.engine.runner.piecewise_graphs import PiecewiseGraphs
-from railyard.engine.runner.sleep import SleepingWeights, device_bytes, put_to_sleep, wake_weights
+from railyard.engine.runner.sleep import (SleepingWeights, SleepMemory, allocating, device_bytes, put_to_sleep,
+                                         wake_weights)
 from railyard.engine.runner.warmup import WarmLimits, WarmStep, ladder, peak_steps, sampling_variants, warm_steps
 from railyard.engine.runner.sampler import (DoneSample, PendingSample, SamplerOutput, SamplingRow, host_tensor, sample_async,
                                     to_device)
@@ -136,7 +137,11 @@ class ModelRunner:
         self.model_dir = model_dir
         self.device = device or resolve_device(config.device)
         self._sleeping: SleepingWeights | None = None  # sleep mode: the weights while they are off the device
+        # sleep mode on a GPU: the pools the weights and the KV cache live in, released under them while asleep
+        self.sleep_memory = SleepMemory.for_device(self.device, config.enable_sleep_mode)
+        self._kv_released = False  # sleep mode: the KV cache's pool is released (its tensors kept)
         self._recapture = False  # sleep mode: the graphs were dropped, wake-up captures them again
+        self._rewarm = False  # sleep mode: the allocator's cache was emptied, wake-up runs the peak steps again
         if spec.quantization and not config.quantization:  # an FP8 checkpoint needs no flag
             log.info("the checkpoint is %s-quantized (config.json quantization_config): loading it as such",
                      spec.quantization)
@@ -155,10 +160,11 @@ class ModelRunner:
         self.startup = StartupTimes()  # where this runner's start-up time went (the engine reports it)
         timed = self.startup.phase
         with timed("model_construction"):
-            model = build_empty(spec, self.dtype, self.device, self.backend_cls, ps)
+            with allocating(self.sleep_memory, "weights"):
+                model = build_empty(spec, self.dtype, self.device, self.backend_cls, ps)
             _synchronize(self.device)
         self.model = model
-        self.lora = self._attach_lora()
+        self.lora = self._attach_lora()  # its slots stay on the device while asleep: they hold adapters, not weights
         if self.quantization == "fp8":
             _set_fp8_gemm(self.model, config.fp8_gemm, self.device, self.dtype)
             log.info("FP8 weights (per-channel scales, per-token activations); GEMMs: %s",
@@ -227,8 +233,9 @@ class ModelRunner:
         shape = (2, self.num_gpu_blocks, self.block_size, self.num_kv_heads, self.head_dim)
         # One tensor per layer, but a sliding-window layer shares one with a full-attention layer (their
         # blocks are never the same: sched/block_manager.py); kv_caches is the model's per-layer view.
-        self.kv_tensors = [torch.zeros(shape, dtype=self.kv_dtype, device=self.device)
-                           for _ in range(spec.num_kv_tensors)]
+        with allocating(self.sleep_memory, "kv_cache"):
+            self.kv_tensors = [torch.zeros(shape, dtype=self.kv_dtype, device=self.device)
+                               for _ in range(spec.num_kv_tensors)]
         self.kv_caches = [self.kv_tensors[spec.kv_tensor_of(i)] for i in range(spec.num_layers)]
 
     def _attach_lora(self):
@@ -288,25 +295,32 @@ class ModelRunner:
 
     # -- sleep mode (runner/sleep.py) ------------------------------------------------------------
     def sleep(self, level: int) -> None:
-        """Give back the device memory of the KV cache (its contents are lost: the engine holds no sequence), the
-        CUDA graphs and the weights (level 1: copied to host memory first; level 2: read from the checkpoint again on
-        wake-up). The runner keeps its model, its sizes and its kernels, compiled and loaded."""
+        """Give back the device memory of the KV cache (its contents are lost: the engine holds no sequence) and the
+        weights (level 1: copied to host memory first; level 2: read from the checkpoint again on wake-up). With
+        `sleep_memory` (a GPU) their addresses stay and so do the CUDA graphs; without, the graphs go too. The runner
+        keeps its model, its sizes and its kernels, compiled and loaded."""
         _synchronize(self.device)  # nothing queued may still read what goes
-        self.graphs = self.piecewise = None
         self._fed = None
-        self.kv_tensors, self.kv_caches = [], []
+        memory = self.sleep_memory
+        if memory is None:
+            self.graphs = self.piecewise = None
+            self.kv_tensors, self.kv_caches = [], []
+            self._recapture = True
         if self._sleeping is None:
-            self._sleeping = put_to_sleep(self.model, level, self.device)
-        self._recapture = True
+            self._sleeping = put_to_sleep(self.model, level, self.device, memory)
+        if memory is not None and not self._kv_released:
+            memory.pools["kv_cache"].release()
+            self._kv_released = True
+        self._rewarm = True
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
 
     def wake_up(self, tags: frozenset[str] = frozenset({"weights", "kv_cache"})) -> StartupTimes:
         """Undo `sleep` for the parts tags names ("weights", "kv_cache"): weights back on the device, the KV cache
-        allocated at the same number of blocks, and, once both are there, the graphs captured by the code start-up
-        runs and the warm-up's peak steps run (warmup.peak_steps: the start's kernels are all still loaded, only the
-        allocator's cache must grow back), so no kernel compiles, no graph is captured and the allocator does not
-        grow on the step loop after it. Returns where its time went (phases as start-up names them;
+        back at the same number of blocks (zeroed), and, once both are there, the graphs captured again if sleep
+        dropped them, and the warm-up's peak steps run (warmup.peak_steps: the start's kernels are all still loaded,
+        only the allocator's cache must grow back), so no kernel compiles, no graph is captured and the allocator
+        does not grow on the step loop after it. Returns where its time went (phases as start-up names them;
         weights_to_device for the host copy's return)."""
         times = StartupTimes()
         timed = times.phase
@@ -314,27 +328,36 @@ class ModelRunner:
             asleep = self._sleeping
             if "weights" in tags and asleep is not None:
                 with timed("weights_to_device" if asleep.level == 1 else "weight_loading"):
-                    wake_weights(asleep, self.device)
+                    wake_weights(asleep, self.device, self.sleep_memory)
                     if asleep.level == 2:
                         self._reload_weights()
                     _synchronize(self.device)
                 self._sleeping = None
-            if "kv_cache" in tags and not self.kv_tensors:
+            if "kv_cache" in tags and self._kv_released:
+                with timed("kv_allocation"):
+                    self.sleep_memory.pools["kv_cache"].restore()
+                    for t in self.kv_tensors:
+                        t.zero_()
+                    _synchronize(self.device)
+                self._kv_released = False
+            elif "kv_cache" in tags and not self.kv_tensors:
                 if self._sleeping is None:  # as at start-up: the piecewise graphs before the cache
                     with timed("cuda_graphs"):
                         self._recapture_piecewise()
                 with timed("kv_allocation"):
                     self._allocate_kv_cache()
                     _synchronize(self.device)
-            if self._recapture and self._sleeping is None and self.kv_tensors:
-                with timed("cuda_graphs"):
-                    if self.piecewise is None:  # the cache came back before the weights
-                        self._recapture_piecewise()
-                    self.graphs = self._capture_graphs()
+            if self._rewarm and not self.is_sleeping:
+                if self._recapture:
+                    with timed("cuda_graphs"):
+                        if self.piecewise is None:  # the cache came back before the weights
+                            self._recapture_piecewise()
+                        self.graphs = self._capture_graphs()
+                    self._recapture = False
                 if self.device.type == "cuda":
                     with timed("warm_up"):
                         self.warm_up(peaks_only=True)
-                self._recapture = False
+                self._rewarm = False
         jit.record(times)
         return times
 
@@ -352,12 +375,16 @@ class ModelRunner:
 
     @property
     def is_sleeping(self) -> bool:
-        return self._sleeping is not None or not self.kv_tensors
+        return self._sleeping is not None or not self.kv_tensors or self._kv_released
 
     def device_memory(self) -> dict[str, int]:
         """Bytes held now: the weights and the KV cache on the device, the weights' host copy while asleep."""
-        return {"weights": device_bytes([*self.model.parameters(), *self.model.buffers()]),
-                "kv_cache": device_bytes(self.kv_tensors),
+        weights = [*self.model.parameters(), *self.model.buffers()]
+        memory = self.sleep_memory
+        if memory is not None and memory.pools["weights"].released:  # their storage is there, unmapped
+            weights = [t for t in weights if not memory.holds(t, "weights")]
+        return {"weights": device_bytes(weights),
+                "kv_cache": 0 if self._kv_released else device_bytes(self.kv_tensors),
                 "host_weights": self._sleeping.host_bytes if self._sleeping is not None else 0}
 
     # -- sizing ----------------------------------------------------------------------------------

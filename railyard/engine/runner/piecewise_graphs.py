@@ -26,7 +26,7 @@ import torch
 
 from railyard.engine.runner.attention.metadata import AttentionMetadata
 from railyard.engine.runner.decode_graphs import padded_size, staging_free, upload
-from railyard.engine.runner.graph_capture import capture_each, without_cache_flushes
+from railyard.engine.runner.graph_capture import capture_each, capture_graph
 
 log = logging.getLogger("railyard.engine")
 
@@ -120,15 +120,15 @@ class PiecewiseGraphs:
             graphs = []
             for i in range(pieces):
                 graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph, pool=pool, capture_error_mode=self.capture_error_mode):
+                with capture_graph(graph, pool, self.capture_error_mode):
                     self._piece(i, n)
                 pool = graph.pool()
                 graphs.append(graph)
             self.graphs[n] = graphs
 
-        with without_cache_flushes():  # the model runner empties the cache once, before the first capture
-            # largest first: smaller buckets reuse its pool
-            self.warmed_up = warmed = capture_each(list(reversed(self.sizes)), warm_up, capture)
+        # the model runner empties the cache once, before the first capture
+        # largest first: smaller buckets reuse its pool
+        self.warmed_up = warmed = capture_each(list(reversed(self.sizes)), warm_up, capture)
         torch.cuda.synchronize(self.device)
         self.capture_seconds = time.perf_counter() - start
         log.info("captured piecewise CUDA graphs (%d pieces x %d token counts, 16..%d; warmed up first: %s) in %.1f s",
