@@ -82,6 +82,9 @@ else
   # The wheels carried in .whl and .whl-ray (Ray 2.60 for Python 3.12 and what ray[serve] needs beyond the image).
   . scripts/device/wheels.sh
   carried_wheels .whl .whl-ray > $R/pip.log 2>&1 || { log "wheel install failed"; tail -5 $R/pip.log | tee -a "$LOG"; }
+  # A wheel missing from the carried set shows as an ImportError in every stack's start: say it once, up front.
+  python3 -c "from ray import serve; import railyard.serve.app" > $R/imports.log 2>&1 \
+    || { log "Ray Serve does not import: $(tail -n 1 $R/imports.log)"; exit 1; }
   # No usage-stats reports (no network there); no OOM killer reading a VM's MemTotal, which starts small and grows.
   export RAY_USAGE_STATS_ENABLED=0 RAY_memory_monitor_refresh_ms=0
   MODEL=${MODEL:-qwen3-0.6b} BLOCKS=${BLOCKS:-16384} CPU_FLAG= DIRECT_FLAGS= WARM_STREAMS=16

@@ -59,13 +59,15 @@ if want startup 100; then
   log "bench startup qwen2-7b: cold, then warm"
   timeout $(( $(left) - 10 )) python3 -m railyard.cli bench startup --checkpoint-dir /tmp/qwen2-7b --model qwen2-7b \
     --runs 3 --cache-dir $CACHE --output $OUT/startup.json > /dev/null 2> /tmp/startup.err
-  log "rc=$? $(startup_runs $OUT/startup.json)"
+  rc=$?; log "rc=$rc $(startup_runs $OUT/startup.json)"
+  [ $rc -eq 0 ] || log "$(tail -n 8 /tmp/startup.err)"  # why, where the call keeps nothing else
 fi
 if [ -n "${BASELINE:-}" ] && want startup 80; then  # the same starts from another checkout (the code before a change)
   log "bench startup qwen2-7b from $BASELINE: cold, then warm"
   (cd $BASELINE && PYTHONPATH=/tmp/site:$PWD timeout $(( $(left) - 10 )) python3 -m railyard.cli bench startup \
     --checkpoint-dir /tmp/qwen2-7b --runs 3 --output $OUT/startup_baseline.json > /dev/null 2> /tmp/startup_base.err)
-  log "rc=$? $(startup_runs $OUT/startup_baseline.json)"
+  rc=$?; log "rc=$rc $(startup_runs $OUT/startup_baseline.json)"
+  [ $rc -eq 0 ] || log "$(tail -n 8 /tmp/startup_base.err)"
 fi
 
 if want profile 60; then  # after startup: the kernel cache is warm
