@@ -95,8 +95,7 @@ class DecodeGraphs:
             pool = graph.pool()
             self.graphs[bs], self.logits[bs] = graph, logits
 
-        # the model runner empties the cache once, before the first capture
-        # largest first: smaller graphs reuse its memory pool
+        # largest first: smaller graphs reuse its memory pool (emptied once by the model runner, before the first)
         self.warmed_up = warmed = capture_each(list(reversed(self.sizes)), warm_up, capture)
         torch.cuda.synchronize(self.device)
         log.info("captured decode CUDA graphs for %d batch sizes (1..%d; warmed up first: %s) in %.1f s",

@@ -139,7 +139,6 @@ class ModelRunner:
         self._sleeping: SleepingWeights | None = None  # sleep mode: the weights while they are off the device
         # sleep mode on a GPU: the pools the weights and the KV cache live in, released under them while asleep
         self.sleep_memory = SleepMemory.for_device(self.device, config.enable_sleep_mode)
-        self._kv_released = False  # sleep mode: the KV cache's pool is released (its tensors kept)
         self._recapture = False  # sleep mode: the graphs were dropped, wake-up captures them again
         self._rewarm = False  # sleep mode: the allocator's cache was emptied, wake-up runs the peak steps again
         if spec.quantization and not config.quantization:  # an FP8 checkpoint needs no flag
@@ -310,7 +309,6 @@ class ModelRunner:
             self._sleeping = put_to_sleep(self.model, level, self.device, memory)
         if memory is not None and not self._kv_released:
             memory.pools["kv_cache"].release()
-            self._kv_released = True
         self._rewarm = True
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
@@ -339,7 +337,6 @@ class ModelRunner:
                     for t in self.kv_tensors:
                         t.zero_()
                     _synchronize(self.device)
-                self._kv_released = False
             elif "kv_cache" in tags and not self.kv_tensors:
                 if self._sleeping is None:  # as at start-up: the piecewise graphs before the cache
                     with timed("cuda_graphs"):
@@ -372,6 +369,11 @@ class ModelRunner:
             random_weights(self.model, self.config.seed)
         else:
             fill_from_checkpoint(self.model, self.model_dir)
+
+    @property
+    def _kv_released(self) -> bool:
+        """Sleep mode on a GPU: the KV cache's pool is released under its tensors (kept)."""
+        return self.sleep_memory is not None and self.sleep_memory.pools["kv_cache"].released
 
     @property
     def is_sleeping(self) -> bool:

@@ -126,8 +126,7 @@ class PiecewiseGraphs:
                 graphs.append(graph)
             self.graphs[n] = graphs
 
-        # the model runner empties the cache once, before the first capture
-        # largest first: smaller buckets reuse its pool
+        # largest first: smaller buckets reuse its pool (emptied once by the model runner, before the first)
         self.warmed_up = warmed = capture_each(list(reversed(self.sizes)), warm_up, capture)
         torch.cuda.synchronize(self.device)
         self.capture_seconds = time.perf_counter() - start

@@ -91,7 +91,6 @@ class SleepingWeights:
     host: list[tuple[torch.Tensor, torch.Tensor]] = field(default_factory=list)  # (the model's tensor, its copy)
     # level 2: the parameters to read from the checkpoint again, with their shapes
     dropped: list[tuple[torch.Tensor, torch.Size]] = field(default_factory=list)
-    kept_in_place: bool = False  # the tensors kept their storage (a pool's memory was unmapped under them)
 
     @property
     def host_bytes(self) -> int:
@@ -108,7 +107,7 @@ def put_to_sleep(model: torch.nn.Module, level: int, device: torch.device,
     if memory is not None:
         params = [t for t in params if memory.holds(t, "weights")]
         buffers = [t for t in buffers if memory.holds(t, "weights")]
-    asleep = SleepingWeights(level, kept_in_place=memory is not None)
+    asleep = SleepingWeights(level)
     with torch.no_grad():
         for t in (params + buffers if level == 1 else buffers):
             copy = torch.empty(t.shape, dtype=t.dtype, device="cpu", pin_memory=pin)
@@ -129,7 +128,7 @@ def wake_weights(asleep: SleepingWeights, device: torch.device, memory: SleepMem
     synchronises), the dropped parameters zeroed for a load to fill (an expert layer's padding must stay zero, as it
     is built)."""
     with torch.no_grad():
-        if asleep.kept_in_place:
+        if memory is not None:  # put_to_sleep's pool: the tensors kept their storage, unmapped under them
             memory.pools["weights"].restore()
             for t, copy in asleep.host:
                 t.copy_(copy, non_blocking=True)

@@ -3,7 +3,7 @@
 Made deterministically from a seed (each tensor from its own name-seeded generator), with a
 byte-level tokenizer and a ChatML chat template, and cached on disk. Used by the demo and the
 tests; HF transformers loads it as it would any real checkpoint. Finding the cached model imports no torch (only
-writing one does): a front process that only wants its tokenizer (a named shape's) starts in a fraction of a second.
+writing one does): a front process that only wants a named shape's tokenizer need not load torch for it.
 """
 
 from __future__ import annotations
