@@ -26,7 +26,7 @@ from railyard.engine.config import EngineConfig
 from railyard.engine.lora.request import LoRARequest
 from railyard.engine.runner.layers.fp8 import ScaledAccumulator
 from railyard.engine.runner.model_runner import ModelRunner, StepPlan
-from railyard.engine.runner.models.loader import resolve_model_dir
+from railyard.engine.runner.models.checkpoint_dir import resolve_model_dir
 from railyard.model.spec import ModelSpec, read_model_spec
 
 

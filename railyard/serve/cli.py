@@ -9,6 +9,7 @@ import signal
 import sys
 import threading
 
+from railyard.envs import cache_root
 from railyard.errors import STOP_SIGNALS, ConfigError, Stopped
 from railyard.serve import haproxy_local, mps, processes
 from railyard.serve.preflight import check_local_models
@@ -92,10 +93,12 @@ def use_proxy(ingress: Ingress) -> None:
         from ray.serve._private.haproxy import get_haproxy_binary
 
         try:
-            get_haproxy_binary()
+            binary = get_haproxy_binary()
         except FileNotFoundError:
             raise ConfigError("ingress.proxy haproxy needs an HAProxy binary (ray[serve] bundles one on Linux, or "
                               "set RAY_SERVE_HAPROXY_BINARY_PATH); or set ingress.proxy: ray") from None
+        launcher = haproxy_local.install_launcher(binary, cache_root() / "haproxy")
+        os.environ[haproxy_local.BINARY_ENV] = str(launcher)  # admin ports on loopback (serve/haproxy_local.py)
         os.environ.setdefault(LOCAL_INGRESS_DRAIN_ENV, LOCAL_INGRESS_DRAIN_S)
     os.environ.update(ingress.ray_env())
 
@@ -109,13 +112,13 @@ def _on_stop_signals(handler) -> None:
 
 
 def _start_ray(address: str | None) -> str:
-    """ray.init, with Ray's own SIGTERM handler (installed at its start: sys.exit(15)) read as a stop; a Ray of our
-    own runs the HAProxy loopback hook in its workers. Returns the Ray cluster's GCS address."""
+    """ray.init, with Ray's own SIGTERM handler (installed at its start: sys.exit(15)) read as a stop. No job-level
+    runtime_env: the replicas then take the workers Ray starts ahead of time. Returns the Ray cluster's GCS
+    address."""
     import ray
 
-    runtime_env = None if address else {"worker_process_setup_hook": haproxy_local.HOOK}
     try:
-        ray.init(address=address, log_to_driver=False, runtime_env=runtime_env)
+        ray.init(address=address, log_to_driver=False)
     except SystemExit as exc:
         if exc.code == signal.SIGTERM:
             raise Stopped(signal.SIGTERM) from None

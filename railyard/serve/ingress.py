@@ -14,7 +14,7 @@ from typing import Any
 from ray import serve
 
 from railyard.api.lora import LoRAModule
-from railyard.engine.runner.models.loader import resolve_model_dir
+from railyard.engine.runner.models.checkpoint_dir import resolve_model_dir
 from railyard.engine.tokenizer import load_tokenizer
 from railyard.model.spec import ModelSpec, read_model_spec
 from railyard.serve.client import PoolHandle, RayEngineClient

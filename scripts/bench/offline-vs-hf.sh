@@ -9,6 +9,7 @@
 #
 #   bash scripts/bench/offline-vs-hf.sh                 # carry .peers (a copy of /work/shared/peers) for HF
 #   SHAPES=qwen2-7b HF=0 bash scripts/bench/offline-vs-hf.sh    # railyard's 7B run only
+#   KERNEL_TESTS=0 bash scripts/bench/offline-vs-hf.sh   # without the attention and kernel tests first
 #   SMOKE=1 bash scripts/bench/offline-vs-hf.sh         # the script's plumbing on a CPU: tiny model, 8 prompts
 #   SHAPES=qwen3-30b-a3b RY_TIMEOUT_S=300 bash scripts/bench/offline-vs-hf.sh   # a mixture of experts (HF: its own
 #                                                       # MoE code; 48 layers of graphs to capture on railyard's side)
@@ -29,7 +30,7 @@ fi
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader > "$OUT/gpu.txt" 2>&1
 python3 -c "import json, torch, transformers; print(json.dumps({'torch': torch.__version__, \
 'transformers': transformers.__version__, 'cuda': torch.version.cuda}))" > "$OUT/versions.json" 2>> "$OUT/log.txt"
-if [ -z "${SMOKE:-}" ]; then
+if [ -z "${SMOKE:-}" ] && [ "${KERNEL_TESTS:-1}" = 1 ]; then
   log "kernel tests"
   timeout 150 python3 -m pytest -q tests/engine/runner/attention tests/engine/runner/kernels -p no:cacheprovider > "$OUT/kernel_tests.txt" 2>&1
   tail -n 1 "$OUT/kernel_tests.txt" > "$OUT/kernel_tests_summary.txt"

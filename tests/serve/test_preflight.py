@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from railyard.errors import ConfigError
-from railyard.serve.haproxy_local import loopback_template
+from railyard.serve.haproxy_local import loopback_config
 from railyard.serve.launch import for_cpu
 from railyard.serve.preflight import check_local_models, check_placement
 from railyard.stack import parse_stack, to_serve_config
@@ -31,7 +31,7 @@ def test_a_missing_model_directory_is_named_with_its_model(tmp_path):
 
 def test_the_installed_rays_haproxy_template_gets_its_admin_binds_on_loopback():
     templates = pytest.importorskip("ray.serve._private.haproxy_templates")
-    patched = loopback_template(templates.HAPROXY_CONFIG_TEMPLATE)
+    patched = loopback_config(templates.HAPROXY_CONFIG_TEMPLATE)
     assert patched is not None
     assert "bind 127.0.0.1:{{ config.stats_port }}" in patched and "bind 127.0.0.1:{{ config.metrics_port }}" in patched
-    assert "bind *:" not in patched
+    assert "bind *:" not in patched and "bind :" not in patched

@@ -27,7 +27,7 @@ from railyard.engine.lora.peft import inspect_adapter
 from railyard.engine.lora.request import LoRARequest
 from railyard.engine.runner.logits_mask import warm_up_bitmask
 from railyard.engine.runner.model_runner import ModelRunner
-from railyard.engine.runner.models.loader import resolve_model_dir
+from railyard.engine.runner.models.checkpoint_dir import resolve_model_dir
 from railyard.engine.runner.sampler import DoneSample, PendingSample
 from railyard.engine.sched.block_manager import BlockManager
 from railyard.engine.sched.scheduler import Scheduler
