@@ -65,12 +65,32 @@ def watch_after_ready() -> bool:
 
             def after_ready(**kwargs):
                 if not in_start_up():
-                    _record(str(kwargs.get("repr", "?")))
+                    _record(describe(kwargs))
                 return held(**kwargs) if held is not None else None
 
             knobs.runtime.jit_cache_hook = after_ready
             _installed = True
     return True
+
+
+def describe(hook_kwargs: dict) -> str:
+    """What Triton is about to compile, from its cache hook's arguments: the kernel, its launch options, each
+    runtime argument's type (`/16`: specialised as 16-byte aligned or divisible by 16) and the constexpr values.
+    Triton's own `repr` lists the arguments wrongly (it zips them with a string's characters)."""
+    text = str(hook_kwargs.get("repr", "?"))
+    try:
+        signature: dict = hook_kwargs.get("signature") or {}
+        if not signature:
+            return text
+        names = list(signature)
+        attrs = (hook_kwargs.get("configs") or [{}])[0] or {}
+        args = [f"{name}: {kind}{'/16' if attrs.get((i,)) else ''}" for i, (name, kind) in enumerate(signature.items())
+                if kind != "constexpr"]
+        constexprs = {names[path[0]] if len(path) == 1 and path[0] < len(names) else str(path): value
+                      for path, value in (hook_kwargs.get("constants") or {}).items()}
+        return f"{text.split('(', 1)[0]}({', '.join(args)}) constexprs {constexprs}"
+    except Exception:  # another Triton's hook arguments: its own description
+        return text
 
 
 def _record(kernel: str) -> None:

@@ -37,6 +37,16 @@ def test_a_kernel_jitted_after_ready_is_counted_and_named(clean_hooks):
     assert "_prefill_kernel[BLOCK_M=16]" in jit_watch.first_jit_after_ready() or before >= jit_watch.KEEP
 
 
+def test_a_kernel_is_named_with_each_arguments_specialisation_and_its_constexprs():
+    """As Triton 3.6 calls the hook: the signature by parameter, constexpr values and attributes by argument path
+    (here the pointer specialised as 16-byte aligned, the integer not)."""
+    described = jit_watch.describe(dict(
+        repr="_prefill_kernel[num_warps=4, num_stages=2](q_ptr: (", signature={"q_ptr": "*bf16", "n": "i32",
+                                                                             "BLOCK": "constexpr"},
+        constants={(2,): 64}, configs=[{(0,): [["tt.divisibility", 16]]}]))
+    assert described == "_prefill_kernel[num_warps=4, num_stages=2](q_ptr: *bf16/16, n: i32) constexprs {'BLOCK': 64}"
+
+
 def test_start_up_jit_is_not_counted_on_its_thread_nor_in_start_up_work_on_another(clean_hooks):
     watch_after_ready()
     before = jit_after_ready()

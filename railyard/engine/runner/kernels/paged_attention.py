@@ -463,7 +463,11 @@ def paged_decode(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Te
     return out
 
 
-@triton.jit(do_not_specialize=["bt_stride"])
+# The per-sequence arrays are read one scalar at a time, so their alignment buys nothing; a mixed step passes them
+# from its first prompt row on (after the decodes), at whatever 4-byte offset that is: unspecialised, one compiled
+# kernel serves every decode count.
+@triton.jit(do_not_specialize=["bt_stride"],
+            do_not_specialize_on_alignment=["block_tables_ptr", "seq_lens_ptr", "query_start_ptr"])
 def _prefill_kernel(q_ptr, cache_ptr, block_tables_ptr, seq_lens_ptr, query_start_ptr, out_ptr,
                     qk_scale, v_scale, q_stride_t, q_stride_h, out_stride_t, out_stride_h, bt_stride, plane_stride,
                     NUM_KV_HEADS: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr,
