@@ -16,6 +16,7 @@ import asyncio
 import dataclasses
 import logging
 import os
+import time
 from collections.abc import AsyncIterator
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -70,6 +71,23 @@ class EngineRequest:
                 "params": self.params, "priority": self.priority, "lora": self.lora}
 
 
+class _Steps:
+    """Seconds between marks, by step name: a replica's start, said in its log line."""
+
+    def __init__(self) -> None:
+        self.started = self._last = time.perf_counter()
+        self.seconds: dict[str, float] = {}
+
+    def done(self, step: str) -> None:
+        now = time.perf_counter()
+        self.seconds[step] = self.seconds.get(step, 0.0) + now - self._last
+        self._last = now
+
+    def __str__(self) -> str:
+        parts = ", ".join(f"{step} {s:.2f}" for step, s in self.seconds.items())
+        return f"{self._last - self.started:.2f} s ({parts})"
+
+
 class EngineReplica:
     """One engine replica of one model and length pool."""
 
@@ -84,10 +102,12 @@ class EngineReplica:
         from ray import serve
 
         log_where_serve_logs()  # its start-up (and its engine core's, and a standby's wake-up) in the replica's log
+        steps = _Steps()  # what this start waited for, in its log line
         config = EngineConfig(**engine)
         context = serve.get_replica_context()
         self._pool = None
         await asyncio.to_thread(with_shape_tokenizer, config)  # a named shape speaks text as in `railyard serve`
+        steps.done("shape_tokenizer")
         if config.tensor_parallel_size > 1 and config.device != "cpu":
             # The ranks are processes spawned here: they need every GPU the placement group reserved.
             await asyncio.to_thread(expose_reserved_gpus, config.tensor_parallel_size)
@@ -100,6 +120,7 @@ class EngineReplica:
             slots = standby_slots(standby_engines, standby_max_replicas, gpus)
             self._pool = pool_for(context.app_name, context.deployment, config, standby_engines, slots)
             handoff = await self._pool.claim.remote(ray.get_runtime_context().current_actor)
+            steps.done("claim")
             self.client = await asyncio.to_thread(  # a sleeping engine wakes while this front loads its tokenizer
                 EngineProcessClient, config, handoff=handoff, wake_on_join=True,
                 max_waiting_requests=max_waiting_requests, stream_interval_s=stream_interval_s,
@@ -128,13 +149,16 @@ class EngineReplica:
         self._last_hashes: frozenset[int] = frozenset()
         self._loras: dict[str, LoRARequest] = {}  # the adapters this replica's engine has loaded, by name
         self._lora_locks: dict[str, asyncio.Lock] = {}
+        steps.done("engine_client")
         await self.client.start()  # on the replica's event loop, where every method runs
         if self._pool is not None:
             woke = await self.client.wake_up()  # None: started for this replica, awake
+            steps.done("wake_up")
             log.info("engine replica %s took %s engine (pid %d)%s", self.replica_id,
                      "a standby" if woke else "a new", self.client.pid, f": {woke.get('phases_s')}" if woke else "")
             await self._pool.serving.remote(self.client.pid)
-        log.info("engine replica %s of %s ready on node %s", self.replica_id, self.deployment, self.node_id)
+        log.info("engine replica %s of %s ready on node %s in %s", self.replica_id, self.deployment, self.node_id,
+                 steps)
 
     # -- requests ----------------------------------------------------------------------------------
     async def generate(self, request: dict[str, Any]) -> AsyncIterator[ReplicaStarted | ReplicaReport | RequestOutput]:

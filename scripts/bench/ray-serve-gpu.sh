@@ -399,7 +399,7 @@ observed() {  # name cmd...: the command, and every process's CPU% over it ($R/c
 }
 warm() {  # url: Triton JIT and CUDA graphs of both replicas warm, outside the measurements
   python3 -m railyard.cli bench serve --url $1 --model qwen3 --num-prompts 32 --input-len 64-512 --output-len 16 \
-    --max-concurrency $WARM_STREAMS --seed 99 > /dev/null 2>&1
+    --max-concurrency $WARM_STREAMS --seed 99 > /dev/null 2> $R/warm.err
 }
 scrape() {  # name url: the fleet's prefix-cache and routing counters from /metrics, as JSON
   curl -s $2/metrics > $R/metrics_$1.txt
@@ -423,7 +423,7 @@ burst() {  # [name] the burst trace on the autoscaled stack; RAY_AUTH_MODE=token
 }
 export -f bench observed warm scrape prefix_trace burst pair_bench
 export TPUT PAIR_PORT_A PAIR_PORT_B
-export R PREFIX URL BURST
+export R PREFIX URL BURST WARM_STREAMS
 
 # (solo, with MPS=1) One railyard serve as in 2, started before the MPS daemon: the direct path at its best (an MPS
 # client pays for the daemon's scheduling even alone), so the MPS runs' ratios have both denominators.

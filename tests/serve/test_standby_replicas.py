@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import os
+import re
 
 import httpx
 import pytest
@@ -141,8 +142,11 @@ def test_a_replica_added_takes_the_engine_the_pool_held_asleep_and_gives_it_back
         (added,) = (info for replica, info in infos.items() if replica != first["replica"])
         assert added["engine_pid"] == asleep  # the sleeping engine, woken: no engine was started for the replica
         # the replica's own log says so, with where the wake-up's time went (railyard's lines in Serve's files)
-        assert f"engine replica {added['replica']} took a standby engine (pid {asleep}): {{" in \
-            _replica_log(added["replica"])
+        replica_log = _replica_log(added["replica"])
+        assert f"engine replica {added['replica']} took a standby engine (pid {asleep}): {{" in replica_log
+        # and what its start waited for, step by step
+        assert re.search(r"ready on node \S+ in [\d.]+ s \(shape_tokenizer [\d.]+, claim [\d.]+, engine_client [\d.]+, "
+                         r"wake_up [\d.]+\)", replica_log), replica_log[-2000:]
         assert added["node_id"] == node
         tokens = asyncio.run(_tokens_by_replica(client, 2))
         assert tokens[added["replica"]] == tokens[first["replica"]]
