@@ -47,6 +47,64 @@ def load_tokenizer(path: str | Path):
     return tokenizer
 
 
+class TokenIdsTokenizer:
+    """A checkpoint's tokenizer.json as `tokenizers` reads it, for a front that is sent token ids (an engine replica
+    behind railyard's ingress, which tokenizes): it detokenizes outputs as the HF tokenizer's own backend does, and
+    refuses text. It loads in milliseconds and imports neither transformers nor what transformers imports with a
+    tokenizer (torch, in some versions: seconds on a GPU node, in a replica added for a burst)."""
+
+    def __init__(self, backend) -> None:
+        self.backend_tokenizer = backend  # what make_detokenizer streams through
+
+    def decode(self, token_ids: list[int], skip_special_tokens: bool = True) -> str:
+        return self.backend_tokenizer.decode(token_ids, skip_special_tokens=skip_special_tokens)
+
+    def encode(self, text: str, **_) -> list[int]:
+        raise InvalidRequestError("this engine replica takes token ids: its ingress tokenizes prompts")
+
+    __call__ = encode
+
+
+def load_token_ids_tokenizer(path: str | Path):
+    """TokenIdsTokenizer for `path` where tokenizer.json marks every token tokenizer_config.json calls special
+    (so skipping special tokens skips the same ones as the HF tokenizer); else load_tokenizer(path)."""
+    path = Path(path)
+    specials = _config_special_tokens(path / "tokenizer_config.json")
+    if specials is not None and (path / "tokenizer.json").is_file():
+        try:
+            marked = {t["content"] for t in json.loads((path / "tokenizer.json").read_text()).get("added_tokens", [])
+                      if t.get("special")}
+        except (OSError, ValueError, TypeError, KeyError):
+            marked = None
+        if marked is not None and specials <= marked:
+            from tokenizers import Tokenizer
+
+            try:
+                return TokenIdsTokenizer(Tokenizer.from_file(str(path / "tokenizer.json")))
+            except Exception:  # a tokenizer.json `tokenizers` cannot read: transformers will say what is wrong
+                pass
+    return load_tokenizer(path)
+
+
+def _config_special_tokens(file: Path) -> set[str] | None:
+    """The tokens tokenizer_config.json makes special (its named special tokens, additional ones and the added
+    tokens it marks special); None without a readable file."""
+    try:
+        config = json.loads(file.read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(config, dict):
+        return None
+    named = [config.get(k) for k in ("bos_token", "eos_token", "unk_token", "pad_token", "sep_token", "cls_token",
+                                     "mask_token")]
+    for key in ("additional_special_tokens", "extra_special_tokens"):  # a list, or (transformers 5) a dict by name
+        listed = config.get(key) or []
+        named += list(listed.values() if isinstance(listed, dict) else listed)
+    named += [t for t in (config.get("added_tokens_decoder") or {}).values() if isinstance(t, dict) and t.get("special")]
+    tokens = {t.get("content") if isinstance(t, dict) else t for t in named}
+    return {t for t in tokens if isinstance(t, str)}
+
+
 def expects_tokenizer(path: str | Path | None) -> bool:
     """Whether load_tokenizer(path) gives a tokenizer (or an error), rather than None for a directory with no
     tokenizer files, known without loading it."""

@@ -121,15 +121,17 @@ class EngineReplica:
             self._pool = pool_for(context.app_name, context.deployment, config, standby_engines, slots)
             handoff = await self._pool.claim.remote(ray.get_runtime_context().current_actor)
             steps.done("claim")
-            self.client = await asyncio.to_thread(  # a sleeping engine wakes while this front loads its tokenizer
-                EngineProcessClient, config, handoff=handoff, wake_on_join=True,
+            # A sleeping engine wakes while this front loads its tokenizer. token_ids_only (both paths): the ingress
+            # tokenizes, so this front only detokenizes, without importing transformers (and what it imports).
+            self.client = await asyncio.to_thread(
+                EngineProcessClient, config, handoff=handoff, wake_on_join=True, token_ids_only=True,
                 max_waiting_requests=max_waiting_requests, stream_interval_s=stream_interval_s,
                 stream_items_per_s=stream_items_per_s)
         elif engine_process:
             from railyard.engine.client.process import EngineProcessClient
 
             self.client: EngineClient = await asyncio.to_thread(
-                EngineProcessClient, config, max_waiting_requests=max_waiting_requests,
+                EngineProcessClient, config, token_ids_only=True, max_waiting_requests=max_waiting_requests,
                 stream_interval_s=stream_interval_s, stream_items_per_s=stream_items_per_s)
         else:
             from railyard.engine.client.inproc import InProcessEngineClient

@@ -34,7 +34,7 @@ from railyard.engine.config import EngineConfig, SamplingParams
 from railyard.engine.core.process import run_engine_core
 from railyard.engine.exits import EXITED_ELSEWHERE, describe_exit
 from railyard.engine.lora.request import LoRARequest
-from railyard.engine.tokenizer import load_tokenizer
+from railyard.engine.tokenizer import load_token_ids_tokenizer, load_tokenizer
 from railyard.engine.core.wire import (
     Abort, AddRequest, CoreFailed, Ready, Shutdown, StartupFailed, StepOutputs, StopSequence, UtilityCall,
     UtilityResult, encoder, from_core_decoder, request_error)
@@ -83,10 +83,12 @@ class EngineProcessClient(CoreClient):
 
     def __init__(self, config: EngineConfig, *, start_timeout_s: float = DEFAULT_START_TIMEOUT_S,
                  handoff: CoreHandoff | None = None, standby: bool = False, wake_on_join: bool = False,
-                 **kwargs) -> None:
+                 token_ids_only: bool = False, **kwargs) -> None:
         """standby: start a core that can be handed to other fronts (detach), for a pool of standby engines.
         wake_on_join: with a handoff, ask the core to wake up as soon as it has joined, so that its wake-up runs
-        while this front waits for its tokenizer; the first `wake_up()` then returns that wake-up's times."""
+        while this front waits for its tokenizer; the first `wake_up()` then returns that wake-up's times.
+        token_ids_only: this front is sent token ids, never text (an engine replica behind railyard's ingress): its
+        tokenizer only detokenizes (TokenIdsTokenizer where the files allow, without transformers)."""
         self._closed = False
         self._handoff = handoff
         self._wake_sent = False
@@ -103,7 +105,7 @@ class EngineProcessClient(CoreClient):
         self.process = spawn_core(config, self._dir, standby) if handoff is None else ForeignProcess(handoff.pid)
         # Never leave the core behind: also when this object is forgotten or the interpreter exits.
         self._finalizer = weakref.finalize(self, _stop_process, self.process, self._ctx, self._dir)
-        prefetch = _TokenizerPrefetch(config)  # loads while the core starts: off the start-up's critical path
+        prefetch = _TokenizerPrefetch(config, token_ids_only)  # loads while the core starts: off the critical path
         try:
             if handoff is None or handoff.ready is None:  # started for this front, by it or by its owner
                 ready = self._wait_until_ready(start_timeout_s)
@@ -363,11 +365,13 @@ class ForeignProcess:
 
 class _TokenizerPrefetch:
     """The front's tokenizer, loaded on a thread from where the core will say it is (the --tokenizer directory,
-    else the checkpoint directory), while the core starts."""
+    else the checkpoint directory), while the core starts. token_ids_only: a front that is sent token ids gets
+    the detokenizing TokenIdsTokenizer where the files allow it."""
 
-    def __init__(self, config: EngineConfig) -> None:
+    def __init__(self, config: EngineConfig, token_ids_only: bool = False) -> None:
         self.path = config.tokenizer or (config.model if Path(config.model).is_dir() else None)
-        self._load = Background(load_tokenizer, self.path, name="railyard-tokenizer") if self.path else None
+        self._loader = load_token_ids_tokenizer if token_ids_only else load_tokenizer
+        self._load = Background(self._loader, self.path, name="railyard-tokenizer") if self.path else None
 
     @property
     def seconds(self) -> float | None:
@@ -384,7 +388,7 @@ class _TokenizerPrefetch:
                 return self._load.result()
             except Exception:
                 pass
-        return load_tokenizer(path)
+        return self._loader(path)
 
 
 def _stop_process(process: multiprocessing.Process, ctx: zmq.Context, directory: str) -> None:
