@@ -100,7 +100,8 @@ def _config_special_tokens(file: Path) -> set[str] | None:
     for key in ("additional_special_tokens", "extra_special_tokens"):  # a list, or (transformers 5) a dict by name
         listed = config.get(key) or []
         named += list(listed.values() if isinstance(listed, dict) else listed)
-    named += [t for t in (config.get("added_tokens_decoder") or {}).values() if isinstance(t, dict) and t.get("special")]
+    added = (config.get("added_tokens_decoder") or {}).values()
+    named += [t for t in added if isinstance(t, dict) and t.get("special")]
     tokens = {t.get("content") if isinstance(t, dict) else t for t in named}
     return {t for t in tokens if isinstance(t, str)}
 
