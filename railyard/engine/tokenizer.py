@@ -66,44 +66,47 @@ class TokenIdsTokenizer:
 
 
 def load_token_ids_tokenizer(path: str | Path):
-    """TokenIdsTokenizer for `path` where tokenizer.json marks every token tokenizer_config.json calls special
-    (so skipping special tokens skips the same ones as the HF tokenizer); else load_tokenizer(path)."""
+    """TokenIdsTokenizer for `path` where its backend is the HF tokenizer's (`_backend_is_complete`) and outputs
+    stream through tokenizers' DecodeStream (make_detokenizer), as the HF tokenizer's do; else load_tokenizer(path)."""
     path = Path(path)
-    specials = _config_special_tokens(path / "tokenizer_config.json")
-    if specials is not None and (path / "tokenizer.json").is_file():
+    try:
+        from tokenizers import Tokenizer
+        from tokenizers.decoders import DecodeStream  # noqa: F401  (tokenizers >= 0.21)
+    except ImportError:
+        return load_tokenizer(path)
+    if _backend_is_complete(path):
         try:
-            marked = {t["content"] for t in json.loads((path / "tokenizer.json").read_text()).get("added_tokens", [])
-                      if t.get("special")}
-        except (OSError, ValueError, TypeError, KeyError):
-            marked = None
-        if marked is not None and specials <= marked:
-            from tokenizers import Tokenizer
-
-            try:
-                return TokenIdsTokenizer(Tokenizer.from_file(str(path / "tokenizer.json")))
-            except Exception:  # a tokenizer.json `tokenizers` cannot read: transformers will say what is wrong
-                pass
+            return TokenIdsTokenizer(Tokenizer.from_file(str(path / "tokenizer.json")))
+        except Exception:  # a tokenizer.json `tokenizers` cannot read: transformers will say what is wrong
+            pass
     return load_tokenizer(path)
 
 
-def _config_special_tokens(file: Path) -> set[str] | None:
-    """The tokens tokenizer_config.json makes special (its named special tokens, additional ones and the added
-    tokens it marks special); None without a readable file."""
+def _backend_is_complete(path: Path) -> bool:
+    """Whether tokenizer.json alone is the backend the HF tokenizer would build: it holds every added token
+    tokenizer_config.json lists (same id), and marks special every token the config calls special (so skipping
+    special tokens skips the same ones)."""
     try:
-        config = json.loads(file.read_text())
-    except (OSError, ValueError):
-        return None
+        config = json.loads((path / "tokenizer_config.json").read_text())
+        added = {t["id"]: t for t in json.loads((path / "tokenizer.json").read_text()).get("added_tokens", [])}
+    except (OSError, ValueError, TypeError, KeyError, AttributeError):
+        return False
     if not isinstance(config, dict):
-        return None
+        return False
+    listed = config.get("added_tokens_decoder") or {}
+    for token_id, token in listed.items():
+        content = token.get("content") if isinstance(token, dict) else token
+        if not str(token_id).isdigit() or added.get(int(token_id), {}).get("content") != content:
+            return False
     named = [config.get(k) for k in ("bos_token", "eos_token", "unk_token", "pad_token", "sep_token", "cls_token",
                                      "mask_token")]
     for key in ("additional_special_tokens", "extra_special_tokens"):  # a list, or (transformers 5) a dict by name
-        listed = config.get(key) or []
-        named += list(listed.values() if isinstance(listed, dict) else listed)
-    added = (config.get("added_tokens_decoder") or {}).values()
-    named += [t for t in added if isinstance(t, dict) and t.get("special")]
-    tokens = {t.get("content") if isinstance(t, dict) else t for t in named}
-    return {t for t in tokens if isinstance(t, str)}
+        tokens = config.get(key) or []
+        named += list(tokens.values() if isinstance(tokens, dict) else tokens)
+    named += [t for t in listed.values() if isinstance(t, dict) and t.get("special")]
+    specials = {t.get("content") if isinstance(t, dict) else t for t in named}
+    marked = {t.get("content") for t in added.values() if t.get("special")}
+    return {t for t in specials if isinstance(t, str)} <= marked
 
 
 def expects_tokenizer(path: str | Path | None) -> bool:

@@ -24,6 +24,17 @@ def checkpoint(tmp_path_factory) -> str:
     return str(write_tiny_checkpoint(tmp_path_factory.mktemp("ids-tokenizer") / "qwen2", "qwen2"))
 
 
+def _copy_of_the_tiny_tokenizer(directory) -> dict:
+    """The embedded model's tokenizer files in `directory`; returns its tokenizer_config.json to edit."""
+    for name in ("tokenizer.json", "tokenizer_config.json", "config.json"):
+        (directory / name).write_bytes((ensure_tiny_model() / name).read_bytes())
+    return json.loads((directory / "tokenizer_config.json").read_text())
+
+
+def _write_config(directory, config: dict) -> None:
+    (directory / "tokenizer_config.json").write_text(json.dumps(config))
+
+
 def _stream(tokenizer, prompt_ids: list[int], output_ids: list[int], skip: bool) -> list[str]:
     detok = make_detokenizer(tokenizer, prompt_ids, skip_special_tokens=skip)
     return [detok.append(i) for i in output_ids]
@@ -47,11 +58,27 @@ def test_text_is_refused_with_a_client_error(checkpoint):
 
 def test_a_token_the_config_calls_special_but_tokenizer_json_does_not_gets_the_hf_tokenizer(tmp_path):
     """Skipping special tokens would otherwise keep a token the HF tokenizer skips."""
-    for name in ("tokenizer.json", "tokenizer_config.json", "config.json"):
-        (tmp_path / name).write_bytes((ensure_tiny_model() / name).read_bytes())
-    config = json.loads((tmp_path / "tokenizer_config.json").read_text())
+    config = _copy_of_the_tiny_tokenizer(tmp_path)
     config["additional_special_tokens"] = ["hello"]
-    (tmp_path / "tokenizer_config.json").write_text(json.dumps(config))
+    _write_config(tmp_path, config)
+    assert not isinstance(load_token_ids_tokenizer(tmp_path), TokenIdsTokenizer)
+
+
+def test_a_config_listing_the_added_tokens_tokenizer_json_holds_keeps_the_token_ids_tokenizer(tmp_path):
+    """As transformers saves a tokenizer: tokenizer_config.json lists every added token by id."""
+    config = _copy_of_the_tiny_tokenizer(tmp_path)
+    added = json.loads((tmp_path / "tokenizer.json").read_text())["added_tokens"]
+    config["added_tokens_decoder"] = {str(t["id"]): {"content": t["content"], "special": True} for t in added}
+    _write_config(tmp_path, config)
+    assert isinstance(load_token_ids_tokenizer(tmp_path), TokenIdsTokenizer)
+
+
+def test_an_added_token_tokenizer_json_lacks_gets_the_hf_tokenizer(tmp_path):
+    """The HF tokenizer adds tokenizer_config.json's added tokens to its backend: tokenizer.json alone would decode
+    those ids otherwise."""
+    config = _copy_of_the_tiny_tokenizer(tmp_path)
+    config["added_tokens_decoder"] = {"300": {"content": "<think>", "special": False}}
+    _write_config(tmp_path, config)
     assert not isinstance(load_token_ids_tokenizer(tmp_path), TokenIdsTokenizer)
 
 
