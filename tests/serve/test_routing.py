@@ -80,6 +80,12 @@ async def _replay(client, trace) -> list[tuple[int, object]]:
     return served
 
 
+def _ceiling_hit_rate(trace) -> float:
+    """Prefix tokens of every request after its group's first, over all prompt tokens."""
+    repeats = sum(12 * BLOCK for round_ in trace[1:] for _ in round_)
+    return repeats / sum(len(ids) for round_ in trace for _, ids in round_)
+
+
 def _hit_rate(served) -> float:
     return sum(r.cached_prompt_tokens for _, r in served) / sum(r.prompt_tokens for _, r in served)
 
@@ -91,7 +97,8 @@ def test_prefix_affinity_beats_rays_default_router_on_fleet_cache_hit_rate(serve
     Our router's load bound is widened past a round's 8 requests: a round starts as soon as the previous one's
     streams end, before Ray has told the router of every completion, so at the default bound a busy machine can
     make the affine replica look loaded enough to spill one request (the bound is specified in
-    test_routing_rules.py). Here no group may split, and the fleet's hit rate must beat Ray's default router's."""
+    test_routing_rules.py). Here no group may split, and the fleet's hit rate must reach what affinity can give and
+    beat Ray's default router's."""
     small_cache = {"num_gpu_blocks": 64}
     apps = {"prefix-ours": "pending_prefix", "prefix-ray-default": "power_of_two"}
     args = {app: engine_args(tiny_model_dir, num_replicas=2, router=router, engine=small_cache)
@@ -110,4 +117,9 @@ def test_prefix_affinity_beats_rays_default_router_on_fleet_cache_hit_rate(serve
         placement.setdefault(group, set()).add(r.replica)
     assert all(len(replicas) == 1 for replicas in placement.values()), f"prefix groups split: {placement}"
     ours_rate, theirs_rate = _hit_rate(ours), _hit_rate(theirs)
-    assert ours_rate > theirs_rate + 0.15, f"prefix-cache hit rate: ours {ours_rate:.2f}, Ray default {theirs_rate:.2f}"
+    # The most any router can hit: every request after its group's first finds the group's whole prefix cached.
+    # Ray's default router picks replicas at random, so its rate varies from run to run: ours is held to the
+    # ceiling, not to a margin over a random draw.
+    ceiling = _ceiling_hit_rate(_prefix_trace(7))
+    assert ours_rate >= 0.95 * ceiling, f"prefix-cache hit rate: ours {ours_rate:.2f}, the most possible {ceiling:.2f}"
+    assert ours_rate > theirs_rate, f"prefix-cache hit rate: ours {ours_rate:.2f}, Ray default {theirs_rate:.2f}"
