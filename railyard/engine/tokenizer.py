@@ -74,29 +74,25 @@ def load_token_ids_tokenizer(path: str | Path):
         from tokenizers.decoders import DecodeStream  # noqa: F401  (tokenizers >= 0.21)
     except ImportError:
         return load_tokenizer(path)
-    if _backend_is_complete(path):
-        try:
-            return TokenIdsTokenizer(Tokenizer.from_file(str(path / "tokenizer.json")))
-        except Exception:  # a tokenizer.json `tokenizers` cannot read: transformers will say what is wrong
-            pass
+    try:
+        config = json.loads((path / "tokenizer_config.json").read_text())
+        backend = Tokenizer.from_file(str(path / "tokenizer.json"))
+    except Exception:  # no such files, or ones `tokenizers` cannot read: transformers will say what is wrong
+        return load_tokenizer(path)
+    if isinstance(config, dict) and _backend_is_complete(backend, config):
+        return TokenIdsTokenizer(backend)
     return load_tokenizer(path)
 
 
-def _backend_is_complete(path: Path) -> bool:
-    """Whether tokenizer.json alone is the backend the HF tokenizer would build: it holds every added token
-    tokenizer_config.json lists (same id), and marks special every token the config calls special (so skipping
-    special tokens skips the same ones)."""
-    try:
-        config = json.loads((path / "tokenizer_config.json").read_text())
-        added = {t["id"]: t for t in json.loads((path / "tokenizer.json").read_text()).get("added_tokens", [])}
-    except (OSError, ValueError, TypeError, KeyError, AttributeError):
-        return False
-    if not isinstance(config, dict):
-        return False
+def _backend_is_complete(backend, config: dict) -> bool:
+    """Whether tokenizer.json's tokenizer alone is the backend the HF tokenizer would build from the files: it holds
+    every added token tokenizer_config.json lists (same id), and marks special every token the config calls special
+    (so skipping special tokens skips the same ones)."""
+    added = backend.get_added_tokens_decoder()
     listed = config.get("added_tokens_decoder") or {}
     for token_id, token in listed.items():
-        content = token.get("content") if isinstance(token, dict) else token
-        if not str(token_id).isdigit() or added.get(int(token_id), {}).get("content") != content:
+        if not str(token_id).isdigit() or int(token_id) not in added \
+                or added[int(token_id)].content != _token_content(token):
             return False
     named = [config.get(k) for k in ("bos_token", "eos_token", "unk_token", "pad_token", "sep_token", "cls_token",
                                      "mask_token")]
@@ -104,9 +100,15 @@ def _backend_is_complete(path: Path) -> bool:
         tokens = config.get(key) or []
         named += list(tokens.values() if isinstance(tokens, dict) else tokens)
     named += [t for t in listed.values() if isinstance(t, dict) and t.get("special")]
-    specials = {t.get("content") if isinstance(t, dict) else t for t in named}
-    marked = {t.get("content") for t in added.values() if t.get("special")}
-    return {t for t in specials if isinstance(t, str)} <= marked
+    specials = {_token_content(t) for t in named} - {None}
+    return specials <= {t.content for t in added.values() if t.special}
+
+
+def _token_content(token) -> str | None:
+    """A token as tokenizer files name one: a string, or an AddedToken's dict (its content); None otherwise."""
+    if isinstance(token, dict):
+        token = token.get("content")
+    return token if isinstance(token, str) else None
 
 
 def expects_tokenizer(path: str | Path | None) -> bool:
@@ -169,9 +171,7 @@ def _eos_content(file: Path) -> str | None:
         token = json.loads(file.read_text()).get("eos_token")
     except (OSError, ValueError, AttributeError):
         return None
-    if isinstance(token, dict):
-        token = token.get("content")
-    return token if isinstance(token, str) else None
+    return _token_content(token)
 
 
 def make_detokenizer(tokenizer, prompt_ids: list[int], skip_special_tokens: bool = True):

@@ -16,7 +16,6 @@ import asyncio
 import dataclasses
 import logging
 import os
-import time
 from collections.abc import AsyncIterator
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -26,6 +25,7 @@ from railyard.engine.client.base import DEFAULT_MAX_WAITING_REQUESTS, EngineClie
 from railyard.engine.config import EngineConfig, SamplingParams
 from railyard.engine.lora.request import LoRARequest
 from railyard.engine.outputs import EngineStats, RequestOutput
+from railyard.engine.startup.timings import StartupTimes
 from railyard.errors import EngineDeadError
 from railyard.serve.logs import log_where_serve_logs
 from railyard.serve.placement import expose_reserved_gpus
@@ -71,23 +71,6 @@ class EngineRequest:
                 "params": self.params, "priority": self.priority, "lora": self.lora}
 
 
-class _Steps:
-    """Seconds between marks, by step name: a replica's start, said in its log line."""
-
-    def __init__(self) -> None:
-        self.started = self._last = time.perf_counter()
-        self.seconds: dict[str, float] = {}
-
-    def done(self, step: str) -> None:
-        now = time.perf_counter()
-        self.seconds[step] = self.seconds.get(step, 0.0) + now - self._last
-        self._last = now
-
-    def __str__(self) -> str:
-        parts = ", ".join(f"{step} {s:.2f}" for step, s in self.seconds.items())
-        return f"{self._last - self.started:.2f} s ({parts})"
-
-
 class EngineReplica:
     """One engine replica of one model and length pool."""
 
@@ -102,12 +85,12 @@ class EngineReplica:
         from ray import serve
 
         log_where_serve_logs()  # its start-up (and its engine core's, and a standby's wake-up) in the replica's log
-        steps = _Steps()  # what this start waited for, in its log line
+        steps = StartupTimes()  # what this start waited for, in its log line
         config = EngineConfig(**engine)
         context = serve.get_replica_context()
         self._pool = None
-        await asyncio.to_thread(with_shape_tokenizer, config)  # a named shape speaks text as in `railyard serve`
-        steps.done("shape_tokenizer")
+        with steps.phase("shape_tokenizer"):  # a named shape speaks text as in `railyard serve`
+            await asyncio.to_thread(with_shape_tokenizer, config)
         if config.tensor_parallel_size > 1 and config.device != "cpu":
             # The ranks are processes spawned here: they need every GPU the placement group reserved.
             await asyncio.to_thread(expose_reserved_gpus, config.tensor_parallel_size)
@@ -116,23 +99,25 @@ class EngineReplica:
             from railyard.serve.standby import pool_for, standby_slots
 
             config = dataclasses.replace(config, enable_sleep_mode=True)
-            gpus = ray.get_runtime_context().get_assigned_resources().get("GPU", 0.0)
-            slots = standby_slots(standby_engines, standby_max_replicas, gpus)
-            self._pool = pool_for(context.app_name, context.deployment, config, standby_engines, slots)
-            handoff = await self._pool.claim.remote(ray.get_runtime_context().current_actor)
-            steps.done("claim")
+            with steps.phase("claim"):
+                gpus = ray.get_runtime_context().get_assigned_resources().get("GPU", 0.0)
+                slots = standby_slots(standby_engines, standby_max_replicas, gpus)
+                self._pool = pool_for(context.app_name, context.deployment, config, standby_engines, slots)
+                handoff = await self._pool.claim.remote(ray.get_runtime_context().current_actor)
             # A sleeping engine wakes while this front loads its tokenizer. token_ids_only (both paths): the ingress
             # tokenizes, so this front only detokenizes, without importing transformers (and what it imports).
-            self.client = await asyncio.to_thread(
-                EngineProcessClient, config, handoff=handoff, wake_on_join=True, token_ids_only=True,
-                max_waiting_requests=max_waiting_requests, stream_interval_s=stream_interval_s,
-                stream_items_per_s=stream_items_per_s)
+            with steps.phase("engine_client"):
+                self.client = await asyncio.to_thread(
+                    EngineProcessClient, config, handoff=handoff, wake_on_join=True, token_ids_only=True,
+                    max_waiting_requests=max_waiting_requests, stream_interval_s=stream_interval_s,
+                    stream_items_per_s=stream_items_per_s)
         elif engine_process:
             from railyard.engine.client.process import EngineProcessClient
 
-            self.client: EngineClient = await asyncio.to_thread(
-                EngineProcessClient, config, token_ids_only=True, max_waiting_requests=max_waiting_requests,
-                stream_interval_s=stream_interval_s, stream_items_per_s=stream_items_per_s)
+            with steps.phase("engine_client"):
+                self.client: EngineClient = await asyncio.to_thread(
+                    EngineProcessClient, config, token_ids_only=True, max_waiting_requests=max_waiting_requests,
+                    stream_interval_s=stream_interval_s, stream_items_per_s=stream_items_per_s)
         else:
             from railyard.engine.client.inproc import InProcessEngineClient
 
@@ -140,10 +125,11 @@ class EngineReplica:
                 import torch
 
                 torch.set_num_threads(config.torch_threads)
-            self.client = await asyncio.to_thread(InProcessEngineClient.from_config, config,
-                                                  max_waiting_requests=max_waiting_requests,
-                                                  stream_interval_s=stream_interval_s,
-                                                  stream_items_per_s=stream_items_per_s)
+            with steps.phase("engine_client"):
+                self.client = await asyncio.to_thread(InProcessEngineClient.from_config, config,
+                                                      max_waiting_requests=max_waiting_requests,
+                                                      stream_interval_s=stream_interval_s,
+                                                      stream_items_per_s=stream_items_per_s)
         self.replica_id = context.replica_id.unique_id
         self.deployment = context.deployment
         self.node_id = ray.get_runtime_context().get_node_id()
@@ -151,16 +137,15 @@ class EngineReplica:
         self._last_hashes: frozenset[int] = frozenset()
         self._loras: dict[str, LoRARequest] = {}  # the adapters this replica's engine has loaded, by name
         self._lora_locks: dict[str, asyncio.Lock] = {}
-        steps.done("engine_client")
         await self.client.start()  # on the replica's event loop, where every method runs
         if self._pool is not None:
-            woke = await self.client.wake_up()  # None: started for this replica, awake
-            steps.done("wake_up")
+            with steps.phase("wake_up"):
+                woke = await self.client.wake_up()  # None: started for this replica, awake
             log.info("engine replica %s took %s engine (pid %d)%s", self.replica_id,
                      "a standby" if woke else "a new", self.client.pid, f": {woke.get('phases_s')}" if woke else "")
             await self._pool.serving.remote(self.client.pid)
-        log.info("engine replica %s of %s ready on node %s in %s", self.replica_id, self.deployment, self.node_id,
-                 steps)
+        log.info("engine replica %s of %s ready on node %s; %s", self.replica_id, self.deployment, self.node_id,
+                 steps.describe("replica start"))
 
     # -- requests ----------------------------------------------------------------------------------
     async def generate(self, request: dict[str, Any]) -> AsyncIterator[ReplicaStarted | ReplicaReport | RequestOutput]:
