@@ -6,8 +6,10 @@ exponential gaps are memoryless). Requests are sent exactly as `railyard bench s
 (`send_request`). While they run, a sampler records every `sample_period_s` the requests in flight
 at the client (its queue depth), the deployment's running replicas from Ray Serve's `serve.status()`
 (when an app and deployment are named) and the ingress's count of replicas that have served a
-request (railyard's /metrics), which dates the first request a new replica answered. The report is
-a per-second timeline (arrivals, in flight, replicas, TTFT p50/p99, failures) and per-phase totals.
+request (railyard's /metrics), which dates the first request a new replica answered, and the ingress's
+per-replica time per output token, which compares a new replica's first requests with the warm
+replicas' over the same seconds. The report is a per-second timeline (arrivals, in flight, replicas,
+TTFT p50/p99, failures) and per-phase totals.
 """
 
 from __future__ import annotations
@@ -21,13 +23,17 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
 from railyard.bench.serve import (
-    RequestResult, ServeBenchConfig, bench_client, percentile, scrape_metrics, send_request)
+    RequestResult, ServeBenchConfig, bench_client, fetch_metric_samples, percentile, send_request)
 from railyard.bench.workload import synthetic_requests
 from railyard.errors import ConfigError
 
 PHASES = ("before", "burst", "after")
 # The ingress's count of engine replicas that have started a request (railyard.serve.metrics).
 REPLICAS_SERVING_METRIC = "railyard_serve_replicas_serving_total"
+# The ingress's time per output token of each engine replica's finished requests (a summary: sum and count).
+REPLICA_TPOT_METRIC = "railyard_serve_replica_time_per_output_token_seconds"
+# How long after a new replica's first finished request its requests count as its first ones.
+FIRST_REQUESTS_WINDOW_S = 10.0
 
 
 @dataclass(frozen=True)
@@ -88,6 +94,8 @@ class Sample:
     in_flight: int
     replicas: int | None = None
     replicas_serving: float | None = None
+    # replica -> (sum of its requests' time per output token in s, their count), as the ingress reported them
+    replica_tpot: dict[str, tuple[float, float]] | None = None
 
 
 class ServeReplicas:
@@ -147,13 +155,14 @@ async def run_burst(cfg: ServeBenchConfig, trace: BurstTrace, replicas: Callable
         while True:
             t = time.perf_counter() - t0
             count = await asyncio.to_thread(replicas) if replicas is not None else None
-            serving = None
+            serving = tpot = None
             if serving_seen:  # a server without the metric (railyard serve, another server) is asked once
                 # (railyard's Ray ingress exports it from the start, at 0)
-                values = await scrape_metrics(metrics_url, (REPLICAS_SERVING_METRIC,))
-                serving = values.get(REPLICAS_SERVING_METRIC) if values else None
+                found = await fetch_metric_samples(metrics_url, _FLEET_SAMPLES)
+                serving, tpot = _fleet_metrics(found or [])
                 serving_seen = serving is not None
-            samples.append(Sample(round(t, 3), in_flight, count, serving))
+                tpot = tpot if serving_seen else None
+            samples.append(Sample(round(t, 3), in_flight, count, serving, tpot))
             if done.is_set():
                 return
             try:
@@ -176,6 +185,58 @@ async def run_burst(cfg: ServeBenchConfig, trace: BurstTrace, replicas: Callable
         done.set()
         await sampler
     return BurstRun(results, samples, duration)
+
+
+_FLEET_SAMPLES = (REPLICAS_SERVING_METRIC, REPLICA_TPOT_METRIC + "_sum", REPLICA_TPOT_METRIC + "_count")
+
+
+def _fleet_metrics(found: list) -> tuple[float | None, dict[str, tuple[float, float]]]:
+    """Replicas serving (None where the page lacks the metric) and each replica's (TPOT sum, count)."""
+    serving = None
+    sums: dict[str, float] = {}
+    counts: dict[str, float] = {}
+    for sample in found:
+        if sample.name == REPLICAS_SERVING_METRIC:
+            serving = (serving or 0.0) + sample.value
+        elif "replica" in sample.labels:
+            into = sums if sample.name.endswith("_sum") else counts
+            into[sample.labels["replica"]] = into.get(sample.labels["replica"], 0.0) + sample.value
+    return serving, {r: (sums.get(r, 0.0), counts[r]) for r in counts}
+
+
+def new_replica_tpot(samples: list[Sample], start: float, window_s: float = FIRST_REQUESTS_WINDOW_S) -> dict | None:
+    """A new replica's first requests against the warm replicas': time per output token of the requests each side
+    finished from the last sample before the new replica's first finished request to `window_s` after it.
+
+    A replica is new when it had finished none of the ingress's requests at `start` (the burst's start). None where
+    no replica is new, or the samples lack per-replica counts; a note instead of figures where a replica's count
+    fell between two samples (scrapes that reached different ingress replicas, each with its own counts)."""
+    rows = [s for s in samples if s.replica_tpot is not None]
+    if not rows:
+        return None
+    for a, b in zip(rows, rows[1:]):
+        if any(b.replica_tpot.get(r, (0.0, 0.0))[1] < n for r, (_, n) in a.replica_tpot.items()):
+            return {"note": "per-replica counts fell between samples: the scrapes reached several ingress replicas; "
+                            "run the burst against a stack with one ingress replica"}
+    warm = {r for s in rows if s.t <= start for r, (_, n) in s.replica_tpot.items() if n > 0}
+    first = next(((s, r) for s in rows if s.t > start for r, (_, n) in s.replica_tpot.items()
+                  if n > 0 and r not in warm), None)
+    if first is None:
+        return None
+    at, new = first
+    begin = max((s for s in rows if s.t < at.t), key=lambda s: s.t, default=at)
+    end = next((s for s in rows if s.t >= at.t + window_s), rows[-1])
+
+    def side(names: set[str]) -> dict:
+        total = sum(end.replica_tpot.get(r, (0.0, 0.0))[0] - begin.replica_tpot.get(r, (0.0, 0.0))[0] for r in names)
+        count = sum(end.replica_tpot.get(r, (0.0, 0.0))[1] - begin.replica_tpot.get(r, (0.0, 0.0))[1] for r in names)
+        return {"requests": int(count), "tpot_ms": round(1000 * total / count, 3) if count else None}
+
+    mine, theirs = side({new}), side(warm)
+    speed = (round(theirs["tpot_ms"] / mine["tpot_ms"], 4)
+             if mine["tpot_ms"] and theirs["tpot_ms"] else None)
+    return {"replica": new, "window_s": [round(begin.t - start, 3), round(end.t - start, 3)],
+            "new": mine, "warm": theirs, "speed_vs_warm": speed}
 
 
 def _ms(values: list[float], p: float) -> float | None:
@@ -258,6 +319,8 @@ def summarize_burst(cfg: ServeBenchConfig, trace: BurstTrace, run: BurstRun, sam
             # How fast the fleet answered: a replica counted RUNNING by Serve, then one that served a request.
             "burst_to_scale_up_s": _first_after(run.samples, trace.burst_start, "replicas"),
             "burst_to_new_replica_serving_s": _first_after(run.samples, trace.burst_start, "replicas_serving"),
+            # Its first requests' time per output token against the warm replicas' (speed_vs_warm: warm / new).
+            "new_replica_tpot": new_replica_tpot(run.samples, trace.burst_start),
         },
         "timeline": timeline(run, trace),
     }
@@ -270,5 +333,9 @@ def format_burst_table(report: dict) -> str:
         lines.append(f"{name:<8} {p['requests']:>8} {p['failed']:>6} {str(p['ttft_p50_ms']):>12} "
                      f"{str(p['ttft_p99_ms']):>12}")
     for key, value in report["fleet"].items():
+        if key == "new_replica_tpot" and value and "new" in value:
+            new, warm = value["new"], value["warm"]
+            value = (f"{new['tpot_ms']} ms over its first {new['requests']} requests, warm replicas {warm['tpot_ms']} "
+                     f"ms over {warm['requests']} (speed vs warm {value['speed_vs_warm']})")
         lines.append(f"{key.replace('_', ' ')}: {value}")
     return "\n".join(lines)

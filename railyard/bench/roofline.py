@@ -26,8 +26,10 @@ H200_PEAK_TFLOPS = 790.0  # bf16 dense matmul measured on this workplace's H200s
 # scripts/bench/fp8.sh passes the measured _scaled_mm rate (fp8_gemm.py's sweep) as `bench throughput --fp8-peak-tflops`.
 H200_FP8_PEAK_TFLOPS = 2 * H200_PEAK_TFLOPS
 H200_HBM_TBS = 4.3  # device-to-device copy, bytes read + written
+# The SXM H100 (80 GB of HBM3), measured the same way on this workplace's H100s.
+H100_PEAK_TFLOPS, H100_HBM_TBS = 798.0, 3.0
 # Devices whose ceilings were measured here, by a part of their name: (TFLOP/s, TB/s).
-KNOWN_PEAKS = {"H200": (H200_PEAK_TFLOPS, H200_HBM_TBS)}
+KNOWN_PEAKS = {"H200": (H200_PEAK_TFLOPS, H200_HBM_TBS), "H100 80GB HBM3": (H100_PEAK_TFLOPS, H100_HBM_TBS)}
 
 
 def device_peaks(device_name: str | None, peak_tflops: float | None = None,

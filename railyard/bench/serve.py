@@ -166,22 +166,30 @@ PREFILL_STEPS = "railyard:prefill_steps_total"
 PREFIX_CACHE = ("vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total")
 
 
-async def scrape_metrics(url: str, names: tuple[str, ...]) -> dict[str, float] | None:
-    """The named samples of a Prometheus exposition at `url` (each summed over its label sets), or None where
-    the server has no such page; a name the page lacks is missing from the dict."""
+async def fetch_metric_samples(url: str, names: tuple[str, ...]) -> list | None:
+    """The named samples (prometheus_client's Sample: name, labels, value) of a Prometheus exposition at `url`, or
+    None where the server has no such page."""
     from prometheus_client.parser import text_string_to_metric_families
 
     try:
         async with httpx.AsyncClient(timeout=10) as client:
             resp = await client.get(url)
         resp.raise_for_status()
-        values: dict[str, float] = {}
-        for family in text_string_to_metric_families(resp.text):
-            for sample in family.samples:
-                if sample.name in names:
-                    values[sample.name] = values.get(sample.name, 0.0) + sample.value
+        return [sample for family in text_string_to_metric_families(resp.text) for sample in family.samples
+                if sample.name in names]
     except Exception:  # noqa: BLE001 -- a server without metrics: the report just lacks them
         return None
+
+
+async def scrape_metrics(url: str, names: tuple[str, ...]) -> dict[str, float] | None:
+    """The named samples of a Prometheus exposition at `url` (each summed over its label sets), or None where
+    the server has no such page; a name the page lacks is missing from the dict."""
+    samples = await fetch_metric_samples(url, names)
+    if samples is None:
+        return None
+    values: dict[str, float] = {}
+    for sample in samples:
+        values[sample.name] = values.get(sample.name, 0.0) + sample.value
     return values
 
 

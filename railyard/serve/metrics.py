@@ -11,7 +11,7 @@ import asyncio
 import logging
 from collections.abc import Iterable
 
-from prometheus_client import Counter, Gauge
+from prometheus_client import Counter, Gauge, Summary
 
 log = logging.getLogger("railyard.serve")
 
@@ -28,6 +28,10 @@ SCALE_EVENTS = Counter(
 REPLICAS_SERVING = Counter(
     "railyard_serve_replicas_serving", "Engine replicas that have started a request of this ingress: a new replica's "
     "first request adds one (how long a burst waited for new capacity)", ["model"])
+REPLICA_TPOT = Summary(
+    "railyard_serve_replica_time_per_output_token_seconds", "Time per output token of the requests each engine "
+    "replica finished for this ingress (its sum and count: a new replica's first requests against the warm ones')",
+    ["model", "replica"])
 RETRIES = Counter(
     "railyard_serve_retries", "Requests re-sent to another replica because theirs died before the first token",
     ["model"])

@@ -18,7 +18,8 @@
 #      request: prefix groups split over both replicas, ingress -> replica per round; scripts/bench/prefix_placement.py).
 #      With two ingress replicas each has its own router: pp's trace, right after the 256-stream run, is where
 #      each router's stale count of the other's requests kept it on one replica (62% vs 74% with one ingress).
-#   6. `railyard bench burst` on the stack autoscaled 1..2 half-GPU replicas (railyard's pending policy).
+#   6. `railyard bench burst` on the stack autoscaled 1..2 half-GPU replicas (railyard's pending policy), one ingress
+#      replica (the stack default; INGRESS_REPLICAS sets it here too).
 #   (burst_standby, not in the default phases) The same burst with autoscaling.standby_engines 1: the second
 #      replica wakes a sleeping engine instead of starting one (PHASES="burst burst_standby" compares the two).
 #   (ing1, not in the default phases) The stack of 1 with one ingress replica (the stack default): what the second
@@ -314,6 +315,8 @@ stack() {  # name kind(yes: autoscaling | no | old | ing1 | one) -> a stack file
   [ "$2" = standby ] && scaling="autoscaling: {min_replicas: 1, max_replicas: 2, target_pending_per_replica: 8,
                   upscale_delay_s: 3, downscale_delay_s: 60, look_back_period_s: 5, metrics_interval_s: 1,
                   standby_engines: 1}"
+  # The bursts keep the stack default of one ingress: the bench reads per-replica TPOT from the one ingress's /metrics
+  [ "$2" = yes ] || [ "$2" = standby ] && ingress=${INGRESS_REPLICAS:-1}
   [ "$2" = old ] && { interval=0.05 budget=0 ingress=1 proxy=ray; }
   [ "$2" = ing1 ] && ingress=1
   [ "$2" = one ] && { scaling="num_replicas: 1" fraction=1.0; engine=${ENGINE/num_gpu_blocks: $BLOCKS/num_gpu_blocks: $(( 2 * BLOCKS ))}; }

@@ -8,7 +8,9 @@ import subprocess
 
 import pytest
 
-from railyard.bench.burst import BurstTrace, Sample, replica_seconds
+from railyard.bench.burst import (
+    _FLEET_SAMPLES, REPLICA_TPOT_METRIC, REPLICAS_SERVING_METRIC, BurstTrace, Sample, _fleet_metrics, new_replica_tpot,
+    replica_seconds)
 from railyard.errors import ConfigError
 from tests.bench.conftest import run_bench
 
@@ -83,3 +85,45 @@ def test_bench_burst_counts_failures_per_second(server):
 def test_bench_burst_rejects_an_app_without_its_deployment_with_exit_2(server):
     run = burst("--url", server.url, "--model", server.model, "--app", "railyard")
     assert run.returncode == 2 and "--deployment" in run.stderr
+
+
+def tpot_sample(t: float, **replicas: tuple[float, float]) -> Sample:
+    return Sample(t, 0, len(replicas), None, dict(replicas))
+
+
+def test_a_new_replicas_first_requests_are_timed_against_the_warm_replicas_over_the_same_seconds():
+    samples = [tpot_sample(0.0, warm=(0.2, 10)), tpot_sample(5.0, warm=(0.4, 20)),  # the burst starts at 5 s
+               tpot_sample(9.0, warm=(0.6, 30), new=(0.0, 0)),  # the new replica runs; nothing finished yet
+               tpot_sample(10.0, warm=(0.7, 35), new=(0.05, 2)),  # its first two requests
+               tpot_sample(15.0, warm=(1.2, 55), new=(0.35, 12)),
+               tpot_sample(20.0, warm=(1.6, 75), new=(0.55, 20)),  # 10 s after its first: the window's end
+               tpot_sample(30.0, warm=(3.0, 100), new=(2.0, 50))]
+    report = new_replica_tpot(samples, start=5.0)
+    assert report["replica"] == "new" and report["window_s"] == [4.0, 15.0]
+    assert report["new"] == {"requests": 20, "tpot_ms": 27.5}  # 0.55 s over 20 requests, from 9 s to 20 s
+    assert report["warm"] == {"requests": 45, "tpot_ms": 22.222}  # (1.6 - 0.6) s over 45 requests
+    assert report["speed_vs_warm"] == round(22.222 / 27.5, 4)
+
+
+def test_no_new_replica_or_no_per_replica_counts_give_no_tpot_comparison():
+    assert new_replica_tpot([Sample(0.0, 0), Sample(9.0, 0)], start=5.0) is None
+    assert new_replica_tpot([tpot_sample(0.0, warm=(0.1, 5)), tpot_sample(9.0, warm=(0.5, 25))], start=5.0) is None
+
+
+def test_counts_that_fall_between_samples_name_several_ingress_replicas_instead_of_figures():
+    samples = [tpot_sample(0.0, a=(0.4, 20)), tpot_sample(6.0, a=(0.1, 5), b=(0.1, 3)), tpot_sample(7.0, a=(0.5, 21))]
+    assert "one ingress replica" in new_replica_tpot(samples, start=5.0)["note"]
+
+
+def test_fleet_metrics_read_replicas_serving_and_each_replicas_tpot_sum_and_count():
+    from prometheus_client.parser import text_string_to_metric_families
+
+    page = (f"# TYPE {REPLICAS_SERVING_METRIC[:-6]} counter\n{REPLICAS_SERVING_METRIC}{{model=\"m\"}} 2.0\n"
+            f"# TYPE {REPLICA_TPOT_METRIC} summary\n"
+            f"{REPLICA_TPOT_METRIC}_count{{model=\"m\",replica=\"r1\"}} 4.0\n"
+            f"{REPLICA_TPOT_METRIC}_sum{{model=\"m\",replica=\"r1\"}} 0.08\n"
+            f"{REPLICA_TPOT_METRIC}_count{{model=\"m\",replica=\"r2\"}} 1.0\n"
+            f"{REPLICA_TPOT_METRIC}_sum{{model=\"m\",replica=\"r2\"}} 0.03\n")
+    found = [s for f in text_string_to_metric_families(page) for s in f.samples if s.name in _FLEET_SAMPLES]
+    assert _fleet_metrics(found) == (2.0, {"r1": (0.08, 4.0), "r2": (0.03, 1.0)})
+    assert _fleet_metrics([]) == (None, {})

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from railyard.bench.roofline import H200_HBM_TBS, H200_PEAK_TFLOPS, device_peaks
+from railyard.bench.roofline import H100_HBM_TBS, H100_PEAK_TFLOPS, H200_HBM_TBS, H200_PEAK_TFLOPS, device_peaks
 from railyard.cli import main
 
 SMALL = ["--num-prompts", "3", "--input-len", "8", "--output-len", "2", "--warmup-prompts", "1"]
@@ -23,6 +23,8 @@ class Terminal(io.StringIO):
 def test_peaks_are_known_for_an_h200_given_ones_win_and_others_have_none():
     assert device_peaks("NVIDIA H200") == (H200_PEAK_TFLOPS, H200_HBM_TBS)
     assert device_peaks("NVIDIA H200", peak_tflops=700.0) == (700.0, H200_HBM_TBS)
+    assert device_peaks("NVIDIA H100 80GB HBM3") == (H100_PEAK_TFLOPS, H100_HBM_TBS)
+    assert device_peaks("NVIDIA H100 PCIe") is None  # another part, other ceilings
     assert device_peaks("NVIDIA A100-SXM4-80GB") is None and device_peaks("cpu") is None
     assert device_peaks("cpu", peak_tflops=1.0) is None  # half a roofline is no roofline
     assert device_peaks("cpu", peak_tflops=1.0, hbm_tbs=0.1) == (1.0, 0.1)

@@ -12,7 +12,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from ray import serve
 
-from railyard.bench.burst import REPLICAS_SERVING_METRIC, ServeReplicas
+from railyard.bench.burst import REPLICA_TPOT_METRIC, REPLICAS_SERVING_METRIC, ServeReplicas
 from railyard.serve.app import build_app
 from tests.serve.conftest import engine_args, running_replicas, wait_until
 
@@ -32,11 +32,15 @@ def completion(url: str) -> tuple[httpx.Response, float]:
     return resp, time.perf_counter() - start
 
 
+def metric_samples(url: str, name: str) -> list:
+    text = httpx.get(f"{url}{PREFIX}/metrics", timeout=30).text
+    return [sample for family in text_string_to_metric_families(text) for sample in family.samples
+            if sample.name == name]
+
+
 def replicas_serving(url: str) -> float:
     """The ingress's count of engine replicas that have served a request, from its /metrics."""
-    text = httpx.get(f"{url}{PREFIX}/metrics", timeout=30).text
-    return sum(sample.value for family in text_string_to_metric_families(text) for sample in family.samples
-               if sample.name == REPLICAS_SERVING_METRIC)
+    return sum(sample.value for sample in metric_samples(url, REPLICAS_SERVING_METRIC))
 
 
 def test_min_replicas_zero_idles_at_none_and_the_first_request_after_idle_waits_and_succeeds(serve_cluster,
@@ -58,5 +62,10 @@ def test_min_replicas_zero_idles_at_none_and_the_first_request_after_idle_waits_
             asyncio.run(wait_until(lambda: running_replicas(APP, DEPLOYMENT) == 0, 60, "scale-down to zero"))
         # The ingress counted each new replica when it served its first request: two cold starts, two replicas.
         assert replicas_serving(serve_cluster.http_url) == 2
+        # and timed each one's requests apart: two per replica, 8 tokens each at a positive time per token
+        counts = {s.labels["replica"]: s.value
+                  for s in metric_samples(serve_cluster.http_url, REPLICA_TPOT_METRIC + "_count")}
+        sums = metric_samples(serve_cluster.http_url, REPLICA_TPOT_METRIC + "_sum")
+        assert sorted(counts.values()) == [2.0, 2.0] and all(s.value > 0 for s in sums)
     finally:
         serve.delete(APP)
