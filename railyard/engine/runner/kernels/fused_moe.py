@@ -127,32 +127,39 @@ def _grouped_gemm_kernel(a_ptr, b_ptr, c_ptr, a_scale_ptr, b_scale_ptr, bias_ptr
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     if MXFP4:
-        # half-K tiles: packed byte j of the tile holds K positions 2j (low nibble) and 2j + 1 (high nibble)
-        rk = tl.arange(0, BLOCK_K)
+        # Packed byte j of a group holds K positions 32g + j (low nibble) and 32g + 16 + j (high nibble), as the
+        # loader pairs them (layers/mxfp4.py pair_nibbles): the two halves' activations are plain 16-wide runs of A,
+        # loaded apart, so both dots take A as loaded and share one accumulator layout.
         rj = tl.arange(0, BLOCK_K // 2)
+        rk_lo = (rj // (GROUP // 2)) * GROUP + rj % (GROUP // 2)
         rg = tl.arange(0, BLOCK_K // GROUP)
-        a_ptrs = a_ptr + row[:, None] * stride_am + rk[None, :]
+        a_ptrs = a_ptr + row[:, None] * stride_am + rk_lo[None, :]
         b_ptrs = b_ptr + expert * stride_be + rn[None, :].to(tl.int64) * stride_bn + rj[:, None]  # [K / 2, N]
         s_ptrs = b_scale_ptr + expert * stride_bse + rn[None, :].to(tl.int64) * stride_bsn + rg[:, None]
+        # the halves accumulate apart: two dots chained through one accumulator get different warp layouts, and the
+        # accumulator would be converted between them (through shared memory) at every K step
+        acc_hi = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         for k in range(0, tl.cdiv(K, BLOCK_K)):
             # K is whole groups: the masks are constant over a group's 16 bytes, so the loads stay vectorised
             # (16-byte asynchronous copies, pipelined like the unquantized tiles)
             k_left = tl.multiple_of(K - k * BLOCK_K, GROUP)
-            a = tl.load(a_ptrs, mask=valid[:, None] & (rk[None, :] < k_left), other=0.0)
-            a_even, a_odd = tl.split(tl.reshape(a, (BLOCK_M, BLOCK_K // 2, 2)))
+            a_mask = valid[:, None] & (rk_lo[None, :] < k_left)
+            a_lo = tl.load(a_ptrs, mask=a_mask, other=0.0)
+            a_hi = tl.load(a_ptrs + GROUP // 2, mask=a_mask, other=0.0)
             n_in = rn[None, :] < N
             packed = tl.load(b_ptrs, mask=n_in & (rj[:, None] < k_left // 2), other=0).to(tl.uint32)
             # one exponent per group, repeated over its 16 byte rows in registers
             exponents = tl.load(s_ptrs, mask=n_in & (rg[:, None] < k_left // GROUP), other=0).to(tl.uint32)
             exponents = tl.broadcast_to(exponents[:, None, :], (BLOCK_K // GROUP, GROUP // 2, BLOCK_N))
             scale = _e8m0_values(tl.reshape(exponents, (BLOCK_K // 2, BLOCK_N)))
-            b_even = (_e2m1_values(packed & 15) * scale).to(a.dtype)
-            b_odd = (_e2m1_values(packed >> 4) * scale).to(a.dtype)
-            acc = tl.dot(a_even, b_even, acc, input_precision=DOT_PRECISION)
-            acc = tl.dot(a_odd, b_odd, acc, input_precision=DOT_PRECISION)
+            b_lo = (_e2m1_values(packed & 15) * scale).to(a_lo.dtype)
+            b_hi = (_e2m1_values(packed >> 4) * scale).to(a_lo.dtype)
+            acc = tl.dot(a_lo, b_lo, acc, input_precision=DOT_PRECISION)
+            acc_hi = tl.dot(a_hi, b_hi, acc_hi, input_precision=DOT_PRECISION)
             a_ptrs += BLOCK_K
             b_ptrs += BLOCK_K // 2
             s_ptrs += BLOCK_K // GROUP
+        acc += acc_hi
     else:
         rk = tl.arange(0, BLOCK_K)
         a_ptrs = a_ptr + row[:, None] * stride_am + rk[None, :]

@@ -39,7 +39,7 @@ from torch import nn
 
 from railyard.engine.runner.layers.activation import silu_and_mul
 from railyard.engine.runner.layers.fp8 import FP8
-from railyard.engine.runner.layers.mxfp4 import GROUP as MXFP4_GROUP, dequantize_mxfp4
+from railyard.engine.runner.layers.mxfp4 import GROUP as MXFP4_GROUP, dequantize_mxfp4, pair_nibbles, unpair_nibbles
 from railyard.engine.runner.layers.fp8_block import (block_scale_shape, dequantize_blocks,
                                                      dequantize_per_token_group, quantize_blocks,
                                                      quantize_per_token_group)
@@ -154,6 +154,8 @@ class FusedMoE(nn.Module):
             scales = self.w13_weight_scale if param is self.w13_weight else self.w2_weight_scale
             self.expert_loader(scales, scale, shard)
             return
+        if self.quant == "mxfp4" and (param is self.w13_weight or param is self.w2_weight):
+            loaded = pair_nibbles(loaded)  # the fused GEMM's layout (layers/mxfp4.py)
         dst = param.data[expert]
         name = f"expert {expert} {which}"
         if which == "down":
@@ -215,14 +217,15 @@ class FusedMoE(nn.Module):
 
 
 class _Mxfp4Experts:
-    """Stacked MXFP4 experts that widen one expert when indexed (experts_reference reads w[expert] only)."""
+    """Stacked MXFP4 experts (their nibbles paired) that widen one expert when indexed (experts_reference reads
+    w[expert] only)."""
 
     def __init__(self, blocks: torch.Tensor, scales: torch.Tensor, dtype: torch.dtype) -> None:
         self.blocks, self.scales, self.dtype = blocks, scales, dtype
         self.shape = (blocks.shape[0], blocks.shape[1], scales.shape[-1] * MXFP4_GROUP)
 
     def __getitem__(self, expert: int) -> torch.Tensor:
-        return dequantize_mxfp4(self.blocks[expert], self.scales[expert], self.dtype)
+        return dequantize_mxfp4(unpair_nibbles(self.blocks[expert]), self.scales[expert], self.dtype)
 
 
 def quantize_experts(full: torch.Tensor, param: torch.Tensor, scale: torch.Tensor) -> None:

@@ -4,6 +4,10 @@ A row of K weights is stored as K / 32 groups: 16 bytes of e2m1 values (two a by
 nibble) and one uint8 e8m0 exponent (the group's scale 2^(e - 127)). The experts keep these bytes as they are
 (4.25 bits a weight); `dequantize_mxfp4` widens one expert's weights when it runs (the CPU reference path), as HF
 transformers' dequantizer does (the same table and exponent arithmetic, so the same numbers).
+
+In memory the experts hold each group's nibbles paired by halves (`pair_nibbles`, as the loader copies them): byte j
+of a group holds its weights j and 16 + j instead of 2j and 2j + 1, so the fused GEMM multiplies each half by a plain
+16-wide run of the activations (kernels/fused_moe.py) instead of splitting them into even and odd columns.
 """
 
 from __future__ import annotations
@@ -26,6 +30,27 @@ def dequantize_mxfp4(blocks: torch.Tensor, scales: torch.Tensor, dtype: torch.dt
     values = values.reshape(*lead, groups, GROUP)
     exponents = scales.to(torch.int32) - 127
     return torch.ldexp(values, exponents[..., None]).reshape(*lead, groups * GROUP)
+
+
+def _codes(blocks: torch.Tensor) -> torch.Tensor:
+    """blocks [..., 16n] -> e2m1 codes [..., n, 32] in the order their bytes hold them (low nibble first)."""
+    packed = blocks.reshape(*blocks.shape[:-1], -1, GROUP // 2)
+    return torch.stack((packed & 0x0F, packed >> 4), dim=-1).reshape(*packed.shape[:-1], GROUP)
+
+
+def pair_nibbles(blocks: torch.Tensor) -> torch.Tensor:
+    """Checkpoint bytes (byte j of a group: weights 2j, 2j + 1) -> the experts' layout (weights j, 16 + j), the
+    same shape; whole 16-byte groups along the last dimension."""
+    codes = _codes(blocks)
+    half = GROUP // 2
+    return (codes[..., :half] | (codes[..., half:] << 4)).reshape(blocks.shape)
+
+
+def unpair_nibbles(blocks: torch.Tensor) -> torch.Tensor:
+    """The experts' layout -> checkpoint bytes (pair_nibbles' inverse)."""
+    codes = _codes(blocks)  # [..., n, 32]: weights 0, 16, 1, 17, ...
+    ordered = torch.cat((codes[..., 0::2], codes[..., 1::2]), dim=-1)
+    return (ordered[..., 0::2] | (ordered[..., 1::2] << 4)).reshape(blocks.shape)
 
 
 def quantize_mxfp4(weights: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
