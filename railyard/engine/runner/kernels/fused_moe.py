@@ -52,8 +52,9 @@ FP8_LARGE = (64, 128, 128, 4, 4)
 SMALL = TILES[0][1]
 # MXFP4 weights are widened in registers, a cost per weight and per thread: tiles whose widened weights fit beside
 # the accumulator without spilling (compiled for sm_90: scripts/dev/moe_kernel_resources.py), 8 warps for the tall
-# ones; BLOCK_K whole 32-weight groups.
-MXFP4_TILES = ((2, (16, 64, 128, 4, 3)), (8, (16, 128, 64, 4, 3)), (32, (64, 128, 64, 8, 3)))
+# ones; BLOCK_K whole 32-weight groups. 64-row tiles take 4 warps: with 8, Triton lays the two chained dots of a K
+# step over different warp grids and moves the accumulator between them through shared memory at every step.
+MXFP4_TILES = ((2, (16, 64, 128, 4, 3)), (8, (16, 128, 64, 4, 3)), (32, (64, 64, 64, 4, 4)))
 MXFP4_LARGE = (128, 128, 64, 8, 3)
 # The tables are for 2-byte activations. A pipeline stage holds an A tile and a B tile in shared memory, so 4-byte
 # (float32) ones double it: past this budget (under Hopper's 227 KiB per block, with room for Triton's own) a tile
@@ -129,16 +130,13 @@ def _grouped_gemm_kernel(a_ptr, b_ptr, c_ptr, a_scale_ptr, b_scale_ptr, bias_ptr
     if MXFP4:
         # Packed byte j of a group holds K positions 32g + j (low nibble) and 32g + 16 + j (high nibble), as the
         # loader pairs them (layers/mxfp4.py pair_nibbles): the two halves' activations are plain 16-wide runs of A,
-        # loaded apart, so both dots take A as loaded and share one accumulator layout.
+        # loaded apart, so both dots take A as loaded (no split of a tile into even and odd columns).
         rj = tl.arange(0, BLOCK_K // 2)
         rk_lo = (rj // (GROUP // 2)) * GROUP + rj % (GROUP // 2)
         rg = tl.arange(0, BLOCK_K // GROUP)
         a_ptrs = a_ptr + row[:, None] * stride_am + rk_lo[None, :]
         b_ptrs = b_ptr + expert * stride_be + rn[None, :].to(tl.int64) * stride_bn + rj[:, None]  # [K / 2, N]
         s_ptrs = b_scale_ptr + expert * stride_bse + rn[None, :].to(tl.int64) * stride_bsn + rg[:, None]
-        # the halves accumulate apart: two dots chained through one accumulator get different warp layouts, and the
-        # accumulator would be converted between them (through shared memory) at every K step
-        acc_hi = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         for k in range(0, tl.cdiv(K, BLOCK_K)):
             # K is whole groups: the masks are constant over a group's 16 bytes, so the loads stay vectorised
             # (16-byte asynchronous copies, pipelined like the unquantized tiles)
@@ -155,11 +153,10 @@ def _grouped_gemm_kernel(a_ptr, b_ptr, c_ptr, a_scale_ptr, b_scale_ptr, bias_ptr
             b_lo = (_e2m1_values(packed & 15) * scale).to(a_lo.dtype)
             b_hi = (_e2m1_values(packed >> 4) * scale).to(a_lo.dtype)
             acc = tl.dot(a_lo, b_lo, acc, input_precision=DOT_PRECISION)
-            acc_hi = tl.dot(a_hi, b_hi, acc_hi, input_precision=DOT_PRECISION)
+            acc = tl.dot(a_hi, b_hi, acc, input_precision=DOT_PRECISION)
             a_ptrs += BLOCK_K
             b_ptrs += BLOCK_K // 2
             s_ptrs += BLOCK_K // GROUP
-        acc += acc_hi
     else:
         rk = tl.arange(0, BLOCK_K)
         a_ptrs = a_ptr + row[:, None] * stride_am + rk[None, :]

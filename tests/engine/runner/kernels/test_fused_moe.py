@@ -303,6 +303,7 @@ def test_mxfp4_fused_experts_on_gpt_oss_20b_shapes_in_bf16_on_gpu(tokens):
 @pytest.mark.skipif(not CUDA, reason="CUDA graphs need a GPU")
 def test_a_captured_mxfp4_graph_replays_new_routing_on_gpu():
     (q13, s13, q2, s2, b13, b2), (w13, w2) = _mxfp4_experts(16, 128, 64, seed=13, bias=True)
+    q13, q2 = pair_nibbles(q13), pair_nibbles(q2)
     q13, s13, q2, s2, b13, b2, w13, w2 = _on("cuda", q13, s13, q2, s2, b13, b2, w13, w2)
     x = torch.randn(32, 128, device="cuda")
     weights, ids = _on("cuda", *_routing(32, 16, 4, seed=14))
