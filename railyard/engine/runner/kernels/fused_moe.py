@@ -236,7 +236,10 @@ def fused_experts(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_wei
         return torch.zeros_like(x)
     mxfp4 = w13.dtype == torch.uint8
     fp8 = w13_scale is not None and not mxfp4
-    config = config or pick_config(slots, num_experts, fp8, mxfp4, x.element_size())
+    if config is None:
+        config = pick_config(slots, num_experts, fp8, mxfp4, x.element_size())
+    elif not fp8:  # a tile asked for by name is fitted to these activations' shared memory as the tables' are
+        config = fit_shared_memory(config, x.element_size())
     routing = align_by_expert(topk_ids, num_experts, config[0])
     gate_up = torch.empty((slots, w13.shape[1]), dtype=x.dtype, device=x.device)
     if fp8:

@@ -342,3 +342,16 @@ def test_tiles_fit_shared_memory_for_float32_activations_and_stay_as_tuned_for_b
         assert wide[2] >= 32 and wide[4] >= 2 and wide[2] % fused_moe.MXFP4_GROUP == 0
     assert fused_moe.fit_shared_memory((32, 256, 128, 4, 2), 4) == (32, 256, 64, 4, 2)
     assert fused_moe.pick_config(slots, experts, True, element_bytes=4) == fused_moe.pick_config(slots, experts, True)
+
+
+def test_a_tile_asked_for_by_name_is_fitted_to_float32_activations_like_the_tables():
+    """LARGE asks for 294,912 bytes of shared memory with float32 activations (over an H100's 232,448): fused_experts
+    fits it as pick_config fits the tables' tiles, and gives the reference's output."""
+    assert _shared_bytes(fused_moe.LARGE, 4) > 232_448
+    fitted = fused_moe.fit_shared_memory(fused_moe.LARGE, 4)
+    assert _shared_bytes(fitted, 4) <= fused_moe.SHARED_MEMORY_BUDGET and fitted[:2] == fused_moe.LARGE[:2]
+    w13, w2, _, _ = _experts(8, 64, 32, seed=3)
+    x = torch.randn(5, 64, generator=torch.Generator().manual_seed(3))
+    weights, ids = _routing(5, 8, 2, seed=4)
+    got = fused_experts(*_on(DEVICE, x, w13, w2, weights, ids), silu_and_mul_native, config=fused_moe.LARGE)
+    torch.testing.assert_close(got.cpu(), experts_reference(x, w13, w2, weights, ids), rtol=1e-5, atol=1e-5)
