@@ -154,8 +154,6 @@ class FusedMoE(nn.Module):
             scales = self.w13_weight_scale if param is self.w13_weight else self.w2_weight_scale
             self.expert_loader(scales, scale, shard)
             return
-        if self.quant == "mxfp4" and (param is self.w13_weight or param is self.w2_weight):
-            loaded = pair_nibbles(loaded)  # the fused GEMM's layout (layers/mxfp4.py)
         dst = param.data[expert]
         name = f"expert {expert} {which}"
         if which == "down":
@@ -168,7 +166,10 @@ class FusedMoE(nn.Module):
         else:  # gate rows first, then up rows (this rank's of each: weights, scales, bias)
             rows = dst.shape[0] // 2
             start, real = self._slice(rows, loaded, 0, name)
-            _copy(dst.narrow(0, 0 if which == "gate" else rows, real), loaded.narrow(0, start, real), name)
+            dst = dst.narrow(0, 0 if which == "gate" else rows, real)
+            _copy(dst, loaded.narrow(0, start, real), name)
+        if self.quant == "mxfp4" and (param is self.w13_weight or param is self.w2_weight):
+            dst.copy_(pair_nibbles(dst))  # the fused GEMM's layout (layers/mxfp4.py), on the parameter's device
 
     def _slice(self, extent: int, loaded: torch.Tensor | None = None, dim: int = 0, name: str = "") -> tuple[int, int]:
         """(start, length) in the checkpoint of this rank's real slice, for a tensor that holds `extent` entries along

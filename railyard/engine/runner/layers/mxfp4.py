@@ -32,25 +32,24 @@ def dequantize_mxfp4(blocks: torch.Tensor, scales: torch.Tensor, dtype: torch.dt
     return torch.ldexp(values, exponents[..., None]).reshape(*lead, groups * GROUP)
 
 
-def _codes(blocks: torch.Tensor) -> torch.Tensor:
-    """blocks [..., 16n] -> e2m1 codes [..., n, 32] in the order their bytes hold them (low nibble first)."""
-    packed = blocks.reshape(*blocks.shape[:-1], -1, GROUP // 2)
-    return torch.stack((packed & 0x0F, packed >> 4), dim=-1).reshape(*packed.shape[:-1], GROUP)
-
-
 def pair_nibbles(blocks: torch.Tensor) -> torch.Tensor:
     """Checkpoint bytes (byte j of a group: weights 2j, 2j + 1) -> the experts' layout (weights j, 16 + j), the
-    same shape; whole 16-byte groups along the last dimension."""
-    codes = _codes(blocks)
-    half = GROUP // 2
-    return (codes[..., :half] | (codes[..., half:] << 4)).reshape(blocks.shape)
+    same shape; whole 16-byte groups along the last dimension. Byte 2i takes weights 2i and 16 + 2i (the low
+    nibbles of checkpoint bytes i and 8 + i), byte 2i + 1 weights 2i + 1 and 17 + 2i (their high nibbles)."""
+    b = blocks.reshape(*blocks.shape[:-1], blocks.shape[-1] // (GROUP // 2), GROUP // 2)
+    first, second = b[..., :GROUP // 4], b[..., GROUP // 4:]
+    even = (first & 0x0F) | ((second & 0x0F) << 4)
+    odd = (first >> 4) | (second & 0xF0)
+    return torch.stack((even, odd), dim=-1).reshape(blocks.shape)
 
 
 def unpair_nibbles(blocks: torch.Tensor) -> torch.Tensor:
     """The experts' layout -> checkpoint bytes (pair_nibbles' inverse)."""
-    codes = _codes(blocks)  # [..., n, 32]: weights 0, 16, 1, 17, ...
-    ordered = torch.cat((codes[..., 0::2], codes[..., 1::2]), dim=-1)
-    return (ordered[..., 0::2] | (ordered[..., 1::2] << 4)).reshape(blocks.shape)
+    b = blocks.reshape(*blocks.shape[:-1], blocks.shape[-1] // (GROUP // 2), GROUP // 2)
+    even, odd = b[..., 0::2], b[..., 1::2]
+    first = (even & 0x0F) | ((odd & 0x0F) << 4)
+    second = (even >> 4) | (odd & 0xF0)
+    return torch.cat((first, second), dim=-1).reshape(blocks.shape)
 
 
 def quantize_mxfp4(weights: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
