@@ -18,6 +18,9 @@ def hf_model(path: str):
     extra = {"quantization_config": transformers.Mxfp4Config(dequantize=True)} \
         if quant.get("quant_method") == "mxfp4" else {}
     model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, **extra).eval()
+    # Some versions (5.17 among them) widen MXFP4 experts to bfloat16 whatever the model's dtype and run them so;
+    # e2m1 times a power of two is exact in bfloat16, so float32 again gives every version the same float32 experts.
+    model.float()
     model.generation_config.eos_token_id = None  # compare fixed-length continuations (ignore_eos)
     return model
 
