@@ -37,7 +37,9 @@ def compile_decode(cache: str, block_n: int, warps: int, stages: int, maxnreg: i
                  "out_stride_h": "i32", "bt_stride": "i32", "plane_stride": "i32", "num_splits": "i32"}
     fp8 = cache == "fp8e4nv"
     constexprs = dict(QWEN2_7B, BLOCK_N=block_n, IEEE=False, DIRECT=True, SCALE_V=fp8, F16_DOTS=fp8,
-                      V_TOKENS_INNER=fp8)
+                      V_TOKENS_INNER=fp8, WINDOW=0, HAS_SINKS=False)  # full attention, no sinks (qwen2)
+    signature["sinks_ptr"] = "constexpr"
+    constexprs["sinks_ptr"] = None
     signature.update({name: "constexpr" for name in constexprs})
     attrs = {(i,): [["tt.divisibility", 16]] for i in POINTER_OR_STRIDE}
     options = {"num_warps": warps, "num_stages": stages, **({} if maxnreg is None else {"maxnreg": maxnreg})}
