@@ -16,14 +16,14 @@ FP8 experts (block scales, layers/fp8_block.py): the activations are quantized p
 GEMM takes BLOCK_K = 128 and multiplies each K step's partial product by the token's group scale and the weight
 block's scale before adding it to the float32 accumulator (DeepSeek-V3's recipe, vLLM's w8a8 block path).
 
-MXFP4 experts (gpt-oss, layers/mxfp4.py): the GEMM reads each weight tile as the checkpoint packs it (a byte holds
-the e2m1 codes of an even and the next odd K position; one e8m0 exponent per 32 along K) and widens it in registers:
-the codes become floats by building their bits, the exponents become powers of two the same way, their product is
-cast to the activations' dtype and fed to tl.dot (Hopper has no FP4 MMA: the bytes save memory traffic, the math
-runs in bf16). The low and high nibbles make two half-K tiles, multiplied by the activations' even and odd columns
-(two dots per K step, no interleave of registers), as vLLM's fused-MoE kernel for GPUs without tl.dot_scaled does;
-the packed tiles load as 16-byte asynchronous copies, pipelined as the unquantized ones (the masks say that K ends
-on a whole group; masks that might end inside 16 bytes make Triton load byte by byte).
+MXFP4 experts (gpt-oss, layers/mxfp4.py): the GEMM reads each weight tile packed, 4 bits a weight (the loader pairs
+each 32-weight group's nibbles by halves: byte j holds the e2m1 codes of weights j and 16 + j; one e8m0 exponent per
+group) and widens it in registers: the codes become floats by building their bits, the exponents become powers of
+two the same way, their product is cast to the activations' dtype and fed to tl.dot (Hopper has no FP4 MMA: the
+bytes save memory traffic, the math runs in bf16). The low and high nibbles make two half-K tiles, multiplied by the
+activations' first and second 16 columns of each group, each loaded as it is (two dots per K step, no interleave or
+split of registers); the packed tiles load as 16-byte asynchronous copies, pipelined as the unquantized ones (the
+masks say that K ends on a whole group; masks that might end inside 16 bytes make Triton load byte by byte).
 No widened copy of any expert exists outside the registers.
 """
 
