@@ -6,6 +6,8 @@ Usage: python3 scripts/dev/profile_steps.py qwen2-7b [max_num_batched_tokens] [F
     -> $OUT/profile_<model>.txt (with the kernel tables) and $OUT/profile_<model>.json (the numbers)
 FIELD=VALUE pairs are more EngineConfig fields (strings), e.g. `quantization=fp8 kv_cache_dtype=fp8`; with any,
 the outputs are named profile_<model>_<values joined by ->.txt / .json.
+LORAS=N (environment; LORA_RANK, default 16): N random PEFT adapters on every projection, the requests spread over
+them evenly (`bench throughput --num-loras`'s workload), so the tables show what LoRA adds to each kind of step.
 """
 
 from __future__ import annotations
@@ -14,7 +16,9 @@ import json
 import logging
 import os
 import sys
+import tempfile
 import time
+from pathlib import Path
 
 sys.path.insert(0, __file__.rsplit("/scripts/", 1)[0])
 logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
@@ -22,6 +26,7 @@ logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s
 import torch  # noqa: E402
 from torch.profiler import ProfilerActivity, profile  # noqa: E402
 
+from railyard.bench.lora import write_random_adapters  # noqa: E402
 from railyard.bench.throughput import workload_requests  # noqa: E402
 from railyard.engine.engine import Engine  # noqa: E402
 from railyard.bench.workload import LengthRange  # noqa: E402
@@ -31,7 +36,7 @@ name = sys.argv[1]
 positional = [a for a in sys.argv[2:] if "=" not in a]
 budget = int(positional[0]) if positional else None
 fields = dict(a.split("=", 1) for a in sys.argv[2:] if "=" in a)
-run_label = "_".join([name] + list(fields.values()))
+run_label = "_".join([os.path.basename(name.rstrip("/"))] + list(fields.values()))  # a shape or a checkpoint dir
 OUT = os.environ.get("OUT", "/tmp")
 lines: list[str] = []
 
@@ -41,12 +46,21 @@ def say(text: str = "") -> None:
     lines.append(text)
 
 
+num_loras, lora_rank = int(os.environ.get("LORAS", "0")), int(os.environ.get("LORA_RANK", "16"))
+if num_loras:
+    fields.update(enable_lora=True, max_loras=max(num_loras, 1), max_lora_rank=lora_rank)
+    run_label += f"_loras{num_loras}"
 eng = Engine.from_config(EngineConfig(model=name, max_num_batched_tokens=budget, **fields))
 runner = eng.executor.runner
+loras = []
+if num_loras:
+    adapters_dir = tempfile.mkdtemp(prefix="railyard-profile-loras-")
+    loras = write_random_adapters(eng.spec, Path(adapters_dir), num_loras, lora_rank,
+                                  dtype=str(runner.dtype).removeprefix("torch."))
 reqs = workload_requests(eng, 256, LengthRange(100, 1024), LengthRange(256, 256), 0)
 for i, r in enumerate(reqs):
     eng.add_request(f"p{i}", None, SamplingParams(temperature=0.0, max_tokens=r.output_len, ignore_eos=True),
-                    prompt_token_ids=r.prompt_token_ids)
+                    prompt_token_ids=r.prompt_token_ids, lora_request=loras[i % len(loras)] if loras else None)
 
 last = {}
 inner = eng.executor.launch
@@ -99,7 +113,8 @@ while eng.has_unfinished_requests():
     step += 1
     for label, (a, b) in windows.items():
         if step == b and prof is not None:
-            torch.cuda.synchronize()
+            if torch.cuda.is_available():  # a CPU dry run profiles the host side only
+                torch.cuda.synchronize()
             prof.__exit__(None, None, None)
             prof_tables[label] = prof.key_averages().table(sort_by="cuda_time_total", row_limit=18, max_name_column_width=60)
             prof = None
@@ -116,7 +131,8 @@ while eng.has_unfinished_requests():
             for _ in range(10):
                 g.replay()
             e1.record()
-            torch.cuda.synchronize()
+            if torch.cuda.is_available():  # a CPU dry run profiles the host side only
+                torch.cuda.synchronize()
             graph_ms = (e0.elapsed_time(e1) / 10, last["seqs"], bs)
 total = time.perf_counter() - t_all
 
