@@ -4,14 +4,15 @@ kernels of a prefill window and a decode window (torch.profiler).
 
 Usage: python3 scripts/dev/profile_steps.py qwen2-7b [max_num_batched_tokens] [FIELD=VALUE ...]
     -> $OUT/profile_<model>.txt (with the kernel tables) and $OUT/profile_<model>.json (the numbers)
-FIELD=VALUE pairs are more EngineConfig fields (strings), e.g. `quantization=fp8 kv_cache_dtype=fp8`; with any,
-the outputs are named profile_<model>_<values joined by ->.txt / .json.
+FIELD=VALUE pairs are more EngineConfig fields (Python literals or strings), e.g. `quantization=fp8
+max_num_seqs=256`; with any, the outputs are named profile_<model>_<values joined by _>.txt / .json.
 LORAS=N (environment; LORA_RANK, default 16): N random PEFT adapters on every projection, the requests spread over
 them evenly (`bench throughput --num-loras`'s workload), so the tables show what LoRA adds to each kind of step.
 """
 
 from __future__ import annotations
 
+import ast
 import json
 import logging
 import os
@@ -35,8 +36,16 @@ from railyard.engine.config import EngineConfig, SamplingParams  # noqa: E402
 name = sys.argv[1]
 positional = [a for a in sys.argv[2:] if "=" not in a]
 budget = int(positional[0]) if positional else None
-fields = dict(a.split("=", 1) for a in sys.argv[2:] if "=" in a)
-run_label = "_".join([os.path.basename(name.rstrip("/"))] + list(fields.values()))  # a shape or a checkpoint dir
+def _value(text: str):
+    """A field's value: a Python literal (256, True, 0.9) where it reads as one, else the string (fp8)."""
+    try:
+        return ast.literal_eval(text)
+    except (ValueError, SyntaxError):
+        return text
+
+
+fields = {k: _value(v) for k, v in (a.split("=", 1) for a in sys.argv[2:] if "=" in a)}
+run_label = "_".join([os.path.basename(name.rstrip("/"))] + [str(v) for v in fields.values()])  # a shape or a checkpoint dir
 OUT = os.environ.get("OUT", "/tmp")
 lines: list[str] = []
 
