@@ -187,11 +187,10 @@ class ServerMetrics:
     def _finished(self, out: RequestOutput) -> None:
         m = out.metrics
         self._last_token_time.pop(out.request_id, None)
-        num_out = m.num_output_tokens
         self.e2e.observe(m.finished_time - m.arrival_time)
         self.queue.observe(m.first_scheduled_time - m.arrival_time)
-        if num_out > 1:
-            self.tpot.observe((m.last_token_time - m.first_token_time) / (num_out - 1))
+        if (tpot := m.time_per_output_token()) is not None:
+            self.tpot.observe(tpot)
         self.prompt_len.observe(m.num_prompt_tokens)
         self.output_len.observe(m.num_output_tokens)
         for c in out.outputs:

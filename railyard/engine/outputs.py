@@ -70,6 +70,13 @@ class RequestMetrics:
     num_prompt_tokens: int = 0
     num_output_tokens: int = 0  # over all n sequences
 
+    def time_per_output_token(self) -> float | None:
+        """Seconds from the first token to the last over the tokens after the first (vLLM's TPOT); None for a
+        request of fewer than two tokens."""
+        if self.num_output_tokens < 2 or self.first_token_time is None or self.last_token_time is None:
+            return None
+        return (self.last_token_time - self.first_token_time) / (self.num_output_tokens - 1)
+
 
 @dataclass
 class RequestOutput:

@@ -223,10 +223,8 @@ class RayEngineClient:
         the replica's time per output token (times of the replica's clock, as the engine's own metric takes them)."""
         self._replica_stats[report.replica] = report.stats
         self.stats = fleet_stats(list(self._replica_stats.values()))
-        m = report.output.metrics
-        if m.num_output_tokens > 1 and m.first_token_time is not None and m.last_token_time is not None:
-            metrics.REPLICA_TPOT.labels(self.model_name, report.replica).observe(
-                (m.last_token_time - m.first_token_time) / (m.num_output_tokens - 1))
+        if (tpot := report.output.metrics.time_per_output_token()) is not None:
+            metrics.REPLICA_TPOT.labels(self.model_name, report.replica).observe(tpot)
 
     # -- LoRA adapters: checked and named here, loaded by each replica at its first request ----------------
     async def load_lora(self, request: LoRARequest) -> None:
