@@ -44,6 +44,8 @@ def compile_gemm(mxfp4: bool, tile: tuple[int, int, int, int, int]):
     signature = {a: pointers.get(a, "*bf16") if a.endswith("_ptr") else "i32" for a in ARGS}
     constexprs = dict(A_ROW_DIV=4, FP8=False, MXFP4=mxfp4, HAS_BIAS=True, MUL_WEIGHT=False, DOT_PRECISION="tf32",
                       BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, SCALE_N=128, GROUP_M=8, GROUP=GROUP)
+    if "EVEN_K" in fused_moe._grouped_gemm_kernel.arg_names:
+        constexprs["EVEN_K"] = True  # gpt-oss's K (2880) is whole K steps
     signature.update({name: "constexpr" for name in constexprs})
     attrs = {(i,): [["tt.divisibility", 16]] for i, a in enumerate(ARGS) if a.endswith("_ptr") or a in DIVISIBLE}
     source = ASTSource(fn=fused_moe._grouped_gemm_kernel, signature=signature, constexprs=constexprs, attrs=attrs)

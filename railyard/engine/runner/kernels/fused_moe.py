@@ -16,15 +16,13 @@ FP8 experts (block scales, layers/fp8_block.py): the activations are quantized p
 GEMM takes BLOCK_K = 128 and multiplies each K step's partial product by the token's group scale and the weight
 block's scale before adding it to the float32 accumulator (DeepSeek-V3's recipe, vLLM's w8a8 block path).
 
-MXFP4 experts (gpt-oss, layers/mxfp4.py): the GEMM reads each weight tile packed, 4 bits a weight (the loader pairs
-each 32-weight group's nibbles by halves: byte j holds the e2m1 codes of weights j and 16 + j; one e8m0 exponent per
-group) and widens it in registers: the codes become floats by building their bits, the exponents become powers of
-two the same way, their product is cast to the activations' dtype and fed to tl.dot (Hopper has no FP4 MMA: the
-bytes save memory traffic, the math runs in bf16). The low and high nibbles make two half-K tiles, multiplied by the
-activations' first and second 16 columns of each group, each loaded as it is (two dots per K step, no interleave or
-split of registers); the packed tiles load as 16-byte asynchronous copies, pipelined as the unquantized ones (the
-masks say that K ends on a whole group; masks that might end inside 16 bytes make Triton load byte by byte).
-No widened copy of any expert exists outside the registers.
+MXFP4 experts (gpt-oss, layers/mxfp4.py): the GEMM reads each weight tile packed, 4 bits a weight, as the checkpoint
+packs it (one e8m0 exponent per 32-weight group). On bf16 activations (the models' dtype) it is tl.dot_scaled: on
+Hopper, which has no FP4 MMA, Triton widens the tile in the registers that feed the tensor cores (its own e2m1
+conversion and one bf16 multiply by the group's scale: exact) and makes the weights the MMA's register operand and
+the activations its shared-memory one, so the widened weights never pass through shared memory and the MMAs run
+asynchronously beside the next tile's widening. Other activation dtypes (float32 in tests, fp16) widen the tile to
+float32 from the codes' bits and take tl.dot. No widened copy of any expert exists outside the registers.
 """
 
 from __future__ import annotations
@@ -52,8 +50,7 @@ FP8_LARGE = (64, 128, 128, 4, 4)
 SMALL = TILES[0][1]
 # MXFP4 weights are widened in registers, a cost per weight and per thread: tiles whose widened weights fit beside
 # the accumulator without spilling (compiled for sm_90: scripts/dev/moe_kernel_resources.py), 8 warps for the tall
-# ones; BLOCK_K whole 32-weight groups. 64-row tiles take 4 warps: with 8, Triton lays the two chained dots of a K
-# step over different warp grids and moves the accumulator between them through shared memory at every step.
+# one; BLOCK_K whole 32-weight groups.
 MXFP4_TILES = ((2, (16, 64, 128, 4, 3)), (8, (16, 128, 64, 4, 3)), (32, (64, 64, 64, 4, 4)))
 MXFP4_LARGE = (128, 128, 64, 8, 3)
 # The tables are for 2-byte activations. A pipeline stage holds an A tile and a B tile in shared memory, so 4-byte
@@ -101,13 +98,25 @@ def _e8m0_values(exponents):
     return tl.where(exponents == 0, 1 << 22, exponents << 23).to(tl.float32, bitcast=True)
 
 
+@triton.jit
+def _mxfp4_widened(packed, exponents, BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr, GROUP: tl.constexpr):
+    """Packed bytes [BLOCK_K / 2, BLOCK_N] (low nibble first along K) and their exponents [BLOCK_N, BLOCK_K / GROUP]
+    -> the float32 weights [BLOCK_K, BLOCK_N] (what dot_scaled widens to bf16 in its own registers)."""
+    scale = _e8m0_values(tl.trans(exponents).to(tl.uint32))
+    scale = tl.reshape(tl.broadcast_to(scale[:, None, :], (BLOCK_K // GROUP, GROUP // 2, BLOCK_N)),
+                       (BLOCK_K // 2, BLOCK_N))
+    codes = packed.to(tl.uint32)
+    pairs = tl.join(_e2m1_values(codes & 15) * scale, _e2m1_values(codes >> 4) * scale)  # [K / 2, N, 2]
+    return tl.reshape(tl.permute(pairs, (0, 2, 1)), (BLOCK_K, BLOCK_N))
+
+
 @triton.jit(do_not_specialize=["num_slots"])  # one compiled kernel for every token count
 def _grouped_gemm_kernel(a_ptr, b_ptr, c_ptr, a_scale_ptr, b_scale_ptr, bias_ptr, weights_ptr, sorted_ptr,
                          block_expert_ptr, padded_len_ptr, N, K, num_slots, stride_am, stride_be, stride_bn,
                          stride_cm, stride_asm, stride_bse, stride_bsn, stride_biase, SPLIT_N, SPLIT_BLOCKS,
                          A_ROW_DIV: tl.constexpr, FP8: tl.constexpr, MXFP4: tl.constexpr, HAS_BIAS: tl.constexpr,
-                         MUL_WEIGHT: tl.constexpr, DOT_PRECISION: tl.constexpr, BLOCK_M: tl.constexpr,
-                         BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SCALE_N: tl.constexpr,
+                         MUL_WEIGHT: tl.constexpr, DOT_PRECISION: tl.constexpr, EVEN_K: tl.constexpr,
+                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SCALE_N: tl.constexpr,
                          GROUP_M: tl.constexpr, GROUP: tl.constexpr):
     """C[slot, n] = (sum_k A[slot // A_ROW_DIV, k] * B[expert(slot), n, k] (+ bias[expert, n])) (* weight[slot]).
     MXFP4: B is packed, [E, N, K / 2] bytes, with exponents [E, N, K / 32] at b_scale_ptr."""
@@ -128,32 +137,29 @@ def _grouped_gemm_kernel(a_ptr, b_ptr, c_ptr, a_scale_ptr, b_scale_ptr, bias_ptr
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     if MXFP4:
-        # Packed byte j of a group holds K positions 32g + j (low nibble) and 32g + 16 + j (high nibble), as the
-        # loader pairs them (layers/mxfp4.py pair_nibbles): the two halves' activations are plain 16-wide runs of A,
-        # loaded apart, so both dots take A as loaded (no split of a tile into even and odd columns).
+        # B^T tile [K / 2, N] as the checkpoint packs it (byte j of a group: weights 2j, 2j + 1), exponents [N, K / 32]
+        rk = tl.arange(0, BLOCK_K)
         rj = tl.arange(0, BLOCK_K // 2)
-        rk_lo = (rj // (GROUP // 2)) * GROUP + rj % (GROUP // 2)
         rg = tl.arange(0, BLOCK_K // GROUP)
-        a_ptrs = a_ptr + row[:, None] * stride_am + rk_lo[None, :]
-        b_ptrs = b_ptr + expert * stride_be + rn[None, :].to(tl.int64) * stride_bn + rj[:, None]  # [K / 2, N]
-        s_ptrs = b_scale_ptr + expert * stride_bse + rn[None, :].to(tl.int64) * stride_bsn + rg[:, None]
+        a_ptrs = a_ptr + row[:, None] * stride_am + rk[None, :]
+        b_ptrs = b_ptr + expert * stride_be + rn[None, :].to(tl.int64) * stride_bn + rj[:, None]
+        s_ptrs = b_scale_ptr + expert * stride_bse + rn[:, None].to(tl.int64) * stride_bsn + rg[None, :]
+        n_in = rn < N
         for k in range(0, tl.cdiv(K, BLOCK_K)):
-            # K is whole groups: the masks are constant over a group's 16 bytes, so the loads stay vectorised
-            # (16-byte asynchronous copies, pipelined like the unquantized tiles)
-            k_left = tl.multiple_of(K - k * BLOCK_K, GROUP)
-            a_mask = valid[:, None] & (rk_lo[None, :] < k_left)
-            a_lo = tl.load(a_ptrs, mask=a_mask, other=0.0)
-            a_hi = tl.load(a_ptrs + GROUP // 2, mask=a_mask, other=0.0)
-            n_in = rn[None, :] < N
-            packed = tl.load(b_ptrs, mask=n_in & (rj[:, None] < k_left // 2), other=0).to(tl.uint32)
-            # one exponent per group, repeated over its 16 byte rows in registers
-            exponents = tl.load(s_ptrs, mask=n_in & (rg[:, None] < k_left // GROUP), other=0).to(tl.uint32)
-            exponents = tl.broadcast_to(exponents[:, None, :], (BLOCK_K // GROUP, GROUP // 2, BLOCK_N))
-            scale = _e8m0_values(tl.reshape(exponents, (BLOCK_K // 2, BLOCK_N)))
-            b_lo = (_e2m1_values(packed & 15) * scale).to(a_lo.dtype)
-            b_hi = (_e2m1_values(packed >> 4) * scale).to(a_lo.dtype)
-            acc = tl.dot(a_lo, b_lo, acc, input_precision=DOT_PRECISION)
-            acc = tl.dot(a_hi, b_hi, acc, input_precision=DOT_PRECISION)
+            if EVEN_K:
+                a = tl.load(a_ptrs, mask=valid[:, None], other=0.0)
+                packed = tl.load(b_ptrs, mask=n_in[None, :], other=0)
+                exponents = tl.load(s_ptrs, mask=n_in[:, None], other=0)
+            else:  # K ends inside this tile, on a whole group
+                k_left = tl.multiple_of(K - k * BLOCK_K, GROUP)
+                a = tl.load(a_ptrs, mask=valid[:, None] & (rk[None, :] < k_left), other=0.0)
+                packed = tl.load(b_ptrs, mask=n_in[None, :] & (rj[:, None] < k_left // 2), other=0)
+                exponents = tl.load(s_ptrs, mask=n_in[:, None] & (rg[None, :] < k_left // GROUP), other=0)
+            if a_ptr.dtype.element_ty == tl.bfloat16:
+                acc = tl.dot_scaled(a, None, "bf16", packed, exponents, "e2m1", acc, fast_math=True)
+            else:
+                acc = tl.dot(a, _mxfp4_widened(packed, exponents, BLOCK_K, BLOCK_N, GROUP).to(a.dtype), acc,
+                             input_precision=DOT_PRECISION)
             a_ptrs += BLOCK_K
             b_ptrs += BLOCK_K // 2
             s_ptrs += BLOCK_K // GROUP
@@ -216,8 +222,8 @@ def grouped_gemm(a: torch.Tensor, w: torch.Tensor, out: torch.Tensor, routing, a
         bias.stride(0) if bias is not None else 0, split, -(-split // EXPERT_BLOCK[0]),
         A_ROW_DIV=a_row_div, FP8=fp8, MXFP4=mxfp4, HAS_BIAS=bias is not None, MUL_WEIGHT=weights is not None,
         # float32 models multiply in float32 (Triton's default there is TF32), as the reference and HF do
-        DOT_PRECISION="ieee" if a.dtype == torch.float32 else "tf32", BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
-        SCALE_N=EXPERT_BLOCK[0], GROUP_M=8, GROUP=MXFP4_GROUP, num_warps=warps, num_stages=stages)
+        DOT_PRECISION="ieee" if a.dtype == torch.float32 else "tf32", EVEN_K=k % bk == 0, BLOCK_M=bm, BLOCK_N=bn,
+        BLOCK_K=bk, SCALE_N=EXPERT_BLOCK[0], GROUP_M=8, GROUP=MXFP4_GROUP, num_warps=warps, num_stages=stages)
     return out
 
 

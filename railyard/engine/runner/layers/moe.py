@@ -39,7 +39,7 @@ from torch import nn
 
 from railyard.engine.runner.layers.activation import silu_and_mul
 from railyard.engine.runner.layers.fp8 import FP8
-from railyard.engine.runner.layers.mxfp4 import GROUP as MXFP4_GROUP, dequantize_mxfp4, pair_nibbles, unpair_nibbles
+from railyard.engine.runner.layers.mxfp4 import GROUP as MXFP4_GROUP, dequantize_mxfp4
 from railyard.engine.runner.layers.fp8_block import (block_scale_shape, dequantize_blocks,
                                                      dequantize_per_token_group, quantize_blocks,
                                                      quantize_per_token_group)
@@ -168,8 +168,6 @@ class FusedMoE(nn.Module):
             start, real = self._slice(rows, loaded, 0, name)
             dst = dst.narrow(0, 0 if which == "gate" else rows, real)
             _copy(dst, loaded.narrow(0, start, real), name)
-        if self.quant == "mxfp4" and (param is self.w13_weight or param is self.w2_weight):
-            dst.copy_(pair_nibbles(dst))  # the fused GEMM's layout (layers/mxfp4.py), on the parameter's device
 
     def _slice(self, extent: int, loaded: torch.Tensor | None = None, dim: int = 0, name: str = "") -> tuple[int, int]:
         """(start, length) in the checkpoint of this rank's real slice, for a tensor that holds `extent` entries along
@@ -218,15 +216,14 @@ class FusedMoE(nn.Module):
 
 
 class _Mxfp4Experts:
-    """Stacked MXFP4 experts (their nibbles paired) that widen one expert when indexed (experts_reference reads
-    w[expert] only)."""
+    """Stacked MXFP4 experts that widen one expert when indexed (experts_reference reads w[expert] only)."""
 
     def __init__(self, blocks: torch.Tensor, scales: torch.Tensor, dtype: torch.dtype) -> None:
         self.blocks, self.scales, self.dtype = blocks, scales, dtype
         self.shape = (blocks.shape[0], blocks.shape[1], scales.shape[-1] * MXFP4_GROUP)
 
     def __getitem__(self, expert: int) -> torch.Tensor:
-        return dequantize_mxfp4(unpair_nibbles(self.blocks[expert]), self.scales[expert], self.dtype)
+        return dequantize_mxfp4(self.blocks[expert], self.scales[expert], self.dtype)
 
 
 def quantize_experts(full: torch.Tensor, param: torch.Tensor, scale: torch.Tensor) -> None:

@@ -4,10 +4,6 @@ A row of K weights is stored as K / 32 groups: 16 bytes of e2m1 values (two a by
 nibble) and one uint8 e8m0 exponent (the group's scale 2^(e - 127)). The experts keep these bytes as they are
 (4.25 bits a weight); `dequantize_mxfp4` widens one expert's weights when it runs (the CPU reference path), as HF
 transformers' dequantizer does (the same table and exponent arithmetic, so the same numbers).
-
-In memory the experts hold each group's nibbles paired by halves (`pair_nibbles`, as the loader copies them): byte j
-of a group holds its weights j and 16 + j instead of 2j and 2j + 1, so the fused GEMM multiplies each half by a plain
-16-wide run of the activations (kernels/fused_moe.py) instead of splitting them into even and odd columns.
 """
 
 from __future__ import annotations
@@ -30,26 +26,6 @@ def dequantize_mxfp4(blocks: torch.Tensor, scales: torch.Tensor, dtype: torch.dt
     values = values.reshape(*lead, groups, GROUP)
     exponents = scales.to(torch.int32) - 127
     return torch.ldexp(values, exponents[..., None]).reshape(*lead, groups * GROUP)
-
-
-def pair_nibbles(blocks: torch.Tensor) -> torch.Tensor:
-    """Checkpoint bytes (byte j of a group: weights 2j, 2j + 1) -> the experts' layout (weights j, 16 + j), the
-    same shape; whole 16-byte groups along the last dimension. Byte 2i takes weights 2i and 16 + 2i (the low
-    nibbles of checkpoint bytes i and 8 + i), byte 2i + 1 weights 2i + 1 and 17 + 2i (their high nibbles)."""
-    b = blocks.reshape(*blocks.shape[:-1], blocks.shape[-1] // (GROUP // 2), GROUP // 2)
-    first, second = b[..., :GROUP // 4], b[..., GROUP // 4:]
-    even = (first & 0x0F) | ((second & 0x0F) << 4)
-    odd = (first >> 4) | (second & 0xF0)
-    return torch.stack((even, odd), dim=-1).reshape(blocks.shape)
-
-
-def unpair_nibbles(blocks: torch.Tensor) -> torch.Tensor:
-    """The experts' layout -> checkpoint bytes (pair_nibbles' inverse)."""
-    b = blocks.reshape(*blocks.shape[:-1], blocks.shape[-1] // (GROUP // 2), GROUP // 2)
-    even, odd = b[..., 0::2], b[..., 1::2]
-    first = (even & 0x0F) | ((odd & 0x0F) << 4)
-    second = (even >> 4) | (odd & 0xF0)
-    return torch.cat((first, second), dim=-1).reshape(blocks.shape)
 
 
 def quantize_mxfp4(weights: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

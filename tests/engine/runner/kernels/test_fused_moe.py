@@ -21,8 +21,7 @@ from railyard.engine.runner.layers.fp8_block import (dequantize_blocks, dequanti
 from railyard.engine.runner.layers.moe import (FusedMoE, experts_reference, experts_reference_fp8,  # noqa: E402
                                                quantize_experts, route_softmax_topk)
 from railyard.engine.runner.layers.fp8 import FP8  # noqa: E402
-from railyard.engine.runner.layers.mxfp4 import (dequantize_mxfp4, pair_nibbles, quantize_mxfp4,  # noqa: E402
-                                                 unpair_nibbles)
+from railyard.engine.runner.layers.mxfp4 import dequantize_mxfp4, quantize_mxfp4  # noqa: E402
 from railyard.engine.runner.layers.parallel import ParallelState  # noqa: E402
 from railyard.engine.runner.models.gpt_oss import clamped_swiglu  # noqa: E402
 
@@ -183,9 +182,9 @@ def test_a_captured_graph_replays_new_routing_on_gpu():
 
 
 def _mxfp4_experts(experts: int, hidden: int, inter: int, seed: int, bias: bool = False):
-    """Random experts quantized to MXFP4 as checkpoints ship them (packed [E, N, K/2] bytes, [E, N, K/32] exponents;
-    the kernel takes the bytes paired, as the layer's loader copies them), with the widened float32 weights they
-    stand for (the reference's operands)."""
+    """Random experts quantized to MXFP4 as checkpoints ship them (packed [E, N, K/2] bytes, [E, N, K/32] exponents:
+    what the layer holds and the kernel reads), with the widened float32 weights they stand for (the reference's
+    operands)."""
     w13, w2, b13, b2 = _experts(experts, hidden, inter, seed, bias)
     q13, s13 = quantize_mxfp4(w13)
     q2, s2 = quantize_mxfp4(w2)
@@ -208,7 +207,7 @@ def test_mxfp4_fused_experts_read_the_packed_weights_and_give_the_widened_refere
     x = torch.randn(tokens, 96, generator=gen)
     weights, ids = _routing(tokens, experts, top_k, seed=tokens + 2)
     want = experts_reference(x, w13, w2, weights, ids, silu_and_mul_native, b13, b2)
-    got = fused_experts(*_on(DEVICE, x, pair_nibbles(q13), pair_nibbles(q2), weights, ids), silu_and_mul_native,
+    got = fused_experts(*_on(DEVICE, x, q13, q2, weights, ids), silu_and_mul_native,
                         *_on(DEVICE, b13, b2, s13, s2), config=config)
     torch.testing.assert_close(got.cpu(), want, rtol=1e-4, atol=1e-4)  # K summed in another order: by halves
 
@@ -228,7 +227,7 @@ def test_mxfp4_tiles_decode_every_e2m1_code_and_exponent_as_the_reference_table(
     ids, weights = torch.zeros(hidden, 1, dtype=torch.int64), torch.ones(hidden, 1)
     identity_gate = lambda h: h[:, :inter] * h[:, inter:]  # noqa: E731
     want = experts_reference(x, w13, dequantize_mxfp4(q2, s2, torch.float32), weights, ids, identity_gate)
-    got = fused_experts(*_on(DEVICE, x, pair_nibbles(q13), pair_nibbles(q2), weights, ids), identity_gate, None, None,
+    got = fused_experts(*_on(DEVICE, x, q13, q2, weights, ids), identity_gate, None, None,
                         *_on(DEVICE, s13, s2))
     torch.testing.assert_close(got.cpu(), want, rtol=0, atol=0)
 
@@ -244,7 +243,7 @@ def test_mxfp4_fused_experts_in_bf16_give_the_bf16_kernel_on_the_widened_experts
     weights, ids = _routing(tokens, 8, 2, seed=tokens + 1)
     weights = weights.to(torch.bfloat16)
     want = fused_experts(*_on(DEVICE, x, w13, w2, weights, ids), silu_and_mul_native, *_on(DEVICE, b13, b2)).float()
-    got = fused_experts(*_on(DEVICE, x, pair_nibbles(q13), pair_nibbles(q2), weights, ids), silu_and_mul_native,
+    got = fused_experts(*_on(DEVICE, x, q13, q2, weights, ids), silu_and_mul_native,
                         *_on(DEVICE, b13, b2, s13, s2)).float()
     assert ((got - want).norm() / want.norm()).item() < 2e-3
 
@@ -293,8 +292,8 @@ def test_mxfp4_fused_experts_on_gpt_oss_20b_shapes_in_bf16_on_gpu(tokens):
         logits = torch.randn(tokens, experts)
     top, ids = torch.topk(logits, 4, dim=-1)
     weights = torch.softmax(top, dim=-1).to(torch.bfloat16)
-    w13 = dequantize_mxfp4(unpair_nibbles(moe.w13_weight), moe.w13_weight_scale, torch.bfloat16)
-    w2 = dequantize_mxfp4(unpair_nibbles(moe.w2_weight), moe.w2_weight_scale, torch.bfloat16)
+    w13 = dequantize_mxfp4(moe.w13_weight, moe.w13_weight_scale, torch.bfloat16)
+    w2 = dequantize_mxfp4(moe.w2_weight, moe.w2_weight_scale, torch.bfloat16)
     want = experts_reference(x, w13, w2, weights, ids, moe.activation, moe.w13_bias, moe.w2_bias).float()
     got = moe(x, weights, ids, reduce=False).float()
     assert ((got - want).norm() / want.norm()).item() < 2e-2
@@ -303,7 +302,6 @@ def test_mxfp4_fused_experts_on_gpt_oss_20b_shapes_in_bf16_on_gpu(tokens):
 @pytest.mark.skipif(not CUDA, reason="CUDA graphs need a GPU")
 def test_a_captured_mxfp4_graph_replays_new_routing_on_gpu():
     (q13, s13, q2, s2, b13, b2), (w13, w2) = _mxfp4_experts(16, 128, 64, seed=13, bias=True)
-    q13, q2 = pair_nibbles(q13), pair_nibbles(q2)
     q13, s13, q2, s2, b13, b2, w13, w2 = _on("cuda", q13, s13, q2, s2, b13, b2, w13, w2)
     x = torch.randn(32, 128, device="cuda")
     weights, ids = _on("cuda", *_routing(32, 16, 4, seed=14))
