@@ -63,6 +63,7 @@ class LoRAAdapters:
                 linear.lora = weights
                 self.targets.append(_Target(i, path, linear, weights))
             layer.adapters_attached()
+        self.batch.allocate()
         model.model.lora_batch = self.batch
         self.host: OrderedDict[int, list[tuple[torch.Tensor, torch.Tensor]]] = OrderedDict()
         self.slots: list[int | None] = [None] * config.max_loras  # the adapter id each slot holds

@@ -19,6 +19,8 @@ import torch
 import triton
 import triton.language as tl
 
+from railyard.engine.runner.layers.lora import SPLIT_K_MAX_TOKENS
+
 
 @triton.jit
 def _row_tile(counts_ptr, starts_ptr, order_ptr, NUM_SLOTS: tl.constexpr, BLOCK_M: tl.constexpr):
@@ -109,15 +111,17 @@ def _block_m(num_tokens: int) -> int:
     return 16 if num_tokens <= 16 else 32 if num_tokens <= 256 else 64
 
 
-def shrink(x: torch.Tensor, a: torch.Tensor, order: torch.Tensor, counts: torch.Tensor,
-           starts: torch.Tensor) -> torch.Tensor:
-    """x [T, K] and A [slots, N, K] -> float32 [T, N]; rows of base-model tokens are left as they are (zeros)."""
+def shrink(x: torch.Tensor, a: torch.Tensor, order: torch.Tensor, counts: torch.Tensor, starts: torch.Tensor,
+           out: torch.Tensor | None = None) -> torch.Tensor:
+    """x [T, K] and A [slots, N, K] -> float32 [T, N], in `out` where given (zeroed: a split-K step adds into it);
+    rows of base-model tokens are left as they are (expand never reads them)."""
     t, k = x.shape
     slots, n, _ = a.shape
     block_m, block_n, block_k = _block_m(t), 16 if n <= 16 else 32, 64
     # Few row tiles per slot leave most of the GPU idle over a long K: split K across programs instead.
-    split_k = 1 if t > 256 else max(1, min(16, triton.cdiv(k, 4 * block_k)))
-    out = torch.zeros((t, n), dtype=torch.float32, device=x.device)
+    split_k = 1 if t > SPLIT_K_MAX_TOKENS else max(1, min(16, triton.cdiv(k, 4 * block_k)))
+    if out is None:
+        out = (torch.zeros if split_k > 1 else torch.empty)((t, n), dtype=torch.float32, device=x.device)
     grid = (triton.cdiv(t, block_m) + slots, triton.cdiv(n, block_n) * split_k)
     _shrink_kernel[grid](x, a, out, order, counts, starts, n, k, x.stride(0), x.stride(1), a.stride(0), a.stride(1),
                          a.stride(2), out.stride(0), out.stride(1), NUM_SLOTS=slots, BLOCK_M=block_m, BLOCK_N=block_n,

@@ -25,10 +25,16 @@ from torch import nn
 from railyard.engine.runner.decode_graphs import staging_free, upload
 from railyard.engine.runner.kernels import lora_ops
 
+# Steps of at most this many tokens split the shrink over K (kernels/lora.py): its programs add their partial sums
+# into a zeroed buffer. Every adapted layer's buffer is a column block of the batch's one workspace, zeroed once per
+# forward pass (one memset a step, not one per layer and projection).
+SPLIT_K_MAX_TOKENS = 256
+
+
 class LoRABatch:
     """The step's adapter slot per token (-1: the base model) and, derived on the device, the tokens ordered by
     slot: `order` lists the token indices slot by slot, base-model tokens last; slot s owns
-    order[starts[s]:starts[s] + counts[s]]."""
+    order[starts[s]:starts[s] + counts[s]]. It also holds the shrink outputs' workspace of split-K steps."""
 
     def __init__(self, num_slots: int, max_tokens: int, device: torch.device) -> None:
         self.num_slots, self.max_tokens, self.device = num_slots, max_tokens, device
@@ -41,6 +47,27 @@ class LoRABatch:
         self.starts = torch.zeros(num_slots + 1, dtype=torch.int32, device=device)
         self.copied = torch.cuda.Event() if pin else None
         self._filled = 0  # host entries [0, _filled) may hold slots; the rest are -1
+        self.workspace_cols = 0  # reserved by the adapted layers (reserve), allocated once they all have (allocate)
+        self.workspace: torch.Tensor | None = None
+
+    def reserve(self, width: int) -> int:
+        """A column block of the shrink workspace for one adapted layer: its first column."""
+        first = self.workspace_cols
+        self.workspace_cols += width
+        return first
+
+    def allocate(self) -> None:
+        """The shrink workspace, [min(max_tokens, SPLIT_K_MAX_TOKENS), reserved columns] float32."""
+        rows = min(self.max_tokens, SPLIT_K_MAX_TOKENS)
+        self.workspace = torch.zeros(rows, self.workspace_cols, dtype=torch.float32, device=self.device)
+
+    def shrink_out(self, first: int, width: int, num_tokens: int) -> torch.Tensor | None:
+        """A layer's zeroed shrink output for a split-K step ([num_tokens, width], a view of the workspace), or
+        None where the step is too long to split (the kernel then writes every row it reads into a buffer of its
+        own)."""
+        if self.workspace is None or num_tokens > self.workspace.shape[0]:
+            return None
+        return self.workspace[:num_tokens, first:first + width]
 
     def stage(self, slots: np.ndarray) -> None:
         """Write the next forward pass's per-token slots (its rows beyond them, padding, stay -1) to the device."""
@@ -64,6 +91,8 @@ class LoRABatch:
         counts.scatter_add_(0, key, torch.ones_like(key))
         self.counts.copy_(counts)
         self.starts.copy_(torch.cumsum(counts, 0) - counts)
+        if self.workspace is not None and num_tokens <= self.workspace.shape[0]:
+            self.workspace[:num_tokens].zero_()
 
 
 class LoRAWeights(nn.Module):
@@ -85,13 +114,15 @@ class LoRAWeights(nn.Module):
                              persistent=False)
         self.register_buffer("part_offsets", torch.tensor(self.offsets, dtype=torch.int32, device=device),
                              persistent=False)
+        self.workspace_first = batch.reserve(len(part_sizes) * rank)
 
     def add_to(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """y += each token's x A^T B^T (in place); returns y."""
         ops = lora_ops() if x.is_cuda else None
         if ops is None:
             return reference_lora(x, y, self.a, self.b, self.batch, self.offsets, self.rank)
-        shrunk = ops.shrink(x, self.a, self.batch.order, self.batch.counts, self.batch.starts)
+        out = self.batch.shrink_out(self.workspace_first, self.a.shape[1], x.shape[0])
+        shrunk = ops.shrink(x, self.a, self.batch.order, self.batch.counts, self.batch.starts, out)
         ops.expand(shrunk, self.b, y, self.batch.order, self.batch.counts, self.batch.starts, self.part_offsets,
                    max(self.part_sizes), self.rank)
         return y

@@ -91,3 +91,35 @@ def test_restaging_a_shorter_step_leaves_the_rows_past_it_to_the_base_model():
     assert batch.token_slots[:6].tolist() == [1, 0, -1, -1, -1, -1]
     assert batch.counts.tolist() == [1, 1, 4]
     assert batch.order[:2].tolist() == [1, 0]
+
+
+def test_split_k_steps_add_into_the_workspace_zeroed_once_per_forward_pass():
+    """Two layers share the batch's workspace (a column block each); each forward pass's prepare zeroes it, so a
+    second step over the same buffers gives the reference again instead of adding to the first step's sums."""
+    slots, num_slots, parts, rank, hidden = CASES["decode-long-k-split-over-programs"]
+    x, a, b, y, _, offsets = _case(slots, num_slots, parts, rank, hidden)
+    batch = LoRABatch(num_slots, max_tokens=len(slots) + 5, device=DEVICE)
+    first_layer, second_layer = batch.reserve(len(parts) * rank), batch.reserve(len(parts) * rank)
+    batch.allocate()
+    part_offsets = torch.tensor(offsets, dtype=torch.int32, device=DEVICE)
+    for step in range(2):
+        batch.stage(np.array(slots, dtype=np.int32))
+        batch.prepare(len(slots))
+        for first in (first_layer, second_layer):
+            out = batch.shrink_out(first, len(parts) * rank, len(slots))
+            got = y.clone()
+            shrunk = kernels.shrink(x, a, batch.order, batch.counts, batch.starts, out)
+            assert shrunk.data_ptr() == out.data_ptr()  # the kernel wrote into the workspace
+            kernels.expand(shrunk, b, got, batch.order, batch.counts, batch.starts, part_offsets,
+                           int(max(np.diff(offsets))), rank)
+            torch.testing.assert_close(got, reference_lora(x, y.clone(), a, b, batch, offsets, rank),
+                                       rtol=1e-4, atol=1e-4)
+
+
+def test_steps_too_long_to_split_get_no_workspace():
+    batch = LoRABatch(2, max_tokens=1024, device=DEVICE)
+    first = batch.reserve(32)
+    batch.allocate()
+    assert batch.workspace.shape == (256, 32)
+    assert batch.shrink_out(first, 32, 256).shape == (256, 32)
+    assert batch.shrink_out(first, 32, 257) is None
