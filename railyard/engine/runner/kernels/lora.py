@@ -77,29 +77,40 @@ def _shrink_kernel(x_ptr, a_ptr, out_ptr, order_ptr, counts_ptr, starts_ptr, N, 
 @triton.jit
 def _expand_kernel(s_ptr, b_ptr, y_ptr, order_ptr, counts_ptr, starts_ptr, offsets_ptr,
                    stride_sm, stride_sn, stride_bs, stride_bn, stride_br, stride_ym, stride_yn,
-                   NUM_SLOTS: tl.constexpr, TILES_PER_PART: tl.constexpr, RANK: tl.constexpr, BLOCK_M: tl.constexpr,
-                   BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr):
-    part = tl.program_id(1) // TILES_PER_PART
-    tile = tl.program_id(1) % TILES_PER_PART
+                   NUM_SLOTS: tl.constexpr, TILES_PER_PART: tl.constexpr, N_ITER: tl.constexpr, RANK: tl.constexpr,
+                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PARTS_ALIGNED: tl.constexpr,
+                   DOT_PRECISION: tl.constexpr):
+    """One row tile of one slot's tokens times N_ITER consecutive BLOCK_N column tiles of one part: the program
+    finds its tokens and loads their shrunk rows once, then streams the part's B and y tiles. PARTS_ALIGNED: every
+    part starts and ends on a multiple of 8 columns, which Triton cannot see in offsets it loads; told, it moves y
+    and B in 16-byte vectors instead of one element per instruction."""
+    chunks: tl.constexpr = (TILES_PER_PART + N_ITER - 1) // N_ITER
+    part = tl.program_id(1) // chunks
+    first_tile = (tl.program_id(1) % chunks) * N_ITER
     lo = tl.load(offsets_ptr + part)
     hi = tl.load(offsets_ptr + part + 1)
-    if lo + tile * BLOCK_N >= hi:
+    if PARTS_ALIGNED:
+        lo = tl.multiple_of(lo, 8)
+        hi = tl.multiple_of(hi, 8)
+    if lo + first_tile * BLOCK_N >= hi:
         return
     slot, tok, mask_m = _row_tile(counts_ptr, starts_ptr, order_ptr, NUM_SLOTS, BLOCK_M)
     if slot < 0:
         return
     offs_r = tl.arange(0, RANK)
     st = tl.load(s_ptr + tok[:, None] * stride_sm + (part * RANK + offs_r)[None, :] * stride_sn,
-                 mask=mask_m[:, None], other=0.0)
-    offs_n = lo + tile * BLOCK_N + tl.arange(0, BLOCK_N)
-    mask_n = offs_n < hi
-    bt = tl.load(b_ptr + slot.to(tl.int64) * stride_bs + offs_n[None, :] * stride_bn + offs_r[:, None] * stride_br,
-                 mask=mask_n[None, :], other=0.0)
-    acc = tl.dot(st.to(bt.dtype), bt, input_precision=DOT_PRECISION)
-    ptrs = y_ptr + tok[:, None] * stride_ym + offs_n[None, :] * stride_yn
-    mask = mask_m[:, None] & mask_n[None, :]
-    y = tl.load(ptrs, mask=mask, other=0.0)
-    tl.store(ptrs, (y.to(tl.float32) + acc).to(y.dtype), mask=mask)
+                 mask=mask_m[:, None], other=0.0).to(b_ptr.dtype.element_ty)
+    b_base = b_ptr + slot.to(tl.int64) * stride_bs
+    for i in range(N_ITER):
+        offs_n = lo + (first_tile + i) * BLOCK_N + tl.arange(0, BLOCK_N)
+        mask_n = offs_n < hi
+        bt = tl.load(b_base + offs_n[None, :] * stride_bn + offs_r[:, None] * stride_br, mask=mask_n[None, :],
+                     other=0.0)
+        acc = tl.dot(st, bt, input_precision=DOT_PRECISION)
+        ptrs = y_ptr + tok[:, None] * stride_ym + offs_n[None, :] * stride_yn
+        mask = mask_m[:, None] & mask_n[None, :]
+        y = tl.load(ptrs, mask=mask, other=0.0)
+        tl.store(ptrs, (y.to(tl.float32) + acc).to(y.dtype), mask=mask)
 
 
 def _dot_precision(t: torch.Tensor) -> str:
@@ -130,15 +141,20 @@ def shrink(x: torch.Tensor, a: torch.Tensor, order: torch.Tensor, counts: torch.
 
 
 def expand(shrunk: torch.Tensor, b: torch.Tensor, y: torch.Tensor, order: torch.Tensor, counts: torch.Tensor,
-           starts: torch.Tensor, part_offsets: torch.Tensor, max_part: int, rank: int) -> None:
-    """y [T, out] += shrunk's part blocks times each part's B [slots, out, rank] columns, in place."""
+           starts: torch.Tensor, part_offsets: torch.Tensor, max_part: int, rank: int,
+           parts_aligned: bool = False) -> None:
+    """y [T, out] += shrunk's part blocks times each part's B [slots, out, rank] columns, in place. parts_aligned:
+    every part offset is a multiple of 8 (then y's and B's rows must start 16-byte aligned too, as torch's do)."""
     t = y.shape[0]
     block_m = _block_m(t)
     block_n = 64 if max_part >= 64 else 32 if max_part >= 32 else 16
     tiles = triton.cdiv(max_part, block_n)
+    # A program's fixed cost (finding its slot and tokens, loading their shrunk rows) is spread over several
+    # column tiles; decode steps have few row tiles, so more tiles each.
+    n_iter = min(tiles, 8 if t <= SPLIT_K_MAX_TOKENS else 4)
     slots = b.shape[0]
-    grid = (triton.cdiv(t, block_m) + slots, tiles * (part_offsets.numel() - 1))
+    grid = (triton.cdiv(t, block_m) + slots, triton.cdiv(tiles, n_iter) * (part_offsets.numel() - 1))
     _expand_kernel[grid](shrunk, b, y, order, counts, starts, part_offsets, shrunk.stride(0), shrunk.stride(1),
                          b.stride(0), b.stride(1), b.stride(2), y.stride(0), y.stride(1), NUM_SLOTS=slots,
-                         TILES_PER_PART=tiles,
-                         RANK=rank, BLOCK_M=block_m, BLOCK_N=block_n, DOT_PRECISION=_dot_precision(b))
+                         TILES_PER_PART=tiles, N_ITER=n_iter, RANK=rank, BLOCK_M=block_m, BLOCK_N=block_n,
+                         PARTS_ALIGNED=parts_aligned, DOT_PRECISION=_dot_precision(b))

@@ -115,6 +115,7 @@ class LoRAWeights(nn.Module):
         self.register_buffer("part_offsets", torch.tensor(self.offsets, dtype=torch.int32, device=device),
                              persistent=False)
         self.workspace_first = batch.reserve(len(part_sizes) * rank)
+        self.parts_aligned = all(offset % 8 == 0 for offset in self.offsets)  # the expand's vector width
 
     def add_to(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """y += each token's x A^T B^T (in place); returns y."""
@@ -124,7 +125,7 @@ class LoRAWeights(nn.Module):
         out = self.batch.shrink_out(self.workspace_first, self.a.shape[1], x.shape[0])
         shrunk = ops.shrink(x, self.a, self.batch.order, self.batch.counts, self.batch.starts, out)
         ops.expand(shrunk, self.b, y, self.batch.order, self.batch.counts, self.batch.starts, self.part_offsets,
-                   max(self.part_sizes), self.rank)
+                   max(self.part_sizes), self.rank, self.parts_aligned)
         return y
 
 

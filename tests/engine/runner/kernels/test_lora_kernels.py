@@ -37,7 +37,7 @@ def _kernels(x, a, b, y, batch, offsets, rank):
     shrunk = kernels.shrink(x, a, batch.order, batch.counts, batch.starts)
     part_offsets = torch.tensor(offsets, dtype=torch.int32, device=DEVICE)
     kernels.expand(shrunk, b, out, batch.order, batch.counts, batch.starts, part_offsets,
-                   int(max(np.diff(offsets))), rank)
+                   int(max(np.diff(offsets))), rank, parts_aligned=all(o % 8 == 0 for o in offsets))
     return out
 
 
@@ -49,6 +49,9 @@ CASES = {
     "decode-long-k-split-over-programs": ([1, 0, -1, 1], 2, [24], 16, 600),
     "an-empty-slot-between-busy-ones": ([0, 0, 2, 3, -1, 3, 0] * 5, 4, [32], 16, 48),
     "only-base-tokens": ([-1, -1, -1], 2, [32], 16, 32),
+    "parts-longer-than-a-programs-column-tiles": ([0, 1, -1, 1, 0, 0], 2, [640, 128, 128], 16, 64),
+    "prefill-parts-over-several-programs": ([i % 3 - 1 for i in range(300)], 2, [400, 72], 16, 48),
+    "parts-off-the-vector-width": ([0, 1, 1, -1, 0], 2, [36, 20, 20], 16, 40),
 }
 
 
