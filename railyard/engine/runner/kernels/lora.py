@@ -1,6 +1,6 @@
 """Batched LoRA kernels (Punica's segmented gather matmuls, as vLLM's lora_shrink / lora_expand): each program
 takes one row tile of one adapter slot's tokens (LoRABatch's order, counts and starts, on the device) and one
-output tile.
+output tile (expand: a run of them).
 
 The grid is fixed by the step's token count and the number of slots, never by how tokens spread over adapters: the
 slots' row tiles, laid end to end, number at most cdiv(T, BLOCK_M) + slots, and a program finds its slot and tile by
@@ -8,7 +8,8 @@ walking the slots' counts; programs past the last tile return at once. So a CUDA
 replays for any mix of adapters and base-model tokens (whose group, after the last slot, no program visits), and a
 long prefill launches no idle programs per slot.
 
-shrink: out[t, :] = x[t] A_s^T in float32 (split over K with atomic adds when few tokens would leave the GPU idle).
+shrink: out[t, :] = x[t] A_s^T in float32 (split over K with atomic adds, into the batch's zeroed workspace, when few
+tokens would leave the GPU idle).
 expand: y[t, part columns] += out[t, part's rank block] (rounded to B's dtype) B_s^T, in y's dtype; every output
 element belongs to exactly one program, so no atomics.
 """
@@ -128,7 +129,9 @@ def shrink(x: torch.Tensor, a: torch.Tensor, order: torch.Tensor, counts: torch.
     rows of base-model tokens are left as they are (expand never reads them)."""
     t, k = x.shape
     slots, n, _ = a.shape
-    block_m, block_n, block_k = _block_m(t), 16 if n <= 16 else 32, 64
+    # One column tile covers a fused projection's whole rank block where it can (qkv's 3 x 16 = 48 columns), so
+    # x, the shrink's only large operand, is read once.
+    block_m, block_n, block_k = _block_m(t), max(16, min(64, triton.next_power_of_2(n))), 64
     # Few row tiles per slot leave most of the GPU idle over a long K: split K across programs instead.
     split_k = 1 if t > SPLIT_K_MAX_TOKENS else max(1, min(16, triton.cdiv(k, 4 * block_k)))
     if out is None:
