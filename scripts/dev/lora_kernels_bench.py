@@ -1,7 +1,8 @@
 """The batched LoRA kernels against the base GEMMs they ride on, qwen2-7b's four LoRA points (qkv, o, gate_up, down),
 rank 16, on the GPU: device microseconds per call inside a CUDA graph (what a captured step pays, launch gaps
 included), for a decode and a prefill token count, one adapter and eight (tokens spread evenly), the current kernels
-and, with BASELINE set, a previous kernels/lora.py in the same process; then a sweep of the shrink's and the expand's
+(gate_up also as the expand fused with SiLU-and-mul, beside the activation alone) and, with BASELINE set, a previous
+kernels/lora.py in the same process; then a sweep of the shrink's and the expand's
 tiles at each point (decode token counts, eight adapters). JSON lines on stdout, all of it in $OUT/lora_kernels.json.
 
     mkdir -p .baseline/lora_old && git show 160b893:railyard/engine/runner/kernels/lora.py \
@@ -101,6 +102,11 @@ for t, slots in itertools.product(tokens, slot_counts):
                "expand_us": round(graphed_us(lambda: lora.expand(
                    shrunk, lw.b, y, batch.order, batch.counts, batch.starts, lw.part_offsets, max(parts), RANK,
                    lw.parts_aligned)), 1)}
+        if name == "gate_up":  # the gate/up expand fused with SiLU-and-mul, against the activation alone
+            from railyard.engine.runner.kernels import fused
+            row["silu_and_mul_us"] = round(graphed_us(lambda: fused.silu_and_mul(y)), 1)
+            row["expand_silu_and_mul_us"] = round(graphed_us(lambda: lora.expand_silu_and_mul(
+                shrunk, lw.b, y, batch.order, batch.counts, batch.starts, RANK)), 1)
         if old is not None:  # the previous kernels: a zeroed buffer of their own per call
             old_shrunk = old.shrink(x, lw.a, batch.order, batch.counts, batch.starts)
             row["old_shrink_us"] = round(graphed_us(lambda: old.shrink(x, lw.a, batch.order, batch.counts,

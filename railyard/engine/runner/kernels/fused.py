@@ -157,15 +157,21 @@ def rms_norm_quant(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: 
 
 
 @triton.jit
+def silu_mul_values(g, u):
+    """silu(g) * u, rounded to their dtype as torch rounds it (the SiLU, then the product), as float32."""
+    gf = g.to(tl.float32)
+    act = (gf / (1.0 + tl.exp(-gf))).to(g.dtype)
+    return (act.to(tl.float32) * u.to(tl.float32)).to(g.dtype).to(tl.float32)
+
+
+@triton.jit
 def _silu_mul_block(base, cols, N: tl.constexpr):
     """silu(gate) * up of columns `cols` of one row, rounded to the model dtype as torch rounds it, as float32
     (0 in masked columns)."""
     mask = cols < N
     g = tl.load(base + cols, mask=mask, other=0.0)
     u = tl.load(base + N + cols, mask=mask, other=0.0)
-    gf = g.to(tl.float32)
-    act = (gf / (1.0 + tl.exp(-gf))).to(g.dtype)
-    return (act.to(tl.float32) * u.to(tl.float32)).to(g.dtype).to(tl.float32)
+    return silu_mul_values(g, u)
 
 
 @triton.jit

@@ -12,6 +12,8 @@ shrink: out[t, :] = x[t] A_s^T in float32 (split over K with atomic adds, into t
 tokens would leave the GPU idle).
 expand: y[t, part columns] += out[t, part's rank block] (rounded to B's dtype) B_s^T, in y's dtype; every output
 element belongs to exactly one program, so no atomics.
+expand_silu_and_mul: a gate/up projection's expand and the SiLU-and-mul after it in one pass, its row tiles over the
+base-model group too (those rows take the plain activation): y is read once and not written back.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import torch
 import triton
 import triton.language as tl
 
+from railyard.engine.runner.kernels.fused import silu_mul_values
 from railyard.engine.runner.layers.lora import SPLIT_K_MAX_TOKENS
 
 
@@ -114,6 +117,42 @@ def _expand_kernel(s_ptr, b_ptr, y_ptr, order_ptr, counts_ptr, starts_ptr, offse
         tl.store(ptrs, (y.to(tl.float32) + acc).to(y.dtype), mask=mask)
 
 
+@triton.jit
+def _expand_silu_and_mul_kernel(s_ptr, b_ptr, y_ptr, out_ptr, order_ptr, counts_ptr, starts_ptr, I,
+                                stride_sm, stride_sn, stride_bs, stride_bn, stride_br, stride_ym, stride_yn,
+                                stride_om, stride_on, NUM_SLOTS: tl.constexpr, N_ITER: tl.constexpr,
+                                RANK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                                DOT_PRECISION: tl.constexpr):
+    """out[t, j] = silu(gate) * up of a gate/up projection's row t, each of gate and up with token t's adapter part
+    added first (rounded to y's dtype, as expand's in-place add rounds it). The row tiles span the base-model group
+    too (after the last slot), whose rows take y as it is: every row of out is written once, y is only read."""
+    slot, tok, mask_m = _row_tile(counts_ptr, starts_ptr, order_ptr, NUM_SLOTS + 1, BLOCK_M)
+    if slot < 0:
+        return
+    adapted = mask_m & (slot < NUM_SLOTS)  # the base group's rows add exact zeros
+    offs_r = tl.arange(0, RANK)
+    s_rows = s_ptr + tok[:, None] * stride_sm + offs_r[None, :] * stride_sn
+    s_gate = tl.load(s_rows, mask=adapted[:, None], other=0.0).to(b_ptr.dtype.element_ty)
+    s_up = tl.load(s_rows + RANK * stride_sn, mask=adapted[:, None], other=0.0).to(b_ptr.dtype.element_ty)
+    b_base = b_ptr + tl.minimum(slot, NUM_SLOTS - 1).to(tl.int64) * stride_bs
+    lora_rows = slot < NUM_SLOTS
+    for i in range(N_ITER):
+        offs_n = (tl.program_id(1) * N_ITER + i) * BLOCK_N + tl.arange(0, BLOCK_N)
+        mask_n = offs_n < I
+        mask = mask_m[:, None] & mask_n[None, :]
+        b_mask = mask_n[None, :] & lora_rows
+        b_gate = tl.load(b_base + offs_n[None, :] * stride_bn + offs_r[:, None] * stride_br, mask=b_mask, other=0.0)
+        b_up = tl.load(b_base + (I + offs_n)[None, :] * stride_bn + offs_r[:, None] * stride_br, mask=b_mask,
+                       other=0.0)
+        y_rows = y_ptr + tok[:, None] * stride_ym
+        g = tl.load(y_rows + offs_n[None, :] * stride_yn, mask=mask, other=0.0)
+        u = tl.load(y_rows + (I + offs_n)[None, :] * stride_yn, mask=mask, other=0.0)
+        g = (g.to(tl.float32) + tl.dot(s_gate, b_gate, input_precision=DOT_PRECISION)).to(g.dtype)
+        u = (u.to(tl.float32) + tl.dot(s_up, b_up, input_precision=DOT_PRECISION)).to(u.dtype)
+        tl.store(out_ptr + tok[:, None] * stride_om + offs_n[None, :] * stride_on,
+                 silu_mul_values(g, u).to(out_ptr.dtype.element_ty), mask=mask)
+
+
 def _dot_precision(t: torch.Tensor) -> str:
     """float32 models multiply in full float32 (as the torch reference and HF do), not TF32."""
     return "ieee" if t.dtype == torch.float32 else "tf32"
@@ -161,3 +200,23 @@ def expand(shrunk: torch.Tensor, b: torch.Tensor, y: torch.Tensor, order: torch.
                          b.stride(0), b.stride(1), b.stride(2), y.stride(0), y.stride(1), NUM_SLOTS=slots,
                          TILES_PER_PART=tiles, N_ITER=n_iter, RANK=rank, BLOCK_M=block_m, BLOCK_N=block_n,
                          PARTS_ALIGNED=parts_aligned, DOT_PRECISION=_dot_precision(b))
+
+
+def expand_silu_and_mul(shrunk: torch.Tensor, b: torch.Tensor, y: torch.Tensor, order: torch.Tensor,
+                        counts: torch.Tensor, starts: torch.Tensor, rank: int) -> torch.Tensor:
+    """silu(gate) * up [T, I] of a gate/up projection's base output y [T, 2I], each token's adapter parts (shrunk's
+    two rank blocks times B [slots, 2I, rank]) added first: expand and silu_and_mul in one pass, y read once and
+    never written (the activation's input is a gate/up projection's output only)."""
+    t, inter = y.shape[0], y.shape[1] // 2
+    out = torch.empty((t, inter), dtype=y.dtype, device=y.device)
+    if t == 0:
+        return out
+    block_m, block_n = _block_m(t), 64
+    n_iter = min(triton.cdiv(inter, block_n), 8 if t <= SPLIT_K_MAX_TOKENS else 4)
+    slots = b.shape[0]
+    grid = (triton.cdiv(t, block_m) + slots + 1, triton.cdiv(inter, block_n * n_iter))
+    _expand_silu_and_mul_kernel[grid](shrunk, b, y, out, order, counts, starts, inter, shrunk.stride(0),
+                                      shrunk.stride(1), b.stride(0), b.stride(1), b.stride(2), y.stride(0),
+                                      y.stride(1), out.stride(0), out.stride(1), NUM_SLOTS=slots, N_ITER=n_iter,
+                                      RANK=rank, BLOCK_M=block_m, BLOCK_N=block_n, DOT_PRECISION=_dot_precision(b))
+    return out

@@ -108,8 +108,13 @@ class ColumnParallelLinear(_QuantizableWeight, nn.Module):
         self._load(param, loaded, shard_id)  # output rows shard alike for weights, biases and scales
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = self._matmul(x, self.bias)
+        y = self.base_forward(x)
         return y if self.lora is None else self.lora.add_to(x, y)
+
+    def base_forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x W^T (+ b) without the adapters' sums: for a caller that adds them in its next pass (the MLP's
+        SiLU-and-mul)."""
+        return self._matmul(x, self.bias)
 
 
 class MergedColumnParallelLinear(ColumnParallelLinear):

@@ -4,7 +4,9 @@ As Punica / S-LoRA and vLLM's lora ops do, the adapters live in device slots, on
 and each step two kernels per layer run over the tokens grouped by slot: "shrink" h = x A_s^T (to the rank) and
 "expand" y += h B_s^T (back to the layer's outputs). A fused projection (qkv, gate/up) holds each part's own A
 (stacked along the rank axis: one shrink) and its B over that part's output columns (vLLM's
-MergedColumnParallelLinearWithLoRA / QKV): part i's columns take only part i's rank block.
+MergedColumnParallelLinearWithLoRA / QKV): part i's columns take only part i's rank block. On the GPU a gate/up
+projection's expand runs inside the MLP's SiLU-and-mul (`silu_and_mul`: the adapters' sums join the activation's one
+read of gate/up, instead of a read and a write of their own before it).
 
 Tensor parallel as vLLM shards: a column-parallel layer keeps A whole and B split like its own output rows; a
 row-parallel layer splits A like its input columns and keeps B whole, and adds its partial LoRA sums to its partial
@@ -116,6 +118,20 @@ class LoRAWeights(nn.Module):
                              persistent=False)
         self.workspace_first = batch.reserve(len(part_sizes) * rank)
         self.parts_aligned = all(offset % 8 == 0 for offset in self.offsets)  # the expand's vector width
+
+    def fuses_silu_and_mul(self, x: torch.Tensor) -> bool:
+        """Whether silu_and_mul below runs for x: a gate/up projection's slots (two equal parts), on the GPU."""
+        return x.is_cuda and len(self.part_sizes) == 2 and self.part_sizes[0] == self.part_sizes[1] \
+            and lora_ops() is not None
+
+    def silu_and_mul(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """silu(gate) * up [T, I] of a gate/up projection's base output y [T, 2I], each token's adapter added
+        first: add_to and the activation in one pass over y, which is read once and never written back."""
+        ops = lora_ops()
+        out = self.batch.shrink_out(self.workspace_first, self.a.shape[1], x.shape[0])
+        shrunk = ops.shrink(x, self.a, self.batch.order, self.batch.counts, self.batch.starts, out)
+        return ops.expand_silu_and_mul(shrunk, self.b, y, self.batch.order, self.batch.counts, self.batch.starts,
+                                       self.rank)
 
     def add_to(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """y += each token's x A^T B^T (in place); returns y."""

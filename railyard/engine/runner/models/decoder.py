@@ -85,7 +85,12 @@ class MLP(nn.Module):
 
     def forward(self, x: torch.Tensor, defer_scales: bool = False) -> torch.Tensor | ScaledAccumulator:
         """defer_scales: as RowParallelLinear's (the caller hands the output to an RMSNorm only)."""
-        h = silu_and_mul(self.gate_up_proj(x), quantize_output=self.down_proj.takes_quantized_input)
+        gate_up, quantize = self.gate_up_proj, self.down_proj.takes_quantized_input
+        if gate_up.lora is not None and not quantize and gate_up.lora.fuses_silu_and_mul(x):
+            # the adapters' sums join the activation's pass over gate/up instead of a read and write of their own
+            h = gate_up.lora.silu_and_mul(x, gate_up.base_forward(x))
+        else:
+            h = silu_and_mul(gate_up(x), quantize_output=quantize)
         return self.down_proj(h, defer_scales=defer_scales)
 
 

@@ -126,3 +126,28 @@ def test_steps_too_long_to_split_get_no_workspace():
     assert batch.workspace.shape == (256, 32)
     assert batch.shrink_out(first, 32, 256).shape == (256, 32)
     assert batch.shrink_out(first, 32, 257) is None
+
+
+GATE_UP_CASES = {
+    "gate-up-rank-32": CASES["gate-up-rank-32"],
+    "decode-adapters-and-base-mixed": ([1, -1, 0, 0, -1, 2, 1], 3, [40, 40], 16, 48),
+    "prefill-over-several-programs": ([i % 3 - 1 for i in range(300)], 2, [600, 600], 16, 48),
+    "only-base-tokens": ([-1, -1, -1, -1], 2, [64, 64], 16, 32),
+}
+
+
+@pytest.mark.parametrize("case", list(GATE_UP_CASES))
+def test_expand_fused_with_silu_and_mul_gives_expand_then_the_activation_kernel(case):
+    """The gate/up projection's expand and its SiLU-and-mul in one kernel: every row (base-model rows too) equals
+    the in-place expand followed by the SiLU-and-mul kernel, bit for bit (the same roundings in the same order)."""
+    from railyard.engine.runner.kernels import fused
+
+    slots, num_slots, parts, rank, hidden = GATE_UP_CASES[case]
+    x, a, b, y, batch, offsets = _case(slots, num_slots, parts, rank, hidden)
+    y, b = y.to(torch.bfloat16), b.to(torch.bfloat16)
+    shrunk = kernels.shrink(x, a, batch.order, batch.counts, batch.starts)
+    got = kernels.expand_silu_and_mul(shrunk, b, y, batch.order, batch.counts, batch.starts, rank)
+    assert got.shape == (len(slots), parts[0]) and got.dtype == torch.bfloat16
+    assert torch.equal(got, fused.silu_and_mul(_kernels(x, a, b, y, batch, offsets, rank)))
+    base = torch.tensor([s < 0 for s in slots], device=DEVICE)
+    assert torch.equal(got[base], fused.silu_and_mul(y[base]))  # base rows: y's own activation
