@@ -36,7 +36,7 @@ from railyard.engine.runner.layers.fp8_block import block_scale_shape  # noqa: E
 from railyard.engine.runner.layers.moe import (experts_reference, experts_reference_fp8,  # noqa: E402
                                                quantize_experts, route_softmax_topk)
 from railyard.engine.runner.layers.mxfp4 import dequantize_mxfp4  # noqa: E402
-from railyard.engine.runner.models.gpt_oss import clamped_swiglu  # noqa: E402
+from railyard.engine.runner.layers.activation import clamped_swiglu  # noqa: E402
 from railyard.model.spec import MXFP4_GROUP, MXFP4_WEIGHT_BYTES, expert_shard  # noqa: E402
 
 QWEN3 = dict(E=128, K=8, H=2048, I=768)

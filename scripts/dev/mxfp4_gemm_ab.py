@@ -16,7 +16,7 @@ sys.path.insert(0, ROOT); sys.path.insert(0, os.path.join(ROOT, ".baseline/moe_o
 import torch
 import fused_moe_old
 from railyard.engine.runner.kernels import fused_moe
-from railyard.engine.runner.models.gpt_oss import clamped_swiglu
+from railyard.engine.runner.layers.activation import clamped_swiglu
 
 E, H, I, K = 32, 2880, 2880, 4
 act = functools.partial(clamped_swiglu, alpha=1.702, limit=7.0)

@@ -183,6 +183,28 @@ def _silu_and_mul_kernel(x_ptr, out_ptr, x_stride, out_stride, N: tl.constexpr, 
 
 
 @triton.jit
+def _clamped_swiglu_kernel(x_ptr, out_ptr, x_stride, out_stride, alpha, limit, N: tl.constexpr,
+                           BLOCK: tl.constexpr):
+    """gpt-oss's activation of one row's columns, each torch op of layers/activation.py's native form rounded to
+    the model dtype in turn (the clamps are exact; NaN passes through them as torch.clamp passes it)."""
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    mask = cols < N
+    gate = tl.load(x_ptr + row * x_stride + cols, mask=mask, other=0.0)
+    up = tl.load(x_ptr + row * x_stride + N + cols, mask=mask, other=0.0)
+    dtype = gate.dtype
+    g = gate.to(tl.float32)
+    g = tl.where(g > limit, limit, g)
+    u = up.to(tl.float32)
+    u = tl.where(u > limit, limit, tl.where(u < -limit, -limit, u))
+    a = (u + 1.0).to(dtype).to(tl.float32)
+    b = (g * alpha).to(dtype).to(tl.float32)
+    sig = (1.0 / (1.0 + tl.exp(-b))).to(dtype).to(tl.float32)
+    c = (g * sig).to(dtype).to(tl.float32)
+    tl.store(out_ptr + row * out_stride + cols, (a * c).to(out_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
 def _silu_and_mul_quant_kernel(x_ptr, q_ptr, s_ptr, x_stride, N: tl.constexpr, BLOCK: tl.constexpr,
                                ONE_PASS: tl.constexpr, ROUND_TO_ODD: tl.constexpr, FP8_MAX: tl.constexpr,
                                INV_FP8_MAX: tl.constexpr, MIN_SCALE: tl.constexpr):
@@ -237,6 +259,22 @@ def silu_and_mul_quant(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
                                          ROUND_TO_ODD=casts_through_fp16(x.device), FP8_MAX=FP8_MAX,
                                          INV_FP8_MAX=INV_FP8_MAX, MIN_SCALE=MIN_SCALE, num_warps=warps)
     return q, scale
+
+
+def clamped_swiglu(x: torch.Tensor, alpha: float, limit: float) -> torch.Tensor:
+    """x [T, 2I] (gate | up) -> gpt-oss's clamped SwiGLU [T, I] in one pass (one read of x, one write), rounded as
+    layers.activation.clamped_swiglu_native's seven torch ops round it."""
+    t, two_i = x.shape
+    n = two_i // 2
+    assert x.stride(-1) == 1
+    out = torch.empty((t, n), dtype=x.dtype, device=x.device)
+    if t == 0:
+        return out
+    block = 1024
+    # no FMA contraction: torch rounds every product before the next op
+    _clamped_swiglu_kernel[(t, triton.cdiv(n, block))](x, out, x.stride(0), out.stride(0), alpha, limit, N=n,
+                                                       BLOCK=block, num_warps=4, enable_fp_fusion=False)
+    return out
 
 
 def silu_and_mul(x: torch.Tensor) -> torch.Tensor:

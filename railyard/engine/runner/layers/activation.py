@@ -1,4 +1,4 @@
-"""SiLU-and-mul over a fused gate/up projection."""
+"""The gated activations over a fused gate/up projection: SiLU-and-mul, and gpt-oss's clamped SwiGLU."""
 
 from __future__ import annotations
 
@@ -22,3 +22,20 @@ def silu_and_mul(x: torch.Tensor, quantize_output: bool = False) -> torch.Tensor
 def silu_and_mul_native(x: torch.Tensor) -> torch.Tensor:
     gate, up = x.chunk(2, dim=-1)
     return F.silu(gate) * up
+
+
+def clamped_swiglu(x: torch.Tensor, alpha: float, limit: float) -> torch.Tensor:
+    """gpt-oss's activation, [n, 2I] (gate half, then up half) -> [n, I]: (clamp(up, +-limit) + 1) * g *
+    sigmoid(alpha * g) where g = min(gate, limit). On the GPU one fused kernel (one read, one write, where the torch
+    form makes seven passes over [n, I] tensors), rounded op by op as the torch form rounds."""
+    if x.is_cuda and x.dim() == 2 and fused_ops() is not None:
+        return fused_ops().clamped_swiglu(x, alpha, limit)
+    return clamped_swiglu_native(x, alpha, limit)
+
+
+def clamped_swiglu_native(x: torch.Tensor, alpha: float, limit: float) -> torch.Tensor:
+    """clamped_swiglu in torch, in HF transformers' order of operations."""
+    gate, up = x.chunk(2, dim=-1)
+    gate = gate.clamp(max=limit)
+    up = up.clamp(min=-limit, max=limit)
+    return (up + 1) * (gate * torch.sigmoid(gate * alpha))

@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from railyard.engine.runner.layers.activation import clamped_swiglu
 from railyard.engine.runner.layers.moe import FusedMoE
 from railyard.engine.runner.layers.parallel import ParallelState
 from railyard.model.spec import ModelSpec
@@ -36,15 +37,6 @@ def gpt_oss_expert_target(name: str) -> tuple[str, tuple[str, str]] | None:
         return None
     proj, kind = match.group(1), match.group(2) or ""
     return f"{name[:match.start()]}.experts.{_TARGETS[proj, kind]}", (proj, kind)
-
-
-def clamped_swiglu(h: torch.Tensor, alpha: float, limit: float) -> torch.Tensor:
-    """[n, 2I] (gate half, then up half) -> [n, I]: (clamp(up, +-limit) + 1) * g * sigmoid(alpha * g) where
-    g = min(gate, limit), in HF transformers' order of operations."""
-    gate, up = h.chunk(2, dim=-1)
-    gate = gate.clamp(max=limit)
-    up = up.clamp(min=-limit, max=limit)
-    return (up + 1) * (gate * torch.sigmoid(gate * alpha))
 
 
 class GptOssMLP(nn.Module):

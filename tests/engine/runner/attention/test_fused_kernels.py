@@ -48,6 +48,18 @@ def test_silu_and_mul_matches_the_torch_function(dtype):
     torch.testing.assert_close(fused.silu_and_mul(x), activation.silu_and_mul_native(x))  # exp rounding may differ
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_clamped_swiglu_matches_the_torch_function(dtype):
+    """gpt-oss's activation in one pass: gate and up spread past the clamps (limit 7), NaN passing through them."""
+    x = _rand(5, 2 * 1200, dtype=torch.float32, seed=4) * 6
+    x[0, 0] = x[0, 1200 + 1] = float("nan")  # a gate and an up
+    x = x.to(dtype)
+    got = fused.clamped_swiglu(x, 1.702, 7.0)
+    want = activation.clamped_swiglu_native(x, 1.702, 7.0)
+    assert got.isnan()[0, :2].tolist() == want.isnan()[0, :2].tolist() == [True, True]
+    torch.testing.assert_close(got, want, equal_nan=True)  # exp rounding may differ
+
+
 LLAMA3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
           "original_max_position_embeddings": 64}  # a short original length: all three wavelength bands occur
 

@@ -23,7 +23,7 @@ from railyard.engine.runner.layers.moe import (FusedMoE, experts_reference, expe
 from railyard.engine.runner.layers.fp8 import FP8  # noqa: E402
 from railyard.engine.runner.layers.mxfp4 import dequantize_mxfp4, quantize_mxfp4  # noqa: E402
 from railyard.engine.runner.layers.parallel import ParallelState  # noqa: E402
-from railyard.engine.runner.models.gpt_oss import clamped_swiglu  # noqa: E402
+from railyard.engine.runner.layers.activation import clamped_swiglu  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 CUDA = DEVICE == "cuda"

@@ -15,7 +15,7 @@ from railyard.engine.runner.layers.activation import silu_and_mul_native
 from railyard.engine.runner.layers.moe import FusedMoE, experts_reference, route_softmax_topk
 from railyard.engine.runner.layers.mxfp4 import quantize_mxfp4
 from railyard.engine.runner.layers.parallel import ParallelState
-from railyard.engine.runner.models.gpt_oss import clamped_swiglu
+from railyard.engine.runner.layers.activation import clamped_swiglu
 
 E, K, H, I = 8, 2, 64, 32
 
