@@ -119,30 +119,36 @@ class LoRAWeights(nn.Module):
         self.workspace_first = batch.reserve(len(part_sizes) * rank)
         self.parts_aligned = all(offset % 8 == 0 for offset in self.offsets)  # the expand's vector width
 
+    @staticmethod
+    def kernels(x: torch.Tensor):
+        """The batched LoRA kernels where x runs on them (CUDA), else None (the torch reference)."""
+        return lora_ops() if x.is_cuda else None
+
     def fuses_silu_and_mul(self, x: torch.Tensor) -> bool:
-        """Whether silu_and_mul below runs for x: a gate/up projection's slots (two equal parts), on the GPU."""
-        return x.is_cuda and len(self.part_sizes) == 2 and self.part_sizes[0] == self.part_sizes[1] \
-            and lora_ops() is not None
+        """Whether silu_and_mul below runs for x: a gate/up projection's slots (two equal parts), on the kernels."""
+        return len(self.part_sizes) == 2 and self.part_sizes[0] == self.part_sizes[1] and \
+            self.kernels(x) is not None
 
     def silu_and_mul(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """silu(gate) * up [T, I] of a gate/up projection's base output y [T, 2I], each token's adapter added
         first: add_to and the activation in one pass over y, which is read once and never written back."""
-        ops = lora_ops()
-        out = self.batch.shrink_out(self.workspace_first, self.a.shape[1], x.shape[0])
-        shrunk = ops.shrink(x, self.a, self.batch.order, self.batch.counts, self.batch.starts, out)
-        return ops.expand_silu_and_mul(shrunk, self.b, y, self.batch.order, self.batch.counts, self.batch.starts,
-                                       self.rank)
+        ops = self.kernels(x)
+        return ops.expand_silu_and_mul(self._shrink(ops, x), self.b, y, self.batch.order, self.batch.counts,
+                                       self.batch.starts, self.rank)
 
     def add_to(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """y += each token's x A^T B^T (in place); returns y."""
-        ops = lora_ops() if x.is_cuda else None
+        ops = self.kernels(x)
         if ops is None:
             return reference_lora(x, y, self.a, self.b, self.batch, self.offsets, self.rank)
-        out = self.batch.shrink_out(self.workspace_first, self.a.shape[1], x.shape[0])
-        shrunk = ops.shrink(x, self.a, self.batch.order, self.batch.counts, self.batch.starts, out)
-        ops.expand(shrunk, self.b, y, self.batch.order, self.batch.counts, self.batch.starts, self.part_offsets,
-                   max(self.part_sizes), self.rank, self.parts_aligned)
+        ops.expand(self._shrink(ops, x), self.b, y, self.batch.order, self.batch.counts, self.batch.starts,
+                   self.part_offsets, max(self.part_sizes), self.rank, self.parts_aligned)
         return y
+
+    def _shrink(self, ops, x: torch.Tensor) -> torch.Tensor:
+        """x A_s^T of each token's slot (float32), into the batch's zeroed workspace on split-K steps."""
+        out = self.batch.shrink_out(self.workspace_first, self.a.shape[1], x.shape[0])
+        return ops.shrink(x, self.a, self.batch.order, self.batch.counts, self.batch.starts, out)
 
 
 def reference_lora(x: torch.Tensor, y: torch.Tensor, a: torch.Tensor, b: torch.Tensor, batch: LoRABatch,

@@ -1,6 +1,6 @@
 """A dense MLP with adapter slots on gate/up and down: where the LoRA kernels run, the gate/up adapters' sums join
-the SiLU-and-mul's pass (one kernel, y read once) and the output is the unfused path's (adapters added to gate/up,
-then the activation). The kernels run in Triton's CPU interpreter here, routed as on a GPU."""
+the SiLU-and-mul's pass (one kernel, y read once), down's are added by shrink and expand, and the output is the torch
+reference's. The kernels run in Triton's CPU interpreter here, routed as on a GPU."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import torch
 
 pytest.importorskip("triton")
 
+from railyard.engine.runner.kernels import lora_ops  # noqa: E402
 from railyard.engine.runner.layers.lora import LoRABatch, LoRAWeights  # noqa: E402
 from railyard.engine.runner.layers.parallel import SINGLE  # noqa: E402
 from railyard.engine.runner.models.decoder import MLP  # noqa: E402
@@ -50,7 +51,7 @@ def test_the_fused_gate_up_adapters_give_the_unfused_mlp(monkeypatch, slots):
         calls.append(self)
         return real_silu_and_mul(self, *args)
 
-    monkeypatch.setattr(LoRAWeights, "fuses_silu_and_mul", lambda self, x: len(self.part_sizes) == 2)
+    monkeypatch.setattr(LoRAWeights, "kernels", staticmethod(lambda x: lora_ops()))  # as on CUDA tensors
     monkeypatch.setattr(LoRAWeights, "silu_and_mul", spy)
     fused = mlp(x)
     assert calls == [mlp.gate_up_proj.lora]
