@@ -261,9 +261,9 @@ def silu_and_mul_quant(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return q, scale
 
 
-def clamped_swiglu(x: torch.Tensor, alpha: float, limit: float) -> torch.Tensor:
-    """x [T, 2I] (gate | up) -> gpt-oss's clamped SwiGLU [T, I] in one pass (one read of x, one write), rounded as
-    layers.activation.clamped_swiglu_native's seven torch ops round it."""
+def _gated_rows(x: torch.Tensor, kernel, *args, **options) -> torch.Tensor:
+    """x [T, 2I] (gate | up) -> [T, I] in x's dtype through a gated activation's kernel (x, out, their row strides,
+    then args), one program per row and 1,024 columns."""
     t, two_i = x.shape
     n = two_i // 2
     assert x.stride(-1) == 1
@@ -271,24 +271,21 @@ def clamped_swiglu(x: torch.Tensor, alpha: float, limit: float) -> torch.Tensor:
     if t == 0:
         return out
     block = 1024
-    # no FMA contraction: torch rounds every product before the next op
-    _clamped_swiglu_kernel[(t, triton.cdiv(n, block))](x, out, x.stride(0), out.stride(0), alpha, limit, N=n,
-                                                       BLOCK=block, num_warps=4, enable_fp_fusion=False)
+    kernel[(t, triton.cdiv(n, block))](x, out, x.stride(0), out.stride(0), *args, N=n, BLOCK=block, num_warps=4,
+                                       **options)
     return out
+
+
+def clamped_swiglu(x: torch.Tensor, alpha: float, limit: float) -> torch.Tensor:
+    """x [T, 2I] (gate | up) -> gpt-oss's clamped SwiGLU [T, I] in one pass (one read of x, one write), rounded as
+    layers.activation.clamped_swiglu_native's seven torch ops round it."""
+    # no FMA contraction: torch rounds every product before the next op
+    return _gated_rows(x, _clamped_swiglu_kernel, alpha, limit, enable_fp_fusion=False)
 
 
 def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     """x [T, 2I] (gate | up) -> silu(gate) * up [T, I]."""
-    t, two_i = x.shape
-    n = two_i // 2
-    assert x.stride(-1) == 1
-    out = torch.empty((t, n), dtype=x.dtype, device=x.device)
-    if t == 0:
-        return out
-    block = 1024
-    _silu_and_mul_kernel[(t, triton.cdiv(n, block))](x, out, x.stride(0), out.stride(0), N=n, BLOCK=block,
-                                                     num_warps=4)
-    return out
+    return _gated_rows(x, _silu_and_mul_kernel)
 
 
 @triton.jit

@@ -158,6 +158,12 @@ def _dot_precision(t: torch.Tensor) -> str:
     return "ieee" if t.dtype == torch.float32 else "tf32"
 
 
+def _tiles_per_program(tiles: int, num_tokens: int) -> int:
+    """Column tiles one expand program streams (of a part's `tiles`): its fixed cost (finding its slot and tokens,
+    loading their shrunk rows) is spread over them; decode steps have few row tiles, so more tiles each."""
+    return min(tiles, 8 if num_tokens <= SPLIT_K_MAX_TOKENS else 4)
+
+
 def _block_m(num_tokens: int) -> int:
     return 16 if num_tokens <= 16 else 32 if num_tokens <= 256 else 64
 
@@ -191,9 +197,7 @@ def expand(shrunk: torch.Tensor, b: torch.Tensor, y: torch.Tensor, order: torch.
     block_m = _block_m(t)
     block_n = 64 if max_part >= 64 else 32 if max_part >= 32 else 16
     tiles = triton.cdiv(max_part, block_n)
-    # A program's fixed cost (finding its slot and tokens, loading their shrunk rows) is spread over several
-    # column tiles; decode steps have few row tiles, so more tiles each.
-    n_iter = min(tiles, 8 if t <= SPLIT_K_MAX_TOKENS else 4)
+    n_iter = _tiles_per_program(tiles, t)
     slots = b.shape[0]
     grid = (triton.cdiv(t, block_m) + slots, triton.cdiv(tiles, n_iter) * (part_offsets.numel() - 1))
     _expand_kernel[grid](shrunk, b, y, order, counts, starts, part_offsets, shrunk.stride(0), shrunk.stride(1),
@@ -212,7 +216,7 @@ def expand_silu_and_mul(shrunk: torch.Tensor, b: torch.Tensor, y: torch.Tensor, 
     if t == 0:
         return out
     block_m, block_n = _block_m(t), 64
-    n_iter = min(triton.cdiv(inter, block_n), 8 if t <= SPLIT_K_MAX_TOKENS else 4)
+    n_iter = _tiles_per_program(triton.cdiv(inter, block_n), t)
     slots = b.shape[0]
     grid = (triton.cdiv(t, block_m) + slots + 1, triton.cdiv(inter, block_n * n_iter))
     _expand_silu_and_mul_kernel[grid](shrunk, b, y, out, order, counts, starts, inter, shrunk.stride(0),
