@@ -162,11 +162,13 @@ class Autoscaling(_Strict):
     metrics_interval_s: float = Field(
         1.0, gt=0, description="how often replicas and handles report their counts (Ray's default: 10 s); the "
         "policy cannot react faster than this")
-    standby_engines: int = Field(
-        0, ge=0, le=4, description="engines kept started and asleep per node and GPU (engine sleep mode: no KV "
-        "cache, weights in host memory), so a replica added for a burst wakes one instead of starting one; 0 by "
-        "default: each holds a CUDA context and host memory the size of its weights, and only pays off where bursts "
-        "outrun a replica's start (serve/standby.py)")
+    standby_engines: int | None = Field(
+        None, ge=0, le=4, description="engines kept started and asleep per node and GPU (engine sleep mode: no KV "
+        "cache, weights in host memory), so a replica added for a burst wakes one (about 1 s) instead of starting "
+        "one (13 s and more); unset: 1 where replicas share a GPU (gpu_fraction below 1) and may scale up "
+        "(max_replicas above min_replicas), else 0. A standby only ever takes a GPU share a replica of its own "
+        "deployment could have used, so with whole-GPU replicas it has none; each holds a CUDA context and host "
+        "memory the size of its weights (serve/standby.py)")
 
     @model_validator(mode="after")
     def _bounds(self) -> "Autoscaling":
@@ -563,6 +565,17 @@ def replica_pools(model: StackModel) -> list[tuple[str, StackPool | None]]:
     return [(deployment_name(model.name, p.name), p) for p in model.pools]
 
 
+def standby_engines(auto: Autoscaling | None, gpus_per_replica: float) -> int:
+    """The standby engines a deployment keeps per node and GPU: autoscaling.standby_engines where set, else one
+    where its replicas share a GPU and may scale up (a burst's replica then wakes an engine in about a second, on
+    a share of the GPU that replica would have taken anyway), else none."""
+    if auto is None:
+        return 0
+    if auto.standby_engines is not None:
+        return auto.standby_engines
+    return int(0 < gpus_per_replica < 1 and auto.max_replicas > auto.min_replicas)
+
+
 def scaling(model: StackModel, pool: StackPool | None) -> tuple[int, Autoscaling | None]:
     """(fixed replica count, autoscaling) for one deployment; a pool's own setting wins."""
     if pool is not None and (pool.autoscaling is not None or pool.num_replicas is not None):
@@ -601,9 +614,10 @@ def _standby_args(model: StackModel, pool: StackPool | None) -> dict[str, Any]:
     hold at most. Only that: Ray Serve hashes `args` into the app's code version, so an autoscaling bound or delay
     in args would restart every replica when edited; in `deployments` it is an update in place."""
     _, auto = scaling(model, pool)
-    if auto is None or not auto.standby_engines:
+    engines = standby_engines(auto, model.gpu_fraction if model.tensor_parallel_size == 1 else 1.0)
+    if auto is None or not engines:
         return {}
-    return {"standby": {"engines": auto.standby_engines, "max_replicas": auto.max_replicas}}
+    return {"standby": {"engines": engines, "max_replicas": auto.max_replicas}}
 
 
 def _deployment(model: StackModel, name: str, pool: StackPool | None) -> dict[str, Any]:

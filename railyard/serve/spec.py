@@ -22,7 +22,7 @@ from pydantic import ValidationError
 from railyard.engine.client.base import DEFAULT_MAX_WAITING_REQUESTS
 from railyard.engine.config import EngineConfig
 from railyard.errors import ConfigError
-from railyard.stack import Autoscaling, Ingress, Lifecycle, StackModel, deployment_name
+from railyard.stack import Autoscaling, Ingress, Lifecycle, StackModel, deployment_name, standby_engines
 
 INGRESS_NAME = "openai-ingress"
 DEFAULT_STREAM_INTERVAL_S: float = StackModel.model_fields["stream_interval_s"].default
@@ -153,7 +153,7 @@ def _model(raw: Any, i: int) -> ServedModel:
                                     int(limit) if limit is not None else None, engine,
                                     int(p.get("num_replicas", replicas)), autoscaling,
                                     p.get("ray_actor_options"), p.get("max_ongoing_requests"),
-                                    _standby(p.get("standby"), autoscaling, pwhere)))
+                                    _standby(p.get("standby"), autoscaling, p.get("ray_actor_options"), pwhere)))
     limits = [p.max_prompt_tokens for p in pools]
     if any(limit is None for limit in limits[:-1]):
         raise ConfigError(f"{where}.pools: only the last pool may omit max_prompt_tokens")
@@ -166,12 +166,14 @@ def _model(raw: Any, i: int) -> ServedModel:
     return ServedModel(name, path, tp, pools, interval, budget, adapters or [])
 
 
-def _standby(raw: Any, autoscaling: Autoscaling | None, where: str) -> Standby | None:
-    """A pool's `standby` ({"engines", "max_replicas"}, as a stack writes it), else its autoscaling's."""
+def _standby(raw: Any, autoscaling: Autoscaling | None, actor_options: dict[str, Any] | None,
+             where: str) -> Standby | None:
+    """A pool's `standby` ({"engines", "max_replicas"}, as a stack writes it), else its autoscaling's (unset: by
+    the GPU share its ray_actor_options ask for, a whole GPU without them, as the stack resolves it)."""
     if raw is None:
-        if autoscaling is None or not autoscaling.standby_engines:
-            return None
-        return Standby(autoscaling.standby_engines, autoscaling.max_replicas)
+        gpus = float((actor_options or {}).get("num_gpus", 1.0))
+        engines = standby_engines(autoscaling, gpus)
+        return Standby(engines, autoscaling.max_replicas) if autoscaling is not None and engines else None
     if not isinstance(raw, dict) or set(raw) != {"engines", "max_replicas"}:
         raise ConfigError(f"{where}.standby must be {{\"engines\": N, \"max_replicas\": M}}")
     auto = _validated(Autoscaling, {"standby_engines": raw["engines"], "max_replicas": raw["max_replicas"]},

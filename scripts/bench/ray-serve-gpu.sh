@@ -18,10 +18,11 @@
 #      request: prefix groups split over both replicas, ingress -> replica per round; scripts/bench/prefix_placement.py).
 #      With two ingress replicas each has its own router: pp's trace, right after the 256-stream run, is where
 #      each router's stale count of the other's requests kept it on one replica (62% vs 74% with one ingress).
-#   6. `railyard bench burst` on the stack autoscaled 1..2 half-GPU replicas (railyard's pending policy), one ingress
-#      replica (the stack default; INGRESS_REPLICAS sets it here too).
-#   (burst_standby, not in the default phases) The same burst with autoscaling.standby_engines 1: the second
-#      replica wakes a sleeping engine instead of starting one (PHASES="burst burst_standby" compares the two).
+#   6. `railyard bench burst` on the stack autoscaled 1..2 half-GPU replicas (railyard's pending policy) without a
+#      standby engine (standby_engines 0), one ingress replica (the stack default; INGRESS_REPLICAS sets it here too).
+#   (burst_standby, not in the default phases) The same burst with the stack's autoscaling defaults, which keep a
+#      standby engine for half-GPU replicas: the second replica wakes a sleeping engine instead of starting one
+#      (PHASES="burst burst_standby" compares the two).
 #   (ing1, not in the default phases) The stack of 1 with one ingress replica (the stack default): what the second
 #      one adds.
 #   (one, not in the default phases) One engine replica with the whole GPU and 2 x BLOCKS blocks behind Ray: the Ray
@@ -311,10 +312,10 @@ stack() {  # name kind(yes: autoscaling | no | old | ing1 | one) -> a stack file
   local proxy=${PROXY:-haproxy}
   [ "$1" = opt ] && proxy=ray  # Ray's throughput mode with its Python proxy kept, as measured before HAProxy
   [ "$2" = yes ] && scaling="autoscaling: {min_replicas: 1, max_replicas: 2, target_pending_per_replica: 8,
-                  upscale_delay_s: 3, downscale_delay_s: 60, look_back_period_s: 5, metrics_interval_s: 1}"
-  [ "$2" = standby ] && scaling="autoscaling: {min_replicas: 1, max_replicas: 2, target_pending_per_replica: 8,
                   upscale_delay_s: 3, downscale_delay_s: 60, look_back_period_s: 5, metrics_interval_s: 1,
-                  standby_engines: 1}"
+                  standby_engines: 0}"
+  # standby: the stack's autoscaling defaults, which keep one standby engine for half-GPU replicas
+  [ "$2" = standby ] && scaling="autoscaling: {min_replicas: 1, max_replicas: 2}"
   # The bursts keep the stack default of one ingress: the bench reads per-replica TPOT from the one ingress's /metrics
   [ "$2" = yes ] || [ "$2" = standby ] && ingress=${INGRESS_REPLICAS:-1}
   [ "$2" = old ] && { interval=0.05 budget=0 ingress=1 proxy=ray; }
@@ -532,9 +533,9 @@ if phase burst && step "ray up (autoscaling 1..2)" $T_UP up burst pending_prefix
 fi
 stop
 
-# 7. The same burst with a standby engine (autoscaling.standby_engines 1): the second replica wakes a sleeping engine
-#    its node's pool started beside the first, instead of starting one. STANDBY_WAIT_S after the warm-up lets the
-#    pool's standby finish its start (a replica start, ~17 s on the H200) before the burst begins.
+# 7. The same burst on the autoscaling defaults (one standby engine for half-GPU replicas): the second replica wakes
+#    a sleeping engine its node's pool started beside the first, instead of starting one. STANDBY_WAIT_S after the
+#    warm-up lets the pool's standby finish its start (a replica start, ~17 s on the H200) before the burst begins.
 if phase burst_standby && step "ray up (autoscaling 1..2, one standby engine)" $T_UP up burst_standby pending_prefix \
     "$(stack burst_standby standby)"; then
   step "warm-up" 60 warm $URL

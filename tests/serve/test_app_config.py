@@ -86,6 +86,34 @@ def test_standby_engines_reach_each_pools_replicas_with_the_max_replicas_that_bo
             {"name": "p", "standby": {"engines": 9, "max_replicas": 2}}]}]})
 
 
+def test_replicas_that_share_a_gpu_and_may_scale_up_keep_one_standby_engine_unless_told_otherwise(tiny_model):
+    def standby(model: dict) -> list:
+        stack = parse_stack({"name": "cfg", "image": "railyard:test", "models": [
+            {"name": "chat", "model": tiny_model, "engine": {"num_gpu_blocks": 64}, **model}]})
+        args = to_serve_config(stack)["applications"][0]["args"]
+        assert [standby_options(p) for m in parse_app_args(args).models for p in m.pools] == \
+            [({"standby_engines": p["standby"]["engines"], "standby_max_replicas": p["standby"]["max_replicas"]}
+              if "standby" in p else {}) for m in args["models"] for p in m["pools"]]
+        return [p.get("standby") for m in args["models"] for p in m["pools"]]
+
+    burst = {"min_replicas": 1, "max_replicas": 2}
+    assert standby({"gpu_fraction": 0.5, "autoscaling": burst}) == [{"engines": 1, "max_replicas": 2}]
+    # a whole GPU per replica: a standby would take a GPU no replica of the deployment holds
+    assert standby({"autoscaling": burst}) == [None]
+    # no scaling up: nothing to wake
+    assert standby({"gpu_fraction": 0.5, "autoscaling": {"min_replicas": 2, "max_replicas": 2}}) == [None]
+    assert standby({"gpu_fraction": 0.5, "num_replicas": 2}) == [None]
+    # the user's word wins either way
+    assert standby({"gpu_fraction": 0.5, "autoscaling": {**burst, "standby_engines": 0}}) == [None]
+    assert standby({"autoscaling": {**burst, "standby_engines": 2}}) == [{"engines": 2, "max_replicas": 2}]
+    # without a stack file the share comes from the pool's ray_actor_options (a whole GPU without them)
+    bare = {"name": "m", "model": tiny_model, "autoscaling": burst}
+    shared = parse_app_args({"models": [{**bare, "pools": [
+        {"name": "p", "ray_actor_options": {"num_cpus": 1, "num_gpus": 0.5}}]}]})
+    assert standby_options(shared.models[0].pools[0]) == {"standby_engines": 1, "standby_max_replicas": 2}
+    assert standby_options(parse_app_args({"models": [bare]}).models[0].pools[0]) == {}
+
+
 def test_a_models_stream_interval_reaches_its_replicas_and_defaults_to_ray_serve_llms_50_ms(tiny_model):
     stack = _stack(tiny_model)
     stack.models[1].stream_interval_s = 0.2
