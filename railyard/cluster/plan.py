@@ -14,6 +14,7 @@ from typing import Any
 
 from railyard.cluster.nodes import GPU, Node, load_nodes, load_pods_into
 from railyard.cluster.placement import ReplicaPlacement, place_replicas, ray_nodes
+from railyard.cluster.quantity import parse_quantity
 from railyard.cluster.render import render
 from railyard.cluster.scheduler import AFFINITY, ANTI_AFFINITY, KubeScheduler, Placement
 from railyard.cluster.sizing import (
@@ -32,7 +33,8 @@ from railyard.cluster.workload import PodSpec, pods_from_objects, replicas_from_
 from railyard.errors import ConfigError, RailyardError
 from railyard.model.spec import ModelSpec
 from railyard.stack import (
-    BATCHED_TOKENS_FLOOR, Stack, StackModel, load_stack, replica_pools, resolved_engine, scaling)
+    BATCHED_TOKENS_FLOOR, Autoscaling, Stack, StackModel, load_stack, replica_pools, resolved_engine, scaling,
+    standby_engines)
 
 PRODUCT = "nvidia.com/gpu.product"
 GPU_COUNT = "nvidia.com/gpu.count"
@@ -49,6 +51,7 @@ class DeploymentSizing:
     note: str = ""
     configured_replicas: int = 0
     needed_replicas: int | None = None
+    standby_host_bytes: int = 0  # host memory the standby engines asleep beside one GPU's replicas keep (weights)
 
 
 @dataclass
@@ -249,6 +252,7 @@ def _size_model(stack: Stack, model: StackModel, nodes: list[Node], profile: Eng
             elif entry.kv.tokens < engine["max_model_len"]:
                 entry.note += (f"; the engine would refuse to start: the KV cache holds {entry.kv.tokens} tokens, "
                                f"fewer than max_model_len {engine['max_model_len']}")
+            _note_standby(entry, model, auto)
         if profile is not None and target_rps is not None:
             mismatch = profile.mismatch(found[0], product) if found is not None else None
             if mismatch:
@@ -303,6 +307,20 @@ def plan_from_files(
     return plan(
         load_stack(config), nodes, mode=mode, profile=profile, target_rps=target_rps, at_max=at_max
     )
+
+
+def _note_standby(entry: DeploymentSizing, model: StackModel, auto: Autoscaling | None) -> None:
+    """What the deployment's standby engines keep in host memory (their weights, asleep), and whether the pod's
+    memory holds it."""
+    engines = standby_engines(auto, model.gpu_fraction if model.tensor_parallel_size == 1 else 1.0)
+    if not engines or entry.kv is None:
+        return
+    entry.standby_host_bytes = engines * entry.kv.weights_bytes
+    entry.note += (f"; {engines} standby engine(s) asleep per GPU keep {_gib(entry.standby_host_bytes)} of weights "
+                   "in host memory")
+    if entry.standby_host_bytes >= parse_quantity(model.resources.memory):
+        entry.note += (f", more than the pod's memory ({model.resources.memory}): raise resources.memory or set "
+                       "autoscaling.standby_engines: 0")
 
 
 def _gib(n: int) -> str:

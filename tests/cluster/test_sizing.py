@@ -229,3 +229,23 @@ def test_a_profile_of_the_same_model_on_the_same_gpu_matches_whatever_the_names_
     same = EngineProfile(5.0, None, "x", device="NVIDIA H200", model={"name": "/models/qwen2-7b", **dims})
     assert same.mismatch(spec, "NVIDIA-H200") is None
     assert "another device (NVIDIA H200, not NVIDIA-L40S)" in same.mismatch(spec, "NVIDIA-L40S")
+
+
+def test_the_planner_counts_the_host_memory_a_standby_engines_weights_keep_and_checks_the_pod_holds_it():
+    from railyard.cluster.plan import size_deployments
+    from railyard.stack import parse_stack
+
+    def sizing(memory: str, **auto):
+        stack = parse_stack({"name": "s", "image": "ghcr.io/example/railyard:0.1.0", "gpu_product": "NVIDIA-H200",
+                             "models": [{"name": "qwen2-7b", "model": "/m", "shape": "qwen2-7b", "gpu_fraction": 0.5,
+                                         "engine": {"num_gpu_blocks": 4096}, "resources": {"memory": memory},
+                                         "autoscaling": {"min_replicas": 1, "max_replicas": 2, **auto}}]})
+        (entry,) = size_deployments(stack, [], None, None)
+        return entry
+
+    fits = sizing("64Gi")  # half-GPU replicas that scale up: one standby by default, 15.2 GB of weights asleep
+    assert fits.standby_host_bytes == fits.kv.weights_bytes
+    assert "1 standby engine(s) asleep per GPU keep" in fits.note and "more than the pod's memory" not in fits.note
+    assert "more than the pod's memory (8Gi)" in sizing("8Gi").note
+    off = sizing("8Gi", standby_engines=0)
+    assert off.standby_host_bytes == 0 and "standby" not in off.note
