@@ -1,5 +1,5 @@
 """A/B of the MXFP4 fused experts on the GPU: a previous fused_moe.py against the current one on the same weights,
-gpt-oss-20b's expert shapes, bf16, top-4 of 32: device microseconds per `fused_experts` call (CUDA events) and the
+gpt-oss-20b's expert shapes, bf16, top-4 of 32: device microseconds per `fused_experts` call (in CUDA graphs) and the
 outputs' relative difference; then a few tiles of the current kernel at a decode and a prefill token count. JSON
 lines on stdout, all of it in $OUT/mxfp4_ab.json.
 
@@ -14,6 +14,7 @@ import functools, json, os, sys
 ROOT = __file__.rsplit("/scripts/", 1)[0]
 sys.path.insert(0, ROOT); sys.path.insert(0, os.path.join(ROOT, ".baseline/moe_old"))
 import torch
+from triton.testing import do_bench_cudagraph
 import fused_moe_old
 from railyard.engine.runner.kernels import fused_moe
 from railyard.engine.runner.layers.activation import clamped_swiglu
@@ -41,13 +42,10 @@ b2 = torch.randn(E, H, device=dev, dtype=torch.bfloat16) * 0.1
 o13, o2 = (paired(q13), paired(q2)) if os.environ.get("PAIRED") == "1" else (q13, q2)
 
 def timed(fn, n=20):
-    for _ in range(3): fn()
-    torch.cuda.synchronize()
-    e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    e0.record()
-    for _ in range(n): fn()
-    e1.record(); torch.cuda.synchronize()
-    return e0.elapsed_time(e1) / n * 1000
+    """Device microseconds per call replayed in a CUDA graph, as the engine's steps run it (timed eagerly, a call's
+    Python launches, ~0.6 ms, would hide the kernels at decode sizes)."""
+    fn()
+    return do_bench_cudagraph(fn, rep=n) * 1e3
 
 rows = []
 for T in [int(t) for t in os.environ.get("TOKENS", "1,16,64,256,1024,4096,16384").split(",")]:
