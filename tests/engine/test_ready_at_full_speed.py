@@ -4,7 +4,7 @@ spans its limits compiles or loads no Triton kernel and captures no CUDA graph, 
 The workload: 1 to max_num_seqs sequences, steps up to max_num_batched_tokens (beyond the piecewise graphs too),
 contexts up to max_model_len, every kind of sampling row, structured outputs beside unconstrained rows, prefix
 hits, and preemption (recompute in bf16, swap over an FP8 cache with FP8 weights); the same over a mixture of
-experts, and with LoRA adapters beside the base model. Oracle: Triton's own cache hook (startup/jit_watch.py counts
+experts, over gpt-oss's MXFP4 experts and sliding-window layers, and with LoRA adapters beside the base model. Oracle: Triton's own cache hook (startup/jit_watch.py counts
 every kernel it is about to compile or load) and torch's graph capture entry point. GPU only: on the CPU nothing
 compiles and nothing is captured."""
 
@@ -21,6 +21,7 @@ from railyard.engine.lora.request import LoRARequest
 from railyard.engine.startup.jit_watch import first_jit_after_ready, jit_after_ready
 from railyard.engine.startup.tiny_model import write_tiny_checkpoint
 from railyard.engine.structured import StructuredOutputsParams
+from tests.engine.gpt_oss_checkpoint import TINY, write_tiny_gpt_oss
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="Triton kernels and CUDA graphs need a GPU")
 
@@ -34,6 +35,9 @@ CASES = {"bf16": ("dense", dict(), 0),
          "fp8": ("dense", dict(quantization="fp8", kv_cache_dtype="fp8", preemption_mode="swap", num_cpu_blocks=1024),
                  0),
          "moe": ("moe", dict(), 0),
+         # gpt-oss: MXFP4 experts on bf16 activations, sinks, sliding-window layers beside full ones
+         # (its full-attention layers' blocks and the windows' share one cache: more blocks hold max_model_len)
+         "gpt-oss": ("gpt-oss", dict(dtype="bfloat16", num_gpu_blocks=600), 0),
          # three adapters for two slots: evictions too; the third adapter's requests wait for a slot, so fewer
          # sequences run at once and a smaller cache is what reaches preemption
          "lora": ("dense", dict(enable_lora=True, max_loras=2, num_gpu_blocks=300), 3),
@@ -51,8 +55,11 @@ def gpu_models(tmp_path_factory) -> dict[str, str]:
     root = tmp_path_factory.mktemp("ready-models")
     shape = dict(hidden_size=256, num_attention_heads=4, num_key_value_heads=2, head_dim=128,
                  max_position_embeddings=4096, torch_dtype="bfloat16")
+    yarn = {**TINY["rope_parameters"], "factor": 128.0}  # 32 original positions stretched to max_model_len
     return {"dense": str(write_tiny_checkpoint(root / "dense", "qwen3", intermediate_size=512, **shape)),
-            "moe": str(write_tiny_checkpoint(root / "moe", "qwen3moe", **shape))}
+            "moe": str(write_tiny_checkpoint(root / "moe", "qwen3moe", **shape)),
+            "gpt-oss": str(write_tiny_gpt_oss(root / "gpt-oss", mxfp4=True, max_position_embeddings=4096,
+                                                 rope_parameters=yarn))}
 
 
 def _adapters(model_dir: str, n: int, root) -> list[LoRARequest]:
