@@ -36,8 +36,9 @@ CASES = {"bf16": ("dense", dict(), 0),
                  0),
          "moe": ("moe", dict(), 0),
          # gpt-oss: MXFP4 experts on bf16 activations, sinks, sliding-window layers beside full ones
-         # (its full-attention layers' blocks and the windows' share one cache: more blocks hold max_model_len)
-         "gpt-oss": ("gpt-oss", dict(dtype="bfloat16", num_gpu_blocks=600), 0),
+         # (512 blocks: the fewest that hold max_model_len, its full layers' blocks and a whole-prompt chunk's
+         # sliding ones; the 32-sequence batch then preempts)
+         "gpt-oss": ("gpt-oss", dict(dtype="bfloat16", num_gpu_blocks=512), 0),
          # three adapters for two slots: evictions too; the third adapter's requests wait for a slot, so fewer
          # sequences run at once and a smaller cache is what reaches preemption
          "lora": ("dense", dict(enable_lora=True, max_loras=2, num_gpu_blocks=300), 3),
