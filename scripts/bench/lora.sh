@@ -18,7 +18,8 @@ log "commit $COMMIT; $(nvidia-smi --query-gpu=name,driver_version --format=csv,n
 
 if want tests 60; then
   timeout 150 python3 -m pytest -q -x -p no:cacheprovider -o addopts="" \
-    tests/engine/runner/kernels/test_lora_kernels.py tests/engine/runner/test_lora_graph_paths.py > $OUT/tests.txt 2>&1
+    tests/engine/runner/kernels/test_lora_kernels.py tests/engine/runner/models/test_mlp_lora.py \
+    tests/engine/runner/test_lora_graph_paths.py > $OUT/tests.txt 2>&1
   log "tests rc=$? $(tail -1 $OUT/tests.txt)"
 fi
 
