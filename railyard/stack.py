@@ -614,7 +614,7 @@ def _standby_args(model: StackModel, pool: StackPool | None) -> dict[str, Any]:
     hold at most. Only that: Ray Serve hashes `args` into the app's code version, so an autoscaling bound or delay
     in args would restart every replica when edited; in `deployments` it is an update in place."""
     _, auto = scaling(model, pool)
-    engines = standby_engines(auto, model.gpu_fraction if model.tensor_parallel_size == 1 else 1.0)
+    engines = standby_engines(auto, model.gpu_fraction)
     if auto is None or not engines:
         return {}
     return {"standby": {"engines": engines, "max_replicas": auto.max_replicas}}

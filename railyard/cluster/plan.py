@@ -312,7 +312,7 @@ def plan_from_files(
 def _note_standby(entry: DeploymentSizing, model: StackModel, auto: Autoscaling | None) -> None:
     """What the deployment's standby engines keep in host memory (their weights, asleep), and whether the pod's
     memory holds it."""
-    engines = standby_engines(auto, model.gpu_fraction if model.tensor_parallel_size == 1 else 1.0)
+    engines = standby_engines(auto, model.gpu_fraction)
     if not engines or entry.kv is None:
         return
     entry.standby_host_bytes = engines * entry.kv.weights_bytes
