@@ -4,8 +4,9 @@ spans its limits compiles or loads no Triton kernel and captures no CUDA graph, 
 The workload: 1 to max_num_seqs sequences, steps up to max_num_batched_tokens (beyond the piecewise graphs too),
 contexts up to max_model_len, every kind of sampling row, structured outputs beside unconstrained rows, prefix
 hits, and preemption (recompute in bf16, swap over an FP8 cache with FP8 weights); the same over a mixture of
-experts, over gpt-oss's MXFP4 experts and sliding-window layers, and with LoRA adapters beside the base model. Oracle: Triton's own cache hook (startup/jit_watch.py counts
-every kernel it is about to compile or load) and torch's graph capture entry point. GPU only: on the CPU nothing
+experts, over gpt-oss's MXFP4 experts and sliding-window layers, and with LoRA adapters beside the base model.
+Oracle: Triton's own cache hook (startup/jit_watch.py counts every kernel it is about to compile or load) and torch's
+graph capture entry point. GPU only: on the CPU nothing
 compiles and nothing is captured."""
 
 from __future__ import annotations

@@ -129,13 +129,13 @@ def _expand_silu_and_mul_kernel(s_ptr, b_ptr, y_ptr, out_ptr, order_ptr, counts_
     slot, tok, mask_m = _row_tile(counts_ptr, starts_ptr, order_ptr, NUM_SLOTS + 1, BLOCK_M)
     if slot < 0:
         return
-    adapted = mask_m & (slot < NUM_SLOTS)  # the base group's rows add exact zeros
+    lora_rows = slot < NUM_SLOTS
+    adapted = mask_m & lora_rows  # the base group's rows add exact zeros
     offs_r = tl.arange(0, RANK)
     s_rows = s_ptr + tok[:, None] * stride_sm + offs_r[None, :] * stride_sn
     s_gate = tl.load(s_rows, mask=adapted[:, None], other=0.0).to(b_ptr.dtype.element_ty)
     s_up = tl.load(s_rows + RANK * stride_sn, mask=adapted[:, None], other=0.0).to(b_ptr.dtype.element_ty)
     b_base = b_ptr + tl.minimum(slot, NUM_SLOTS - 1).to(tl.int64) * stride_bs
-    lora_rows = slot < NUM_SLOTS
     for i in range(N_ITER):
         offs_n = (tl.program_id(1) * N_ITER + i) * BLOCK_N + tl.arange(0, BLOCK_N)
         mask_n = offs_n < I
