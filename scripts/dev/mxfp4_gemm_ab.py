@@ -41,11 +41,11 @@ b13 = torch.randn(E, 2 * I, device=dev, dtype=torch.bfloat16) * 0.1
 b2 = torch.randn(E, H, device=dev, dtype=torch.bfloat16) * 0.1
 o13, o2 = (paired(q13), paired(q2)) if os.environ.get("PAIRED") == "1" else (q13, q2)
 
-def timed(fn, n=20):
-    """Device microseconds per call replayed in a CUDA graph, as the engine's steps run it (timed eagerly, a call's
-    Python launches, ~0.6 ms, would hide the kernels at decode sizes)."""
+def timed(fn, rep_ms=20):
+    """Device microseconds per call replayed in a CUDA graph for about rep_ms, as the engine's steps run it (timed
+    eagerly, a call's Python launches would hide the kernels at decode sizes)."""
     fn()
-    return do_bench_cudagraph(fn, rep=n) * 1e3
+    return do_bench_cudagraph(fn, rep=rep_ms) * 1e3
 
 rows = []
 for T in [int(t) for t in os.environ.get("TOKENS", "1,16,64,256,1024,4096,16384").split(",")]:
@@ -73,7 +73,7 @@ for T in [int(t) for t in os.environ.get("SWEEP_TOKENS", "64,256,16384").split("
                 (64, 64, 64, 4, 4), (64, 128, 64, 4, 3), (64, 128, 128, 4, 3), (64, 128, 128, 8, 3),
                 (128, 128, 64, 8, 3), (128, 128, 128, 8, 3), (128, 256, 64, 8, 3)]:
         try:
-            t = timed(lambda: fused_moe.fused_experts(x, q13, q2, w, ids, act, b13, b2, s13, s2, config=cfg), n=10)
+            t = timed(lambda: fused_moe.fused_experts(x, q13, q2, w, ids, act, b13, b2, s13, s2, config=cfg), rep_ms=10)
         except Exception as exc:  # noqa: BLE001 -- a tile out of resources
             t = repr(exc)[:80]
         sweep.append({"tokens": T, "config": cfg, "us": t if isinstance(t, str) else round(t, 1)})
