@@ -164,11 +164,11 @@ class Autoscaling(_Strict):
         "policy cannot react faster than this")
     standby_engines: int | None = Field(
         None, ge=0, le=4, description="engines kept started and asleep per node and GPU (engine sleep mode: no KV "
-        "cache, weights in host memory), so a replica added for a burst wakes one (about 1 s) instead of starting "
-        "one (13 s and more); unset: 1 where replicas share a GPU (gpu_fraction below 1) and may scale up "
-        "(max_replicas above min_replicas), else 0. A standby only ever takes a GPU share a replica of its own "
-        "deployment could have used, so with whole-GPU replicas it has none; each holds a CUDA context and host "
-        "memory the size of its weights (serve/standby.py)")
+        "cache, weights in host memory), so a replica added for a burst wakes one instead of starting an engine "
+        "process (imports, weights, CUDA graphs); unset: 1 where replicas share a GPU (gpu_fraction below 1) and "
+        "may scale up (max_replicas above min_replicas), else 0. A standby only ever takes a GPU share a replica of "
+        "its own deployment could have used, so with whole-GPU replicas it has none; each holds a CUDA context and "
+        "host memory the size of its weights (serve/standby.py)")
 
     @model_validator(mode="after")
     def _bounds(self) -> "Autoscaling":
@@ -567,8 +567,8 @@ def replica_pools(model: StackModel) -> list[tuple[str, StackPool | None]]:
 
 def standby_engines(auto: Autoscaling | None, gpus_per_replica: float) -> int:
     """The standby engines a deployment keeps per node and GPU: autoscaling.standby_engines where set, else one
-    where its replicas share a GPU and may scale up (a burst's replica then wakes an engine in about a second, on
-    a share of the GPU that replica would have taken anyway), else none."""
+    where its replicas share a GPU and may scale up (a burst's replica then wakes an engine instead of starting
+    one, on a share of the GPU that replica would have taken anyway), else none."""
     if auto is None:
         return 0
     if auto.standby_engines is not None:

@@ -243,7 +243,7 @@ def test_the_planner_counts_the_host_memory_a_standby_engines_weights_keep_and_c
         (entry,) = size_deployments(stack, [], None, None)
         return entry
 
-    fits = sizing("64Gi")  # half-GPU replicas that scale up: one standby by default, 15.2 GB of weights asleep
+    fits = sizing("64Gi")  # half-GPU replicas that scale up: one standby by default, its weights asleep
     assert fits.standby_host_bytes == fits.kv.weights_bytes
     assert "1 standby engine(s) asleep per GPU keep" in fits.note and "more than the pod's memory" not in fits.note
     assert "more than the pod's memory (8Gi)" in sizing("8Gi").note
