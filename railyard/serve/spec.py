@@ -171,10 +171,12 @@ def _standby(raw: Any, autoscaling: Autoscaling | None, actor_options: dict[str,
     """A pool's `standby` ({"engines", "max_replicas"}, as a stack writes it), else its autoscaling's (unset: by
     the GPU share its ray_actor_options ask for, a whole GPU without them, as the stack resolves it)."""
     if raw is None:
-        gpus = float((actor_options or {}).get("num_gpus", 1.0))
-        engines = standby_engines(autoscaling, gpus)
+        gpus = (actor_options or {}).get("num_gpus", 1.0)
+        if isinstance(gpus, bool) or not isinstance(gpus, (int, float)):
+            raise ConfigError(f"{where}.ray_actor_options.num_gpus must be a number, got {gpus!r}")
+        engines = standby_engines(autoscaling, float(gpus))
         return Standby(engines, autoscaling.max_replicas) if autoscaling is not None and engines else None
-    if not isinstance(raw, dict) or set(raw) != {"engines", "max_replicas"}:
+    if not isinstance(raw, dict) or set(raw) != {"engines", "max_replicas"} or not isinstance(raw["engines"], int):
         raise ConfigError(f"{where}.standby must be {{\"engines\": N, \"max_replicas\": M}}")
     auto = _validated(Autoscaling, {"standby_engines": raw["engines"], "max_replicas": raw["max_replicas"]},
                       f"{where}.standby")

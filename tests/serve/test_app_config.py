@@ -112,6 +112,11 @@ def test_replicas_that_share_a_gpu_and_may_scale_up_keep_one_standby_engine_unle
         {"name": "p", "ray_actor_options": {"num_cpus": 1, "num_gpus": 0.5}}]}]})
     assert standby_options(shared.models[0].pools[0]) == {"standby_engines": 1, "standby_max_replicas": 2}
     assert standby_options(parse_app_args({"models": [bare]}).models[0].pools[0]) == {}
+    with pytest.raises(ConfigError, match=r"pools\[0\].ray_actor_options.num_gpus must be a number, got 'half'"):
+        parse_app_args({"models": [{**bare, "pools": [{"name": "p", "ray_actor_options": {"num_gpus": "half"}}]}]})
+    with pytest.raises(ConfigError, match=r"pools\[0\].standby must be"):  # a stack writes the resolved count
+        parse_app_args({"models": [{"name": "m", "model": tiny_model, "pools": [
+            {"name": "p", "standby": {"engines": None, "max_replicas": 2}}]}]})
 
 
 def test_a_models_stream_interval_reaches_its_replicas_and_defaults_to_ray_serve_llms_50_ms(tiny_model):
