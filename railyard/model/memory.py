@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from railyard.model.spec import ModelSpec
+from railyard.model.spec import MXFP4_WIDEN_SLOTS_PER_EXPERT, ModelSpec
 
 GIB = 2**30
 # Device memory outside torch's allocator: the CUDA context and cuBLAS handles (what the engine's start-up
@@ -44,7 +44,8 @@ def piecewise_graph_bytes(spec: ModelSpec, num_tokens: int) -> int:
     b, t, h = spec.dtype_bytes, num_tokens, spec.hidden_size
     q, kv = spec.num_heads * spec.head_dim, spec.num_kv_heads * spec.head_dim
     static = t * 16 + t * (2 * q + 2 * kv + 2 * h) * b
-    pool = max(t * (3 * h + mlp_temporaries(spec)), t * (2 * h + (q + 2 * kv) + 2 * (q + kv))) * b
+    pool = max(t * (3 * h + mlp_temporaries(spec)) * b + widened_experts_bytes(spec, t),
+               t * (2 * h + (q + 2 * kv) + 2 * (q + kv)) * b)
     return static + pool
 
 
@@ -87,17 +88,28 @@ def lora_slot_bytes(spec: ModelSpec, max_loras: int, max_lora_rank: int, tp: int
     return max_loras * spec.num_layers * lora_rank_tile(max_lora_rank) * (column + row) * spec.dtype_bytes
 
 
+def widened_experts_bytes(spec: ModelSpec, num_tokens: int, tp: int = 1) -> int:
+    """The transient buffer a step of num_tokens widens MXFP4 experts into on one rank (kernels/fused_moe.py: one
+    projection at a time, the gate/up one the larger), where its slots reach MXFP4_WIDEN_SLOTS_PER_EXPERT per
+    expert; else 0."""
+    slots = num_tokens * spec.num_experts_per_tok
+    if spec.expert_quantization != "mxfp4" or slots < MXFP4_WIDEN_SLOTS_PER_EXPERT * spec.num_experts:
+        return 0
+    return spec.num_experts * 2 * spec.expert_intermediate(tp) * spec.hidden_size * spec.dtype_bytes
+
+
 def activation_bytes(spec: ModelSpec, num_tokens: int, max_num_seqs: int, tp: int = 1) -> int:
     """A prediction of the engine's profiled activation peak for a step of `num_tokens`, on one rank.
 
     The peak is the largest set of tensors alive at once: in the MLP the gate/up output and its SiLU
     product beside the residual stream; in attention the fused QKV, the rotated q/k and the output;
-    at the end the logits of the sampled rows (model dtype and float32). Plus the rotary tables.
+    at the end the logits of the sampled rows (model dtype and float32). Plus the rotary tables, and MXFP4 experts
+    widened for a large step.
     """
     b, t, h = spec.dtype_bytes, num_tokens, spec.hidden_size
     q = spec.num_heads // tp * spec.head_dim
     kv = spec.kv_heads_per_rank(tp) * spec.head_dim
-    mlp = t * (2 * h + mlp_temporaries(spec, tp)) * b
+    mlp = t * (2 * h + mlp_temporaries(spec, tp)) * b + widened_experts_bytes(spec, t, tp)
     attention = t * (2 * h + (q + 2 * kv) + 2 * (q + kv) + q) * b
     logits = t * h * b + min(t, max_num_seqs) * spec.vocab_size * (b + 4)
     rotary = 2 * spec.max_position_embeddings * spec.head_dim * 4

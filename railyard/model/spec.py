@@ -34,6 +34,10 @@ ARCHITECTURES = {
 # MXFP4 weights share one exponent per group of this many; a weight's bytes count its share of that exponent byte.
 MXFP4_GROUP = 32
 MXFP4_WEIGHT_BYTES = 0.5 + 1 / MXFP4_GROUP
+# A step whose (token, expert) slots reach this many per expert on average multiplies each MXFP4 expert weight by
+# enough rows that the tensor cores bound its GEMMs, not the weights' bytes: the GPU then widens one projection's
+# experts at a time into a transient buffer of the model's dtype and runs the dense-weight GEMM (kernels/fused_moe.py).
+MXFP4_WIDEN_SLOTS_PER_EXPERT = 512
 # FP8 experts carry one float32 scale per block of this many output x input weights (as FP8 MoE checkpoints such as
 # Qwen3-30B-A3B-FP8 ship them, and as --quantization fp8 quantizes a bf16 checkpoint's experts).
 EXPERT_BLOCK = (128, 128)

@@ -85,3 +85,17 @@ def test_planner_predicts_the_lora_slots_the_engine_allocates(tiny_models, arch,
                for name, buffer in module.lora.named_buffers() if name in ("a", "b"))
     spec = read_model_spec(tiny_models[arch]).with_precision("float32", device_type="cpu")
     assert held > 0 and lora_slot_bytes(spec, max_loras, max_lora_rank) == held
+
+
+def test_a_large_step_on_mxfp4_experts_counts_one_widened_projection():
+    """gpt-oss-20b (32 experts, top-4) widens its experts from 4,096 tokens a step (512 slots per expert): the
+    planner's step peak then holds the gate/up projection's experts in bf16 (32 x 5,760 x 2,880 x 2 bytes) beside
+    the per-token temporaries; smaller steps, and bf16 experts (qwen3-30b-a3b), hold none."""
+    from railyard.model.memory import activation_bytes, widened_experts_bytes
+
+    oss, qwen = SHAPES["gpt-oss-20b"], SHAPES["qwen3-30b-a3b"]
+    assert widened_experts_bytes(oss, 4096) == 32 * 5760 * 2880 * 2
+    assert widened_experts_bytes(oss, 4095) == 0 and widened_experts_bytes(qwen, 16384) == 0
+    assert widened_experts_bytes(oss, 4096, tp=2) == 32 * 2880 * 2880 * 2
+    step = activation_bytes(oss, 4096, 256)
+    assert step - activation_bytes(oss, 4095, 256) > widened_experts_bytes(oss, 4096) * 0.99

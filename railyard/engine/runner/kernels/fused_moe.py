@@ -22,7 +22,9 @@ Hopper, which has no FP4 MMA, Triton widens the tile in the registers that feed 
 conversion and one bf16 multiply by the group's scale: exact) and makes the weights the MMA's register operand and
 the activations its shared-memory one, so the widened weights never pass through shared memory and the MMAs run
 asynchronously beside the next tile's widening. Other activation dtypes (float32 in tests, fp16) widen the tile to
-float32 from the codes' bits and take tl.dot. No widened copy of any expert exists outside the registers.
+float32 from the codes' bits and take tl.dot. That widening is paid per weight and per output tile, so a step with
+MXFP4_WIDEN_SLOTS_PER_EXPERT slots or more per expert (a long prefill) widens each projection's experts once into a
+transient buffer (kernels/mxfp4_widen.py) and takes the dense-weight GEMM instead; the model keeps no widened copy.
 """
 
 from __future__ import annotations
@@ -32,10 +34,11 @@ import triton
 import triton.language as tl
 
 from railyard.engine.runner.kernels.moe_align import align_by_expert
+from railyard.engine.runner.kernels.mxfp4_widen import e2m1_values, e8m0_values, widen_mxfp4
 from railyard.engine.runner.kernels.moe_routing import route_softmax_topk  # noqa: F401 (the GPU's router: moe_ops())
 from railyard.engine.runner.layers.fp8_block import quantize_per_token_group
 from railyard.engine.runner.layers.mxfp4 import GROUP as MXFP4_GROUP
-from railyard.model.spec import EXPERT_BLOCK
+from railyard.model.spec import EXPERT_BLOCK, MXFP4_WIDEN_SLOTS_PER_EXPERT
 
 # (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages) by the slots an expert gets on average (T * k / E): row blocks
 # no taller than that while the GEMMs stream the experts' weights (decode: padding each expert hit to 64 rows would
@@ -83,30 +86,20 @@ def pick_config(slots: int, num_experts: int, fp8: bool, mxfp4: bool = False,
     return tile if fp8 else fit_shared_memory(tile, element_bytes)
 
 
-@triton.jit
-def _e2m1_values(codes):
-    """e2m1 codes (uint32, 0..15) -> their exact float32 values, from the bits: sign (code bit 3) to bit 31; codes
-    2..7 are normal (exponent e, mantissa bit m -> float exponent e + 126, top mantissa bit m); code 1 is 0.5."""
-    mag = codes & 7
-    bits = tl.where(mag >= 2, (mag << 22) + (126 << 23), tl.where(mag == 1, 126 << 23, 0))
-    return (bits | ((codes & 8) << 28)).to(tl.float32, bitcast=True)
-
-
-@triton.jit
-def _e8m0_values(exponents):
-    """e8m0 exponents (uint32) -> 2^(e - 127) in float32, from the bits (e = 0: the subnormal 2^-127)."""
-    return tl.where(exponents == 0, 1 << 22, exponents << 23).to(tl.float32, bitcast=True)
+def widens_mxfp4(slots: int, num_experts: int) -> bool:
+    """Whether a call of this many (token, expert) slots widens MXFP4 experts for its GEMMs (module docstring)."""
+    return slots >= MXFP4_WIDEN_SLOTS_PER_EXPERT * num_experts
 
 
 @triton.jit
 def _mxfp4_widened(packed, exponents, BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr, GROUP: tl.constexpr):
     """Packed bytes [BLOCK_K / 2, BLOCK_N] (low nibble first along K) and their exponents [BLOCK_N, BLOCK_K / GROUP]
     -> the float32 weights [BLOCK_K, BLOCK_N] (what dot_scaled widens to bf16 in its own registers)."""
-    scale = _e8m0_values(tl.trans(exponents).to(tl.uint32))
+    scale = e8m0_values(tl.trans(exponents).to(tl.uint32))
     scale = tl.reshape(tl.broadcast_to(scale[:, None, :], (BLOCK_K // GROUP, GROUP // 2, BLOCK_N)),
                        (BLOCK_K // 2, BLOCK_N))
     codes = packed.to(tl.uint32)
-    pairs = tl.join(_e2m1_values(codes & 15) * scale, _e2m1_values(codes >> 4) * scale)  # [K / 2, N, 2]
+    pairs = tl.join(e2m1_values(codes & 15) * scale, e2m1_values(codes >> 4) * scale)  # [K / 2, N, 2]
     return tl.reshape(tl.permute(pairs, (0, 2, 1)), (BLOCK_K, BLOCK_N))
 
 
@@ -231,10 +224,11 @@ def fused_experts(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_wei
                   topk_ids: torch.Tensor, activation, w13_bias: torch.Tensor | None = None,
                   w2_bias: torch.Tensor | None = None, w13_scale: torch.Tensor | None = None,
                   w2_scale: torch.Tensor | None = None,
-                  config: tuple[int, int, int, int, int] | None = None) -> torch.Tensor:
+                  config: tuple[int, int, int, int, int] | None = None, widen: bool | None = None) -> torch.Tensor:
     """layers/moe.py's experts contract on the GPU: x [T, H] -> [T, H], this rank's partial sums (the module
     docstring's five steps). FP8 when the weights are e4m3 (with their block scales); MXFP4 when they are packed
-    uint8 (with their exponents), read as packed inside the GEMMs."""
+    uint8 (with their exponents), read as packed inside the GEMMs, or, with `widen` (by default: at
+    MXFP4_WIDEN_SLOTS_PER_EXPERT slots per expert or more), each projection widened for this call alone."""
     num_tokens, top_k = topk_ids.shape
     num_experts, hidden = w13.shape[0], x.shape[1]
     slots = num_tokens * top_k
@@ -242,8 +236,9 @@ def fused_experts(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_wei
         return torch.zeros_like(x)
     mxfp4 = w13.dtype == torch.uint8
     fp8 = w13_scale is not None and not mxfp4
+    widen = mxfp4 and (widens_mxfp4(slots, num_experts) if widen is None else widen)
     if config is None:
-        config = pick_config(slots, num_experts, fp8, mxfp4, x.element_size())
+        config = pick_config(slots, num_experts, fp8, mxfp4 and not widen, x.element_size())
     elif not fp8:  # a tile asked for by name is fitted to these activations' shared memory as the tables' are
         config = fit_shared_memory(config, x.element_size())
     routing = align_by_expert(topk_ids, num_experts, config[0])
@@ -251,14 +246,19 @@ def fused_experts(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_wei
     if fp8:
         xq, xs = quantize_per_token_group(x)
         grouped_gemm(xq, w13, gate_up, routing, top_k, config, w13_bias, None, xs, w13_scale, w13.shape[1] // 2)
+    elif widen:  # the widened projection is freed once its GEMM is queued (the allocator reuses it in stream order)
+        grouped_gemm(x, widen_mxfp4(w13, w13_scale, x.dtype), gate_up, routing, top_k, config, w13_bias)
     else:
         grouped_gemm(x, w13, gate_up, routing, top_k, config, w13_bias, w_scale=w13_scale)
     h = activation(gate_up)
+    del gate_up
     down = torch.empty((slots, hidden), dtype=x.dtype, device=x.device)
     weights = topk_weights.reshape(-1)
     if fp8:
         hq, hs = quantize_per_token_group(h)
         grouped_gemm(hq, w2, down, routing, 1, config, w2_bias, weights, hs, w2_scale)
+    elif widen:
+        grouped_gemm(h, widen_mxfp4(w2, w2_scale, x.dtype), down, routing, 1, config, w2_bias, weights)
     else:
         grouped_gemm(h, w2, down, routing, 1, config, w2_bias, weights, w_scale=w2_scale)
     return down.view(num_tokens, top_k, hidden).sum(dim=1)

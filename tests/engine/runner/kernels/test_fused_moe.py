@@ -248,6 +248,34 @@ def test_mxfp4_fused_experts_in_bf16_give_the_bf16_kernel_on_the_widened_experts
     assert ((got - want).norm() / want.norm()).item() < 2e-3
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_mxfp4_experts_widened_for_a_large_step_give_what_the_packed_path_gives(dtype):
+    """A step with many rows per expert widens each projection into a transient buffer and takes the dense-weight
+    GEMM: the same experts' output as reading them packed (float32: the reference's; bf16: to summation order),
+    through gpt-oss's clamped SwiGLU and biases."""
+    (q13, s13, q2, s2, b13, b2), (w13, w2) = _mxfp4_experts(4, 64, 96, seed=21, bias=True)
+    gen = torch.Generator().manual_seed(21)
+    x = torch.randn(24, 64, generator=gen).to(dtype)
+    weights, ids = _routing(24, 4, 2, seed=22)
+    act = functools.partial(clamped_swiglu, alpha=1.702, limit=7.0)
+    args = (*_on(DEVICE, x, q13, q2, weights.to(dtype), ids), act, *_on(DEVICE, b13.to(dtype), b2.to(dtype), s13, s2))
+    widened, packed = fused_experts(*args, widen=True).float().cpu(), fused_experts(*args, widen=False).float().cpu()
+    if dtype == torch.float32:
+        want = experts_reference(x, w13, w2, weights, ids, act, b13, b2)
+        torch.testing.assert_close(widened, want, rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(packed, want, rtol=1e-4, atol=1e-4)
+    else:
+        assert ((widened - packed).norm() / packed.norm()).item() < 2e-2
+
+
+def test_mxfp4_experts_are_widened_from_a_number_of_rows_per_expert():
+    """Decode-sized calls read the packed bytes (they stream the weights); a call reaching
+    MXFP4_WIDEN_SLOTS_PER_EXPERT slots per expert on average widens them."""
+    per_expert = fused_moe.MXFP4_WIDEN_SLOTS_PER_EXPERT
+    assert not fused_moe.widens_mxfp4(256 * 4, 32) and not fused_moe.widens_mxfp4(per_expert * 32 - 1, 32)
+    assert fused_moe.widens_mxfp4(per_expert * 32, 32) and fused_moe.widens_mxfp4(16384 * 4, 32)
+
+
 @pytest.mark.parametrize("rank", [2, 3], ids=["half-padded-rank", "all-padding-rank"])
 def test_mxfp4_fused_experts_on_a_padded_tensor_parallel_slice_with_gpt_oss_activation(rank):
     """Intermediate 160 over 4 ranks: rank 2 holds 1 real group of its 2, rank 3 none; the kernel gives the layer's
@@ -272,10 +300,11 @@ def test_mxfp4_fused_experts_on_a_padded_tensor_parallel_slice_with_gpt_oss_acti
 
 
 @pytest.mark.skipif(not CUDA, reason="gpt-oss-20b's expert shapes in bf16 want a GPU")
-@pytest.mark.parametrize("tokens", [1, 7, 64, 513])
+@pytest.mark.parametrize("tokens", [1, 7, 64, 513, 4096])
 def test_mxfp4_fused_experts_on_gpt_oss_20b_shapes_in_bf16_on_gpu(tokens):
     """32 experts of 2880 -> 2880, top-4, rank 3 of 4's padded slice (21 real groups of 23): the kernel against the
-    reference over the same bf16 numbers (e2m1 times a power of two is exact in bf16), to bf16's rounding."""
+    reference over the same bf16 numbers (e2m1 times a power of two is exact in bf16), to bf16's rounding; at 4,096
+    tokens the experts are widened for the call."""
     experts, hidden, inter = 32, 2880, 2880
     torch.manual_seed(tokens)
     with torch.device("cuda"):
