@@ -1,6 +1,8 @@
 """A/B of the MXFP4 fused experts on the GPU: a previous fused_moe.py against the current one on the same weights,
 gpt-oss-20b's expert shapes, bf16, top-4 of 32: device microseconds per `fused_experts` call (in CUDA graphs) and the
-outputs' relative difference; then a few tiles of the current kernel at a decode and a prefill token count. JSON
+outputs' relative difference, beside the same call on bf16 experts of the same shapes (the dense-weight GEMM: what
+widening buys once the tensor cores bound the call); then a few tiles of the current kernel at a decode and a prefill
+token count. JSON
 lines on stdout, all of it in $OUT/mxfp4_ab.json.
 
 The previous kernel may read the experts' nibbles paired by halves (byte j of a group: weights j and 16 + j, as
@@ -40,6 +42,8 @@ s2 = torch.randint(118, 124, (E, H, I // 32), dtype=torch.uint8, device=dev)
 b13 = torch.randn(E, 2 * I, device=dev, dtype=torch.bfloat16) * 0.1
 b2 = torch.randn(E, H, device=dev, dtype=torch.bfloat16) * 0.1
 o13, o2 = (paired(q13), paired(q2)) if os.environ.get("PAIRED") == "1" else (q13, q2)
+w13 = torch.randn(E, 2 * I, H, device=dev, dtype=torch.bfloat16) * 0.02  # bf16 experts of the same shapes
+w2 = torch.randn(E, H, I, device=dev, dtype=torch.bfloat16) * 0.02
 
 def timed(fn, rep_ms=20):
     """Device microseconds per call replayed in a CUDA graph for about rep_ms, as the engine's steps run it (timed
@@ -58,8 +62,10 @@ for T in [int(t) for t in os.environ.get("TOKENS", "1,16,64,256,1024,4096,16384"
     rel = ((a - b).norm() / a.norm()).item()
     t_old, t_new = timed(old), timed(new)
     t_old2, t_new2 = timed(old), timed(new)
+    t_bf16 = timed(lambda: fused_moe.fused_experts(x, w13, w2, w, ids, act, b13, b2))
     row = {"tokens": T, "old_us": round(t_old, 1), "old_again_us": round(t_old2, 1), "new_us": round(t_new, 1),
            "new_again_us": round(t_new2, 1), "speedup": round(min(t_old, t_old2) / min(t_new, t_new2), 2),
+           "bf16_weights_us": round(t_bf16, 1),
            "rel_diff": round(rel, 5), "tile": fused_moe.pick_config(T * K, E, False, True)}
     rows.append(row); print(json.dumps(row), flush=True)
 
