@@ -34,8 +34,8 @@ import triton
 import triton.language as tl
 
 from railyard.engine.runner.kernels.moe_align import align_by_expert
-from railyard.engine.runner.kernels.mxfp4_widen import e2m1_values, e8m0_values, widen_mxfp4
 from railyard.engine.runner.kernels.moe_routing import route_softmax_topk  # noqa: F401 (the GPU's router: moe_ops())
+from railyard.engine.runner.kernels.mxfp4_widen import e2m1_values, e8m0_values, widen_mxfp4
 from railyard.engine.runner.layers.fp8_block import quantize_per_token_group
 from railyard.engine.runner.layers.mxfp4 import GROUP as MXFP4_GROUP
 from railyard.model.spec import EXPERT_BLOCK, MXFP4_WIDEN_SLOTS_PER_EXPERT
