@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from railyard.model.spec import MXFP4_WIDEN_SLOTS_PER_EXPERT, ModelSpec
+from railyard.model.spec import ModelSpec, widens_mxfp4
 
 GIB = 2**30
 # Device memory outside torch's allocator: the CUDA context and cuBLAS handles (what the engine's start-up
@@ -92,8 +92,7 @@ def widened_experts_bytes(spec: ModelSpec, num_tokens: int, tp: int = 1) -> int:
     """The transient buffer a step of num_tokens widens MXFP4 experts into on one rank (kernels/fused_moe.py: one
     projection at a time, the gate/up one the larger), where its slots reach MXFP4_WIDEN_SLOTS_PER_EXPERT per
     expert; else 0."""
-    slots = num_tokens * spec.num_experts_per_tok
-    if spec.expert_quantization != "mxfp4" or slots < MXFP4_WIDEN_SLOTS_PER_EXPERT * spec.num_experts:
+    if spec.expert_quantization != "mxfp4" or not widens_mxfp4(num_tokens * spec.num_experts_per_tok, spec.num_experts):
         return 0
     return spec.num_experts * 2 * spec.expert_intermediate(tp) * spec.hidden_size * spec.dtype_bytes
 

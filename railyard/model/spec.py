@@ -429,6 +429,12 @@ class ExpertShard:
     held: int
 
 
+def widens_mxfp4(slots: int, num_experts: int) -> bool:
+    """Whether a call of this many (token, expert) slots widens MXFP4 experts for its GEMMs (the GPU's fused experts,
+    and what the planner counts for them): MXFP4_WIDEN_SLOTS_PER_EXPERT per expert on average, or more."""
+    return slots >= MXFP4_WIDEN_SLOTS_PER_EXPERT * num_experts
+
+
 def expert_shard(intermediate: int, tp: int, rank: int, group: int = 1) -> ExpertShard:
     """Rank `rank`'s slice when the width splits into `tp` slices of whole `group`s (MXFP4: 32, its exponent's span):
     each rank holds ceil(groups / tp) of them, the last ranks fewer real ones, as vLLM splits gpt-oss's 2880 over

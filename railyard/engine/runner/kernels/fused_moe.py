@@ -38,7 +38,7 @@ from railyard.engine.runner.kernels.moe_routing import route_softmax_topk  # noq
 from railyard.engine.runner.kernels.mxfp4_widen import e2m1_values, e8m0_values, widen_mxfp4
 from railyard.engine.runner.layers.fp8_block import quantize_per_token_group
 from railyard.engine.runner.layers.mxfp4 import GROUP as MXFP4_GROUP
-from railyard.model.spec import EXPERT_BLOCK, MXFP4_WIDEN_SLOTS_PER_EXPERT
+from railyard.model.spec import EXPERT_BLOCK, widens_mxfp4
 
 # (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages) by the slots an expert gets on average (T * k / E): row blocks
 # no taller than that while the GEMMs stream the experts' weights (decode: padding each expert hit to 64 rows would
@@ -85,11 +85,6 @@ def pick_config(slots: int, num_experts: int, fp8: bool, mxfp4: bool = False,
     tiles, large = (MXFP4_TILES, MXFP4_LARGE) if mxfp4 else (FP8_TILES, FP8_LARGE) if fp8 else (TILES, LARGE)
     tile = next((tile for most, tile in tiles if per_expert <= most), large)
     return tile if fp8 else fit_shared_memory(tile, element_bytes)
-
-
-def widens_mxfp4(slots: int, num_experts: int) -> bool:
-    """Whether a call of this many (token, expert) slots widens MXFP4 experts for its GEMMs (module docstring)."""
-    return slots >= MXFP4_WIDEN_SLOTS_PER_EXPERT * num_experts
 
 
 @triton.jit

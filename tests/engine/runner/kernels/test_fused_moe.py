@@ -24,6 +24,7 @@ from railyard.engine.runner.layers.fp8 import FP8  # noqa: E402
 from railyard.engine.runner.layers.mxfp4 import dequantize_mxfp4, quantize_mxfp4  # noqa: E402
 from railyard.engine.runner.layers.parallel import ParallelState  # noqa: E402
 from railyard.engine.runner.layers.activation import clamped_swiglu  # noqa: E402
+from railyard.model.spec import MXFP4_WIDEN_SLOTS_PER_EXPERT  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 CUDA = DEVICE == "cuda"
@@ -271,7 +272,7 @@ def test_mxfp4_experts_widened_for_a_large_step_give_what_the_packed_path_gives(
 def test_mxfp4_experts_are_widened_from_a_number_of_rows_per_expert():
     """Decode-sized calls read the packed bytes (they stream the weights); a call reaching
     MXFP4_WIDEN_SLOTS_PER_EXPERT slots per expert on average widens them."""
-    per_expert = fused_moe.MXFP4_WIDEN_SLOTS_PER_EXPERT
+    per_expert = MXFP4_WIDEN_SLOTS_PER_EXPERT
     assert not fused_moe.widens_mxfp4(256 * 4, 32) and not fused_moe.widens_mxfp4(per_expert * 32 - 1, 32)
     assert fused_moe.widens_mxfp4(per_expert * 32, 32) and fused_moe.widens_mxfp4(16384 * 4, 32)
 
