@@ -15,7 +15,9 @@ The previous kernel may read the experts' nibbles paired by halves (byte j of a 
 import functools, json, os, sys
 ROOT = __file__.rsplit("/scripts/", 1)[0]
 sys.path.insert(0, ROOT); sys.path.insert(0, os.path.join(ROOT, ".baseline/moe_old"))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import torch
+import moe_sweep
 from triton.testing import do_bench_cudagraph
 import fused_moe_old
 from railyard.engine.runner.kernels import fused_moe
@@ -42,8 +44,7 @@ s2 = torch.randint(118, 124, (E, H, I // 32), dtype=torch.uint8, device=dev)
 b13 = torch.randn(E, 2 * I, device=dev, dtype=torch.bfloat16) * 0.1
 b2 = torch.randn(E, H, device=dev, dtype=torch.bfloat16) * 0.1
 o13, o2 = (paired(q13), paired(q2)) if os.environ.get("PAIRED") == "1" else (q13, q2)
-w13 = torch.randn(E, 2 * I, H, device=dev, dtype=torch.bfloat16) * 0.02  # bf16 experts of the same shapes
-w2 = torch.randn(E, H, I, device=dev, dtype=torch.bfloat16) * 0.02
+w13, w2, *_ = moe_sweep.experts("bf16", E, H, I)  # bf16 experts of the same shapes
 
 def timed(fn, rep_ms=20):
     """Device microseconds per call replayed in a CUDA graph for about rep_ms, as the engine's steps run it (timed

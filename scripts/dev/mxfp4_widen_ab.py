@@ -5,24 +5,19 @@ lines on stdout, all of it in $OUT/mxfp4_widen_ab.json.
 
     EXPERTS=32 TOKENS=512,1024,2048,4096,8192,16384 python3 scripts/dev/mxfp4_widen_ab.py   # gpt-oss-20b's experts
 """
-import functools, json, os, sys
+import json, os, sys
 sys.path.insert(0, __file__.rsplit("/scripts/", 1)[0])
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import torch
 from triton.testing import do_bench_cudagraph
+from moe_sweep import GPT_OSS_ACT as act, experts  # the sweep's random packed experts
 from railyard.engine.runner.kernels import fused_moe
 from railyard.engine.runner.kernels.mxfp4_widen import widen_mxfp4
-from railyard.engine.runner.layers.activation import clamped_swiglu
 
 E, H, I, K = int(os.environ.get("EXPERTS", "32")), 2880, 2880, 4
-act = functools.partial(clamped_swiglu, alpha=1.702, limit=7.0)
 dev = "cuda"
 torch.manual_seed(0)
-q13 = torch.randint(0, 256, (E, 2 * I, H // 2), dtype=torch.uint8, device=dev)
-q2 = torch.randint(0, 256, (E, H, I // 2), dtype=torch.uint8, device=dev)
-s13 = torch.randint(118, 124, (E, 2 * I, H // 32), dtype=torch.uint8, device=dev)
-s2 = torch.randint(118, 124, (E, H, I // 32), dtype=torch.uint8, device=dev)
-b13 = torch.randn(E, 2 * I, device=dev, dtype=torch.bfloat16) * 0.1
-b2 = torch.randn(E, H, device=dev, dtype=torch.bfloat16) * 0.1
+q13, q2, s13, s2, b13, b2 = experts("mxfp4", E, H, I)
 
 
 def timed(fn, rep_ms=20) -> float:
