@@ -13,6 +13,8 @@ it to $OUT/moe_sweep.json.
 
     python3 scripts/dev/moe_sweep.py                      # all modes on the GPU machine; a few minutes
     python3 scripts/dev/moe_sweep.py --modes mxfp4 --tp 4  # gpt-oss's experts as one of 4 ranks holds them
+    python3 scripts/dev/moe_sweep.py --modes mxfp4 --shapes gpt-oss-20b --tokens 64,256 \
+        --configs "16x64x256 w4 s4,32x128x128 w4 s3" --swapped both  # these tiles, the weights either operand
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import argparse
 import functools
 import json
 import os
+import re
 import sys
 
 ROOT = __file__.rsplit("/scripts/", 1)[0]
@@ -51,6 +54,8 @@ CONFIGS = {  # (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages); kernels/fused
     "16x64x64 w4 s3": (16, 64, 64, 4, 3), "16x128x64 w4 s3": (16, 128, 64, 4, 3),
     "64x128x64 w8 s3": (64, 128, 64, 8, 3),
 }
+DEFAULT_SWAPPED = fused_moe.MXFP4_SWAPPED
+SWAPPED = (DEFAULT_SWAPPED,)  # --swapped both: each MXFP4 tile both ways (the packed weights right and left)
 GPT_OSS_ACT = functools.partial(clamped_swiglu, alpha=1.702, limit=7.0)
 
 
@@ -76,6 +81,15 @@ def experts(mode: str, E: int, H: int, I: int):  # noqa: E741 (the shape's names
     quantize_experts(w13, q13, s13)
     quantize_experts(w2, q2, s2)
     return q13, q2, s13, s2, None, None
+
+
+def parse_config(name: str) -> tuple[int, int, int, int, int]:
+    """"16x64x128 w4 s3" -> (16, 64, 128, 4, 3): a tile named as CONFIGS' keys are."""
+    match = re.fullmatch(r"(\d+)x(\d+)x(\d+) w(\d+) s(\d+)", name.strip())
+    if match is None:
+        raise SystemExit(f"moe_sweep: a tile is named like '16x64x128 w4 s3', not {name!r}")
+    bm, bn, bk, warps, stages = map(int, match.groups())
+    return bm, bn, bk, warps, stages
 
 
 def sweep(mode: str, shape: dict, tokens: list[int], results: dict, name: str) -> None:
@@ -108,8 +122,11 @@ def sweep(mode: str, shape: dict, tokens: list[int], results: dict, name: str) -
         for cname, cfg in CONFIGS.items():
             if mode == "fp8" and cfg[2] != 128:
                 continue
-            row[cname] = measure(lambda: fused_moe.fused_experts(x, w13, w2, weights, ids, act, b13, b2,  # noqa
-                                                                 s13, s2, config=cfg))
+            for swapped in SWAPPED if mode == "mxfp4" else (fused_moe.MXFP4_SWAPPED,):
+                fused_moe.MXFP4_SWAPPED = swapped
+                row[cname + (" weights-left" if swapped else "")] = measure(
+                    lambda: fused_moe.fused_experts(x, w13, w2, weights, ids, act, b13, b2, s13, s2, config=cfg))  # noqa
+            fused_moe.MXFP4_SWAPPED = DEFAULT_SWAPPED
         row["picked"] = measure(lambda: fused_moe.fused_experts(x, w13, w2, weights, ids, act, b13, b2, s13, s2))
         if mode == "mxfp4":  # the control: the whole layer widened, then the bf16 kernel
             row["widened"] = measure(lambda: fused_moe.fused_experts(  # noqa
@@ -126,12 +143,26 @@ def main() -> None:
     parser.add_argument("--modes", default="bf16,fp8,mxfp4", help="comma-separated: bf16, fp8, mxfp4")
     parser.add_argument("--tokens", default=",".join(map(str, TOKENS)), help="comma-separated token counts")
     parser.add_argument("--tp", type=int, default=1, help="mxfp4: time rank 0's slice of this many ranks")
+    parser.add_argument("--shapes", default="", help="comma-separated shape names (default: every shape of a mode)")
+    parser.add_argument("--configs", default="", help="comma-separated tiles to time instead of CONFIGS, "
+                                                      "each named like '16x64x128 w4 s3'")
+    parser.add_argument("--swapped", choices=["default", "both"], default="default",
+                        help="mxfp4: time each tile with the packed weights as the right operand and as the left")
     args = parser.parse_args()
+    if args.swapped == "both":
+        global SWAPPED
+        SWAPPED = (False, True)
+    if args.configs:
+        CONFIGS.clear()
+        CONFIGS.update({name.strip(): parse_config(name) for name in args.configs.split(",") if name.strip()})
+    wanted = {name for name in args.shapes.split(",") if name}
     tokens = [int(t) for t in args.tokens.split(",")]
     out_dir = os.environ.get("OUT", "/tmp")
     results: dict[str, dict] = {"device": torch.cuda.get_device_name(), "tp": args.tp}
     for mode in args.modes.split(","):
         for name, shape in SHAPES[mode].items():
+            if wanted and name not in wanted:
+                continue
             if mode == "mxfp4" and args.tp > 1:
                 shape = dict(shape, I=expert_shard(shape["I"], args.tp, 0, MXFP4_GROUP).held)
             results[f"shape {mode} {name}"] = shape

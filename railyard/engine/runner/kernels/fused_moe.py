@@ -57,6 +57,8 @@ SMALL = TILES[0][1]
 # gpt-oss-20b), where it beats the tall one; from MXFP4_WIDEN_SLOTS_PER_EXPERT the experts are widened instead.
 MXFP4_TILES = ((2, (16, 64, 128, 4, 3)), (8, (16, 128, 64, 4, 3)), (128, (64, 64, 64, 4, 4)))
 MXFP4_LARGE = (128, 128, 64, 8, 3)
+# Packed weights as the GEMM's left operand (C^T = B A^T), for bf16 activations
+MXFP4_SWAPPED = False
 # The tables are for 2-byte activations. A pipeline stage holds an A tile and a B tile in shared memory, so 4-byte
 # (float32) ones double it: past this budget (under Hopper's 227 KiB per block, with room for Triton's own) a tile
 # loses pipeline stages, then halves BLOCK_K, until it fits.
@@ -103,12 +105,14 @@ def _mxfp4_widened(packed, exponents, BLOCK_K: tl.constexpr, BLOCK_N: tl.constex
 def _grouped_gemm_kernel(a_ptr, b_ptr, c_ptr, a_scale_ptr, b_scale_ptr, bias_ptr, weights_ptr, sorted_ptr,
                          block_expert_ptr, padded_len_ptr, N, K, num_slots, stride_am, stride_be, stride_bn,
                          stride_cm, stride_asm, stride_bse, stride_bsn, stride_biase, SPLIT_N, SPLIT_BLOCKS,
-                         A_ROW_DIV: tl.constexpr, FP8: tl.constexpr, MXFP4: tl.constexpr, HAS_BIAS: tl.constexpr,
+                         A_ROW_DIV: tl.constexpr, FP8: tl.constexpr, MXFP4: tl.constexpr, SWAP_MX: tl.constexpr,
+                         HAS_BIAS: tl.constexpr,
                          MUL_WEIGHT: tl.constexpr, DOT_PRECISION: tl.constexpr, EVEN_K: tl.constexpr,
                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SCALE_N: tl.constexpr,
                          GROUP_M: tl.constexpr, GROUP: tl.constexpr):
     """C[slot, n] = (sum_k A[slot // A_ROW_DIV, k] * B[expert(slot), n, k] (+ bias[expert, n])) (* weight[slot]).
-    MXFP4: B is packed, [E, N, K / 2] bytes, with exponents [E, N, K / 32] at b_scale_ptr."""
+    MXFP4: B is packed, [E, N, K / 2] bytes, with exponents [E, N, K / 32] at b_scale_ptr; SWAP_MX (bf16 A only)
+    computes the transposed product, B as the left operand."""
     pid = tl.program_id(0)
     num_m = tl.num_programs(0) // tl.cdiv(N, BLOCK_N)
     num_n = tl.cdiv(N, BLOCK_N)
@@ -125,7 +129,33 @@ def _grouped_gemm_kernel(a_ptr, b_ptr, c_ptr, a_scale_ptr, b_scale_ptr, bias_ptr
     row = (slot // A_ROW_DIV).to(tl.int64)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    if MXFP4:
+    if MXFP4 and SWAP_MX:
+        # C^T = B A^T: the packed weights [N, K / 2] as the left operand, whose widened values the tensor cores take
+        # from registers (a right operand goes through shared memory once widened); exponents [N, K / 32]
+        rk = tl.arange(0, BLOCK_K)
+        rj = tl.arange(0, BLOCK_K // 2)
+        rg = tl.arange(0, BLOCK_K // GROUP)
+        a_ptrs = a_ptr + row[:, None] * stride_am + rk[None, :]
+        b_ptrs = b_ptr + expert * stride_be + rn[:, None].to(tl.int64) * stride_bn + rj[None, :]
+        s_ptrs = b_scale_ptr + expert * stride_bse + rn[:, None].to(tl.int64) * stride_bsn + rg[None, :]
+        n_in = rn < N
+        acc_t = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+        for k in range(0, tl.cdiv(K, BLOCK_K)):
+            if EVEN_K:
+                a = tl.load(a_ptrs, mask=valid[:, None], other=0.0)
+                packed = tl.load(b_ptrs, mask=n_in[:, None], other=0)
+                exponents = tl.load(s_ptrs, mask=n_in[:, None], other=0)
+            else:
+                k_left = tl.multiple_of(K - k * BLOCK_K, GROUP)
+                a = tl.load(a_ptrs, mask=valid[:, None] & (rk[None, :] < k_left), other=0.0)
+                packed = tl.load(b_ptrs, mask=n_in[:, None] & (rj[None, :] < k_left // 2), other=0)
+                exponents = tl.load(s_ptrs, mask=n_in[:, None] & (rg[None, :] < k_left // GROUP), other=0)
+            acc_t = tl.dot_scaled(packed, exponents, "e2m1", tl.trans(a), None, "bf16", acc_t, fast_math=True)
+            a_ptrs += BLOCK_K
+            b_ptrs += BLOCK_K // 2
+            s_ptrs += BLOCK_K // GROUP
+        acc = tl.trans(acc_t)
+    elif MXFP4:
         # B^T tile [K / 2, N] as the checkpoint packs it (byte j of a group: weights 2j, 2j + 1), exponents [N, K / 32]
         rk = tl.arange(0, BLOCK_K)
         rj = tl.arange(0, BLOCK_K // 2)
@@ -209,7 +239,8 @@ def grouped_gemm(a: torch.Tensor, w: torch.Tensor, out: torch.Tensor, routing, a
         a.stride(0), w.stride(0), w.stride(1), out.stride(0),
         a_scale.stride(0) if fp8 else 0, w_scale.stride(0) if scaled else 0, w_scale.stride(1) if scaled else 0,
         bias.stride(0) if bias is not None else 0, split, -(-split // EXPERT_BLOCK[0]),
-        A_ROW_DIV=a_row_div, FP8=fp8, MXFP4=mxfp4, HAS_BIAS=bias is not None, MUL_WEIGHT=weights is not None,
+        A_ROW_DIV=a_row_div, FP8=fp8, MXFP4=mxfp4, SWAP_MX=mxfp4 and MXFP4_SWAPPED and a.dtype == torch.bfloat16,
+        HAS_BIAS=bias is not None, MUL_WEIGHT=weights is not None,
         # float32 models multiply in float32 (Triton's default there is TF32), as the reference and HF do
         DOT_PRECISION="ieee" if a.dtype == torch.float32 else "tf32", EVEN_K=k % bk == 0, BLOCK_M=bm, BLOCK_N=bn,
         BLOCK_K=bk, SCALE_N=EXPERT_BLOCK[0], GROUP_M=8, GROUP=MXFP4_GROUP, num_warps=warps, num_stages=stages)
