@@ -45,7 +45,7 @@ def compile_gemm(mxfp4: bool, tile: tuple[int, int, int, int, int], swapped: boo
     pointers = {"b_ptr": weight, "b_scale_ptr": weight, "sorted_ptr": "*i32", "block_expert_ptr": "*i32",
                 "padded_len_ptr": "*i32"}
     signature = {a: pointers.get(a, "*bf16") if a.endswith("_ptr") else "i32" for a in ARGS}
-    constexprs = dict(A_ROW_DIV=4, FP8=False, MXFP4=mxfp4, SWAP_MX=swapped, HAS_BIAS=True, MUL_WEIGHT=False, DOT_PRECISION="tf32",
+    constexprs = dict(A_ROW_DIV=4, FP8=False, MXFP4=mxfp4, SWAP_MX=int(swapped), HAS_BIAS=True, MUL_WEIGHT=False, DOT_PRECISION="tf32",
                       BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, SCALE_N=128, GROUP_M=8, GROUP=GROUP)
     if "EVEN_K" in fused_moe._grouped_gemm_kernel.arg_names:
         constexprs["EVEN_K"] = True  # gpt-oss's K (2880) is whole K steps

@@ -14,7 +14,7 @@ it to $OUT/moe_sweep.json.
     python3 scripts/dev/moe_sweep.py                      # all modes on the GPU machine; a few minutes
     python3 scripts/dev/moe_sweep.py --modes mxfp4 --tp 4  # gpt-oss's experts as one of 4 ranks holds them
     python3 scripts/dev/moe_sweep.py --modes mxfp4 --shapes gpt-oss-20b --tokens 64,256 \
-        --configs "16x64x256 w4 s4,32x128x128 w4 s3" --swapped both  # these tiles, the weights either operand
+        --configs "16x64x256 w4 s4,32x128x128 w4 s3" --swapped all  # these tiles, the weights either operand
 """
 
 from __future__ import annotations
@@ -55,7 +55,8 @@ CONFIGS = {  # (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages); kernels/fused
     "64x128x64 w8 s3": (64, 128, 64, 8, 3),
 }
 DEFAULT_SWAPPED = fused_moe.MXFP4_SWAPPED
-SWAPPED = (DEFAULT_SWAPPED,)  # --swapped both: each MXFP4 tile both ways (the packed weights right and left)
+SWAPPED = (DEFAULT_SWAPPED,)  # --swapped all: each MXFP4 tile in every fused_moe.MXFP4_SWAPPED mode
+SWAPPED_NAMES = {0: "", 1: " weights-left", 2: " weights-left-by-group"}
 GPT_OSS_ACT = functools.partial(clamped_swiglu, alpha=1.702, limit=7.0)
 
 
@@ -124,7 +125,7 @@ def sweep(mode: str, shape: dict, tokens: list[int], results: dict, name: str) -
                 continue
             for swapped in SWAPPED if mode == "mxfp4" else (fused_moe.MXFP4_SWAPPED,):
                 fused_moe.MXFP4_SWAPPED = swapped
-                row[cname + (" weights-left" if swapped else "")] = measure(
+                row[cname + SWAPPED_NAMES[swapped]] = measure(
                     lambda: fused_moe.fused_experts(x, w13, w2, weights, ids, act, b13, b2, s13, s2, config=cfg))  # noqa
             fused_moe.MXFP4_SWAPPED = DEFAULT_SWAPPED
         row["picked"] = measure(lambda: fused_moe.fused_experts(x, w13, w2, weights, ids, act, b13, b2, s13, s2))
@@ -146,12 +147,13 @@ def main() -> None:
     parser.add_argument("--shapes", default="", help="comma-separated shape names (default: every shape of a mode)")
     parser.add_argument("--configs", default="", help="comma-separated tiles to time instead of CONFIGS, "
                                                       "each named like '16x64x128 w4 s3'")
-    parser.add_argument("--swapped", choices=["default", "both"], default="default",
-                        help="mxfp4: time each tile with the packed weights as the right operand and as the left")
+    parser.add_argument("--swapped", choices=["default", "all"], default="default",
+                        help="mxfp4: time each tile in every MXFP4_SWAPPED mode (the packed weights as the right "
+                             "operand, as the left, as the left a group at a time)")
     args = parser.parse_args()
-    if args.swapped == "both":
+    if args.swapped == "all":
         global SWAPPED
-        SWAPPED = (False, True)
+        SWAPPED = tuple(SWAPPED_NAMES)
     if args.configs:
         CONFIGS.clear()
         CONFIGS.update({name.strip(): parse_config(name) for name in args.configs.split(",") if name.strip()})

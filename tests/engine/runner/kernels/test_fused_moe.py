@@ -233,7 +233,7 @@ def test_mxfp4_tiles_decode_every_e2m1_code_and_exponent_as_the_reference_table(
     torch.testing.assert_close(got.cpu(), want, rtol=0, atol=0)
 
 
-@pytest.mark.parametrize("swapped", [False, True], ids=["weights-right", "weights-left"])
+@pytest.mark.parametrize("swapped", [0, 1, 2], ids=["weights-right", "weights-left", "weights-left-by-group"])
 @pytest.mark.parametrize("tokens", [5, 40])
 def test_mxfp4_fused_experts_in_bf16_give_the_bf16_kernel_on_the_widened_experts(tokens, swapped, monkeypatch):
     """bf16 activations (as models run): the tiles widened in registers are the very bf16 weights the widened experts
