@@ -34,18 +34,18 @@ ARGS = ("a_ptr", "b_ptr", "c_ptr", "a_scale_ptr", "b_scale_ptr", "bias_ptr", "we
 # what Triton specialises as 16-divisible at run time for gpt-oss (the exponents' row stride, K / 32 = 90, is not)
 DIVISIBLE = {"N", "K", "stride_am", "stride_be", "stride_bn", "stride_cm"}
 LOADS = re.compile(r"\b(LDG(?:STS)?[.\w]*)")
-# shared-memory traffic and the tensor-core instructions: widened weights that feed the MMA as its right operand are
-# stored to shared memory and read back (STS / LDS / LDSM); as the left operand they stay in registers
+# shared-memory traffic and the tensor-core instructions (the widened MXFP4 tile is stored to shared memory, where the
+# MMA reads its right operand)
 SHARED = re.compile(r"\b(STS|LDS|LDSM|HGMMA|HMMA)[.\w]*")
 
 
-def compile_gemm(mxfp4: bool, tile: tuple[int, int, int, int, int], swapped: bool = False):
+def compile_gemm(mxfp4: bool, tile: tuple[int, int, int, int, int]):
     bm, bn, bk, warps, stages = tile
     weight = "*u8" if mxfp4 else "*bf16"
     pointers = {"b_ptr": weight, "b_scale_ptr": weight, "sorted_ptr": "*i32", "block_expert_ptr": "*i32",
                 "padded_len_ptr": "*i32"}
     signature = {a: pointers.get(a, "*bf16") if a.endswith("_ptr") else "i32" for a in ARGS}
-    constexprs = dict(A_ROW_DIV=4, FP8=False, MXFP4=mxfp4, SWAP_MX=int(swapped), HAS_BIAS=True, MUL_WEIGHT=False, DOT_PRECISION="tf32",
+    constexprs = dict(A_ROW_DIV=4, FP8=False, MXFP4=mxfp4, HAS_BIAS=True, MUL_WEIGHT=False, DOT_PRECISION="tf32",
                       BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, SCALE_N=128, GROUP_M=8, GROUP=GROUP)
     if "EVEN_K" in fused_moe._grouped_gemm_kernel.arg_names:
         constexprs["EVEN_K"] = True  # gpt-oss's K (2880) is whole K steps
@@ -68,13 +68,11 @@ def main() -> None:
     tables = {False: fused_moe.TILES + ((None, fused_moe.LARGE),),
               True: fused_moe.MXFP4_TILES + ((None, fused_moe.MXFP4_LARGE),)}
     for mxfp4, table in tables.items():
-        for swapped in (False, True) if mxfp4 else (False,):
-            for _, tile in table:
-                kernel = compile_gemm(mxfp4, tile, swapped)
-                regs, spills, loads, shared = resources(kernel)
-                kind = ("mxfp4 weights-left " if swapped else "mxfp4 ") if mxfp4 else "bf16 "
-                print(f"{kind}tile {tile}: {regs:3d} registers, {spills} spill instructions, "
-                      f"{kernel.metadata.shared:6d} B shared, loads {loads}, shared/MMA {shared}", flush=True)
+        for _, tile in table:
+            kernel = compile_gemm(mxfp4, tile)
+            regs, spills, loads, shared = resources(kernel)
+            print(f"{'mxfp4' if mxfp4 else 'bf16 '} tile {tile}: {regs:3d} registers, {spills} spill instructions, "
+                  f"{kernel.metadata.shared:6d} B shared, loads {loads}, shared/MMA {shared}", flush=True)
 
 
 if __name__ == "__main__":

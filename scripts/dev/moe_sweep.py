@@ -14,7 +14,7 @@ it to $OUT/moe_sweep.json.
     python3 scripts/dev/moe_sweep.py                      # all modes on the GPU machine; a few minutes
     python3 scripts/dev/moe_sweep.py --modes mxfp4 --tp 4  # gpt-oss's experts as one of 4 ranks holds them
     python3 scripts/dev/moe_sweep.py --modes mxfp4 --shapes gpt-oss-20b --tokens 64,256 \
-        --configs "16x64x256 w4 s4,32x128x128 w4 s3" --swapped all  # these tiles, the weights either operand
+        --configs "16x64x128 w4 s3,32x64x64 w4 s4"            # these tiles instead of CONFIGS
 """
 
 from __future__ import annotations
@@ -54,9 +54,6 @@ CONFIGS = {  # (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages); kernels/fused
     "16x64x64 w4 s3": (16, 64, 64, 4, 3), "16x128x64 w4 s3": (16, 128, 64, 4, 3),
     "64x128x64 w8 s3": (64, 128, 64, 8, 3),
 }
-DEFAULT_SWAPPED = fused_moe.MXFP4_SWAPPED
-SWAPPED = (DEFAULT_SWAPPED,)  # --swapped all: each MXFP4 tile in every fused_moe.MXFP4_SWAPPED mode
-SWAPPED_NAMES = {0: "", 1: " weights-left", 2: " weights-left-by-group"}
 GPT_OSS_ACT = functools.partial(clamped_swiglu, alpha=1.702, limit=7.0)
 
 
@@ -123,15 +120,13 @@ def sweep(mode: str, shape: dict, tokens: list[int], results: dict, name: str) -
         for cname, cfg in CONFIGS.items():
             if mode == "fp8" and cfg[2] != 128:
                 continue
-            for swapped in SWAPPED if mode == "mxfp4" else (fused_moe.MXFP4_SWAPPED,):
-                fused_moe.MXFP4_SWAPPED = swapped
-                row[cname + SWAPPED_NAMES[swapped]] = measure(
-                    lambda: fused_moe.fused_experts(x, w13, w2, weights, ids, act, b13, b2, s13, s2, config=cfg))  # noqa
-            fused_moe.MXFP4_SWAPPED = DEFAULT_SWAPPED
+            row[cname] = measure(lambda: fused_moe.fused_experts(x, w13, w2, weights, ids, act, b13, b2,  # noqa
+                                                                 s13, s2, config=cfg))
         row["picked"] = measure(lambda: fused_moe.fused_experts(x, w13, w2, weights, ids, act, b13, b2, s13, s2))
         if mode == "mxfp4":  # the control: the whole layer widened, then the bf16 kernel
-            row["widened"] = measure(lambda: fused_moe.fused_experts(  # noqa
-                x, dequantize_mxfp4(w13, s13, x.dtype), dequantize_mxfp4(w2, s2, x.dtype), weights, ids, act, b13, b2))
+            wide13, wide2 = dequantize_mxfp4(w13, s13, x.dtype), dequantize_mxfp4(w2, s2, x.dtype)
+            row["widened"] = measure(lambda: fused_moe.fused_experts(x, wide13, wide2, weights, ids, act, b13, b2))
+            del wide13, wide2
         key = f"{mode} {name} T={t}"
         results[key] = row
         print(json.dumps({key: row}), file=sys.stderr, flush=True)
@@ -147,13 +142,7 @@ def main() -> None:
     parser.add_argument("--shapes", default="", help="comma-separated shape names (default: every shape of a mode)")
     parser.add_argument("--configs", default="", help="comma-separated tiles to time instead of CONFIGS, "
                                                       "each named like '16x64x128 w4 s3'")
-    parser.add_argument("--swapped", choices=["default", "all"], default="default",
-                        help="mxfp4: time each tile in every MXFP4_SWAPPED mode (the packed weights as the right "
-                             "operand, as the left, as the left a group at a time)")
     args = parser.parse_args()
-    if args.swapped == "all":
-        global SWAPPED
-        SWAPPED = tuple(SWAPPED_NAMES)
     if args.configs:
         CONFIGS.clear()
         CONFIGS.update({name.strip(): parse_config(name) for name in args.configs.split(",") if name.strip()})

@@ -53,14 +53,11 @@ FP8_LARGE = (64, 128, 128, 4, 4)
 SMALL = TILES[0][1]
 # MXFP4 weights are widened in registers, a cost per weight and per thread: tiles whose widened weights fit beside
 # the accumulator without spilling (compiled for sm_90: scripts/dev/moe_kernel_resources.py), 8 warps for the tall
-# one; BLOCK_K whole 32-weight groups. The 64-row tile also serves up to 128 slots per expert (a 1,024-token step of
-# gpt-oss-20b), where it beats the tall one; from MXFP4_WIDEN_SLOTS_PER_EXPERT the experts are widened instead.
-MXFP4_TILES = ((2, (16, 64, 128, 4, 3)), (8, (16, 128, 64, 4, 3)), (128, (64, 64, 64, 4, 4)))
+# one; BLOCK_K whole 32-weight groups; picked by timing gpt-oss-20b's experts in CUDA graphs (scripts/dev/moe_sweep.py).
+# The 64-row tile also serves up to 128 slots per expert (a 1,024-token step of gpt-oss-20b), where it beats the tall
+# one; from MXFP4_WIDEN_SLOTS_PER_EXPERT the experts are widened instead.
+MXFP4_TILES = ((8, (16, 64, 128, 4, 3)), (16, (32, 64, 64, 4, 4)), (128, (64, 64, 64, 4, 4)))
 MXFP4_LARGE = (128, 128, 64, 8, 3)
-# Packed weights as the GEMM's left operand (C^T = B A^T), for bf16 activations: 0 no; 1 each K step's tile widened
-# and scaled, then one product; 2 one product per 32-weight group of the unscaled e2m1 values, scaled on the way
-# into the accumulator (the widening is bit moves alone)
-MXFP4_SWAPPED = 0
 # The tables are for 2-byte activations. A pipeline stage holds an A tile and a B tile in shared memory, so 4-byte
 # (float32) ones double it: past this budget (under Hopper's 227 KiB per block, with room for Triton's own) a tile
 # loses pipeline stages, then halves BLOCK_K, until it fits.
@@ -103,38 +100,16 @@ def _mxfp4_widened(packed, exponents, BLOCK_K: tl.constexpr, BLOCK_N: tl.constex
     return tl.reshape(tl.permute(pairs, (0, 2, 1)), (BLOCK_K, BLOCK_N))
 
 
-@triton.jit
-def _e2m1_bf16_bits(codes):
-    """e2m1 codes (uint16, 0..15) -> the bits of their bf16 values: codes 2..7 are normal (exponent e, mantissa bit m
-    -> bf16 exponent e + 126, top mantissa bit m), code 1 is 0.5; the sign (code bit 3) to bit 15."""
-    mag = codes & 7
-    bits = tl.where(mag >= 2, (mag << 6) + (126 << 7), mag * (126 << 7)) | ((codes & 8) << 12)
-    return bits.to(tl.uint16)
-
-
-@triton.jit
-def _mxfp4_widened_rows(packed, exponents, BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr, GROUP: tl.constexpr):
-    """Packed bytes [BLOCK_N, BLOCK_K / 2] and their exponents [BLOCK_N, BLOCK_K / GROUP] -> the float32 weights
-    [BLOCK_N, BLOCK_K]."""
-    scale = e8m0_values(exponents.to(tl.uint32))
-    scale = tl.reshape(tl.broadcast_to(scale[:, :, None], (BLOCK_N, BLOCK_K // GROUP, GROUP // 2)),
-                       (BLOCK_N, BLOCK_K // 2))
-    codes = packed.to(tl.uint32)
-    return tl.reshape(tl.join(e2m1_values(codes & 15) * scale, e2m1_values(codes >> 4) * scale), (BLOCK_N, BLOCK_K))
-
-
 @triton.jit(do_not_specialize=["num_slots"])  # one compiled kernel for every token count
 def _grouped_gemm_kernel(a_ptr, b_ptr, c_ptr, a_scale_ptr, b_scale_ptr, bias_ptr, weights_ptr, sorted_ptr,
                          block_expert_ptr, padded_len_ptr, N, K, num_slots, stride_am, stride_be, stride_bn,
                          stride_cm, stride_asm, stride_bse, stride_bsn, stride_biase, SPLIT_N, SPLIT_BLOCKS,
-                         A_ROW_DIV: tl.constexpr, FP8: tl.constexpr, MXFP4: tl.constexpr, SWAP_MX: tl.constexpr,
-                         HAS_BIAS: tl.constexpr,
+                         A_ROW_DIV: tl.constexpr, FP8: tl.constexpr, MXFP4: tl.constexpr, HAS_BIAS: tl.constexpr,
                          MUL_WEIGHT: tl.constexpr, DOT_PRECISION: tl.constexpr, EVEN_K: tl.constexpr,
                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SCALE_N: tl.constexpr,
                          GROUP_M: tl.constexpr, GROUP: tl.constexpr):
     """C[slot, n] = (sum_k A[slot // A_ROW_DIV, k] * B[expert(slot), n, k] (+ bias[expert, n])) (* weight[slot]).
-    MXFP4: B is packed, [E, N, K / 2] bytes, with exponents [E, N, K / 32] at b_scale_ptr; SWAP_MX (bf16 A only)
-    computes the transposed product, B as the left operand."""
+    MXFP4: B is packed, [E, N, K / 2] bytes, with exponents [E, N, K / 32] at b_scale_ptr."""
     pid = tl.program_id(0)
     num_m = tl.num_programs(0) // tl.cdiv(N, BLOCK_N)
     num_n = tl.cdiv(N, BLOCK_N)
@@ -151,54 +126,7 @@ def _grouped_gemm_kernel(a_ptr, b_ptr, c_ptr, a_scale_ptr, b_scale_ptr, bias_ptr
     row = (slot // A_ROW_DIV).to(tl.int64)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    if MXFP4 and SWAP_MX == 2:
-        # C^T = B A^T a 32-weight group at a time: its e2m1 codes as bf16 (bit moves), one product, the group's
-        # exponent applied to the product's rows
-        rk = tl.arange(0, GROUP)
-        rj = tl.arange(0, GROUP // 2)
-        a_ptrs = a_ptr + row[None, :] * stride_am + rk[:, None]  # A^T tile [GROUP, M]
-        b_ptrs = b_ptr + expert * stride_be + rn[:, None].to(tl.int64) * stride_bn + rj[None, :]
-        s_ptrs = b_scale_ptr + expert * stride_bse + rn.to(tl.int64) * stride_bsn
-        n_in = rn < N
-        acc_t = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-        for g in range(0, K // GROUP):
-            a = tl.load(a_ptrs, mask=valid[None, :], other=0.0)
-            codes = tl.load(b_ptrs, mask=n_in[:, None], other=0).to(tl.uint16)
-            exponents = tl.load(s_ptrs, mask=n_in, other=0).to(tl.uint32)
-            w = tl.reshape(tl.join(_e2m1_bf16_bits(codes & 15), _e2m1_bf16_bits(codes >> 4)), (BLOCK_N, GROUP))
-            product = tl.dot(w.to(tl.bfloat16, bitcast=True), a)
-            acc_t += product * e8m0_values(exponents)[:, None]
-            a_ptrs += GROUP
-            b_ptrs += GROUP // 2
-            s_ptrs += 1
-        acc = tl.trans(acc_t)
-    elif MXFP4 and SWAP_MX:
-        # C^T = B A^T: the packed weights [N, K / 2] (exponents [N, K / 32]) widened into the left operand, which the
-        # tensor cores take from registers, where a widened right operand is stored to shared memory and read back
-        rk = tl.arange(0, BLOCK_K)
-        rj = tl.arange(0, BLOCK_K // 2)
-        rg = tl.arange(0, BLOCK_K // GROUP)
-        a_ptrs = a_ptr + row[None, :] * stride_am + rk[:, None]  # A^T tile [K, M]
-        b_ptrs = b_ptr + expert * stride_be + rn[:, None].to(tl.int64) * stride_bn + rj[None, :]
-        s_ptrs = b_scale_ptr + expert * stride_bse + rn[:, None].to(tl.int64) * stride_bsn + rg[None, :]
-        n_in = rn < N
-        acc_t = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-        for k in range(0, tl.cdiv(K, BLOCK_K)):
-            if EVEN_K:
-                a = tl.load(a_ptrs, mask=valid[None, :], other=0.0)
-                packed = tl.load(b_ptrs, mask=n_in[:, None], other=0)
-                exponents = tl.load(s_ptrs, mask=n_in[:, None], other=0)
-            else:
-                k_left = tl.multiple_of(K - k * BLOCK_K, GROUP)
-                a = tl.load(a_ptrs, mask=valid[None, :] & (rk[:, None] < k_left), other=0.0)
-                packed = tl.load(b_ptrs, mask=n_in[:, None] & (rj[None, :] < k_left // 2), other=0)
-                exponents = tl.load(s_ptrs, mask=n_in[:, None] & (rg[None, :] < k_left // GROUP), other=0)
-            acc_t = tl.dot(_mxfp4_widened_rows(packed, exponents, BLOCK_K, BLOCK_N, GROUP).to(tl.bfloat16), a, acc_t)
-            a_ptrs += BLOCK_K
-            b_ptrs += BLOCK_K // 2
-            s_ptrs += BLOCK_K // GROUP
-        acc = tl.trans(acc_t)
-    elif MXFP4:
+    if MXFP4:
         # B^T tile [K / 2, N] as the checkpoint packs it (byte j of a group: weights 2j, 2j + 1), exponents [N, K / 32]
         rk = tl.arange(0, BLOCK_K)
         rj = tl.arange(0, BLOCK_K // 2)
@@ -282,8 +210,7 @@ def grouped_gemm(a: torch.Tensor, w: torch.Tensor, out: torch.Tensor, routing, a
         a.stride(0), w.stride(0), w.stride(1), out.stride(0),
         a_scale.stride(0) if fp8 else 0, w_scale.stride(0) if scaled else 0, w_scale.stride(1) if scaled else 0,
         bias.stride(0) if bias is not None else 0, split, -(-split // EXPERT_BLOCK[0]),
-        A_ROW_DIV=a_row_div, FP8=fp8, MXFP4=mxfp4, SWAP_MX=MXFP4_SWAPPED if mxfp4 and a.dtype == torch.bfloat16 else 0,
-        HAS_BIAS=bias is not None, MUL_WEIGHT=weights is not None,
+        A_ROW_DIV=a_row_div, FP8=fp8, MXFP4=mxfp4, HAS_BIAS=bias is not None, MUL_WEIGHT=weights is not None,
         # float32 models multiply in float32 (Triton's default there is TF32), as the reference and HF do
         DOT_PRECISION="ieee" if a.dtype == torch.float32 else "tf32", EVEN_K=k % bk == 0, BLOCK_M=bm, BLOCK_N=bn,
         BLOCK_K=bk, SCALE_N=EXPERT_BLOCK[0], GROUP_M=8, GROUP=MXFP4_GROUP, num_warps=warps, num_stages=stages)

@@ -233,13 +233,10 @@ def test_mxfp4_tiles_decode_every_e2m1_code_and_exponent_as_the_reference_table(
     torch.testing.assert_close(got.cpu(), want, rtol=0, atol=0)
 
 
-@pytest.mark.parametrize("swapped", [0, 1, 2], ids=["weights-right", "weights-left", "weights-left-by-group"])
 @pytest.mark.parametrize("tokens", [5, 40])
-def test_mxfp4_fused_experts_in_bf16_give_the_bf16_kernel_on_the_widened_experts(tokens, swapped, monkeypatch):
+def test_mxfp4_fused_experts_in_bf16_give_the_bf16_kernel_on_the_widened_experts(tokens):
     """bf16 activations (as models run): the tiles widened in registers are the very bf16 weights the widened experts
-    hold (e2m1 times a power of two is exact in bf16), so the two kernels agree to their summation order, whichever
-    operand of the product the packed weights are (hidden 96: a K step ending inside a tile)."""
-    monkeypatch.setattr(fused_moe, "MXFP4_SWAPPED", swapped)
+    hold (e2m1 times a power of two is exact in bf16), so the two kernels agree to their summation order."""
     (q13, s13, q2, s2, b13, b2), _ = _mxfp4_experts(8, 96, 64, seed=tokens, bias=True)
     x = torch.randn(tokens, 96, generator=torch.Generator().manual_seed(tokens)).to(torch.bfloat16)
     b13, b2 = b13.to(torch.bfloat16), b2.to(torch.bfloat16)
