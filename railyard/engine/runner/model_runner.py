@@ -197,7 +197,7 @@ class ModelRunner:
         with TritonJitTimer(enabled=self.device.type == "cuda") as jit:  # kernels compile at their first launch: the profile step and graph capture
             # Captured before the memory profile, which counts their buffers and pool (they need no KV cache).
             try:
-                with timed("cuda_graphs"):
+                with timed("piecewise_graphs"):
                     self.piecewise = self._capture_piecewise(beside_load=loader is not None)
             finally:
                 if loader is not None:  # the rest of the load (raising its error, if any), before anything reads
@@ -339,7 +339,7 @@ class ModelRunner:
                     _synchronize(self.device)
             elif "kv_cache" in tags and not self.kv_tensors:
                 if self._sleeping is None:  # as at start-up: the piecewise graphs before the cache
-                    with timed("cuda_graphs"):
+                    with timed("piecewise_graphs"):
                         self._recapture_piecewise()
                 with timed("kv_allocation"):
                     self._allocate_kv_cache()

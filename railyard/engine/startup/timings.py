@@ -25,10 +25,11 @@ from pathlib import Path
 # waiting for the device at the end). The mapped reader's tensors are views of the mapped file, so its reading (page faults on the page cache) happens in
 # the copy into the parameters and shows there: its read part is only safetensors' bookkeeping.
 WEIGHT_PARTS = ("read", "to_device", "copy", "other")
-# The order phases happen in (a phase that did not happen is absent).
-PHASE_ORDER = ("front_imports", "engine_spawn", "imports", "tokenizer_eos", "model_construction", "weight_loading",
-               "weights_to_device", "kv_profile", "kv_allocation", "cuda_graphs", "warm_up", "executor", "engine_other", "front_tokenizer",
-               "front_imports_wait", "server_start")
+# The order phases happen in (a phase that did not happen is absent). piecewise_graphs: capturing the pieces of every
+# step but pure decode, beside the weights' load; cuda_graphs: capturing whole decode steps.
+PHASE_ORDER = ("front_imports", "engine_spawn", "imports", "tokenizer_eos", "model_construction", "piecewise_graphs",
+               "weight_loading", "weights_to_device", "kv_profile", "kv_allocation", "cuda_graphs", "warm_up", "executor",
+               "engine_other", "front_tokenizer", "front_imports_wait", "server_start")
 
 
 @dataclass(frozen=True)
@@ -48,7 +49,7 @@ class StartupTimes:
 
     phases: dict[str, float] = field(default_factory=dict)
     weight_bytes: int = 0
-    triton_jit_s: float = 0.0  # within kv_profile and cuda_graphs: Triton compiling or loading kernels
+    triton_jit_s: float = 0.0  # within kv_profile and the graphs' capture: Triton compiling or loading kernels
     triton_kernels: int = 0  # kernel specialisations JIT'd during start-up (compiled, or loaded from the cache)
     triton_compiled: int = 0  # of those, compiled anew: entries added to the Triton cache (its misses)
     triton_cache_dir: str | None = None
