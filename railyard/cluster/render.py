@@ -86,11 +86,12 @@ def option_reasons() -> dict[str, str]:
 
 
 def arg_reasons() -> dict[str, str]:
-    """Why the streaming settings of the app's args are set: the stack fields' descriptions."""
+    """Why the streaming, ingress and standby settings of the app's args are set: the stack fields' descriptions."""
     fields = StackModel.model_fields
     return {"stream_interval_s": fields["stream_interval_s"].description,
             "stream_items_per_s": fields["stream_items_per_s"].description,
-            "ingress": Ingress.model_fields["num_replicas"].description}
+            "ingress": Ingress.model_fields["num_replicas"].description,
+            "standby": Autoscaling.model_fields["standby_engines"].description}
 
 
 def annotated_serve_yaml(config: dict[str, Any]) -> str:

@@ -134,6 +134,17 @@ def test_the_streaming_settings_are_in_the_serve_config_each_under_its_reason():
     assert (args["ingress"], args["models"][0]["stream_items_per_s"]) == ({"num_replicas": 1}, 250)
 
 
+def test_the_standby_engines_of_shared_gpu_replicas_are_in_the_serve_config_under_their_reason():
+    model = {"name": "m", "model": "/m", "gpu_fraction": 0.5, "engine": {"num_gpu_blocks": 64},
+             "autoscaling": {"min_replicas": 1, "max_replicas": 3}}
+    stack = make_stack(ONE_GPU, models=[model])
+    (service, *_) = render(stack, "rayservice")
+    lines = service["spec"]["serveConfigV2"].splitlines()
+    assert "wakes one instead of starting an engine process" in _comment_above(lines, "standby")
+    ((pool,),) = [m["pools"] for m in to_serve_config(stack)["applications"][0]["args"]["models"]]
+    assert pool["standby"] == {"engines": 1, "max_replicas": 3}
+
+
 def test_a_worker_pod_outlives_its_replicas_graceful_shutdown():
     stack = make_stack(ONE_GPU, models=[{**ONE_GPU["models"][0], "lifecycle": {"graceful_shutdown_timeout_s": 900}}])
     (service, *_) = render(stack, "rayservice")
