@@ -96,5 +96,14 @@ def main(argv: list[str] | None = None) -> int:
         return Stopped(signal.SIGINT).exit_code
 
 
+def entry() -> int:
+    """The `railyard` console script: the process-wide set-up every command needs before its imports, then main.
+    (main alone stays free of it, for callers in a process of their own: tests, Ray workers.)"""
+    from railyard.engine.startup.caches import configure_bytecode_cache
+
+    configure_bytecode_cache()
+    return main()
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(entry())

@@ -11,6 +11,6 @@ sys.path.insert(0, __file__.rsplit("/scripts/", 1)[0])
 if __name__ == "__main__":  # the engine process is spawned: it re-imports this file and must not run it
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s", stream=sys.stderr)
 
-    from railyard.cli import main
+    from railyard.cli import entry
 
-    sys.exit(main(sys.argv[1:]))
+    sys.exit(entry())

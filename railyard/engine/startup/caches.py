@@ -7,6 +7,9 @@
   instead of importing AutoTokenizer and transformers' model registry with it. Keyed by the tokenizer's files
   and the Python, transformers and tokenizers versions.
 - the embedded tiny model (railyard.engine.startup.tiny_model).
+- `python/`: the bytecode of the Python modules a start imports, where the installation ships none (uv installs
+  without it; images often set PYTHONDONTWRITEBYTECODE): torch alone is ~2 s of compiling at every start otherwise.
+  A PYTHONPYCACHEPREFIX the user set wins; an installation with its bytecode beside the sources is left alone.
 
 - `last_start.json`: how the last engine start here met the kernel cache (cold: every kernel compiled; warm: all
   loaded), which `railyard doctor` reports.
@@ -20,9 +23,11 @@ the KV memory profile (it depends on what else holds memory on the GPU at start)
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import logging
 import os
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -31,6 +36,29 @@ from railyard.envs import cache_root
 
 log = logging.getLogger("railyard.engine")
 LAST_START = "last_start.json"
+BYTECODE = "python"
+_BYTECODE_PROBE = "torch"  # the bulk of what a start imports: whether it ships bytecode decides
+
+
+def configure_bytecode_cache(probe: str = _BYTECODE_PROBE) -> Path | None:
+    """Keep Python's bytecode under railyard's root (`python/`) when the installation has none beside `probe`'s
+    sources, so that only the first start on a root compiles them; call before the heavy imports. Processes this one
+    starts inherit the prefix (PYTHONPYCACHEPREFIX); multiprocessing's children, started with -B where this one
+    was, write their own imports there too once they call this. Returns the directory in use, or None where Python's
+    own arrangement stands (a prefix the user set, bytecode beside the sources, a root that is not writable)."""
+    ours = cache_root() / BYTECODE
+    if sys.pycache_prefix is not None:
+        if Path(sys.pycache_prefix) != ours:
+            return None  # the user's PYTHONPYCACHEPREFIX
+        sys.dont_write_bytecode = False  # inherited from the process that chose ours
+        return ours
+    spec = importlib.util.find_spec(probe)
+    if spec is None or spec.cached is None or os.path.exists(spec.cached) or not writable(ours):
+        return None
+    sys.pycache_prefix = str(ours)
+    sys.dont_write_bytecode = False
+    os.environ["PYTHONPYCACHEPREFIX"] = str(ours)
+    return ours
 
 
 def configure_triton_cache() -> Path:
