@@ -25,7 +25,8 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from railyard.bench.checkpoint import checkpoint_files, drop_from_page_cache, read_through, resident_fraction
-from railyard.envs import RAILYARD_CACHE
+from railyard.engine.startup.caches import BYTECODE
+from railyard.envs import RAILYARD_CACHE, cache_root
 from railyard.errors import RailyardError
 
 SETTLE_S = 2.0  # between runs: the driver frees the last engine's GPU memory just after its process exits
@@ -149,14 +150,25 @@ def _stop(proc: subprocess.Popen) -> None:
             proc.wait(10)
 
 
+def serve_env(cache_dir: Path) -> dict[str, str]:
+    """The environment of the measured starts: this one's, with cache_dir as railyard's root and nothing that
+    would point a start at another root's caches (a TRITON_CACHE_DIR; the bytecode prefix this process chose under
+    its own root): a cold start is cold for Triton's kernels and Python's bytecode alike. A prefix the user set
+    stays, as it would in production."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_CACHE_DIR"}
+    if env.get("PYTHONPYCACHEPREFIX") == str(cache_root() / BYTECODE):
+        del env["PYTHONPYCACHEPREFIX"]
+    env[RAILYARD_CACHE.name] = str(cache_dir)
+    return env
+
+
 def run_startup(checkpoint_dir: Path, runs: int, cache_dir: Path, page_cache: str, serve_args: list[str],
                 timeout_s: float) -> dict:
     """`runs` starts of `railyard serve --model checkpoint_dir`: the first with an empty railyard cache under
     cache_dir, the rest warm; the checkpoint's pages set as `page_cache` says (warm: read once before the first
     run; drop: dropped before every run; as-is: left alone)."""
     files = checkpoint_files(checkpoint_dir)
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_CACHE_DIR"}  # railyard's own cache decides
-    env[RAILYARD_CACHE.name] = str(cache_dir)
+    env = serve_env(cache_dir)
     serve_cmd = [sys.executable, "-m", "railyard.cli", "serve", "--model", str(checkpoint_dir), *serve_args]
     report: dict = {"checkpoint_dir": str(checkpoint_dir), "checkpoint_bytes": sum(f.stat().st_size for f in files),
                     "cache_dir": str(cache_dir), "page_cache": page_cache, "serve_command": serve_cmd}

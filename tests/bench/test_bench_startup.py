@@ -61,3 +61,19 @@ def test_a_cache_dir_that_is_not_empty_is_refused(tiny_model, tmp_path, capsys):
     (tmp_path / "triton").mkdir()
     assert main(["bench", "startup", "--checkpoint-dir", tiny_model, "--cache-dir", str(tmp_path)]) == 2
     assert "is not empty" in capsys.readouterr().err
+
+
+def test_each_start_meets_only_its_own_roots_caches(monkeypatch, tmp_path):
+    """The bench's own bytecode prefix (under its root) and a TRITON_CACHE_DIR would make a cold start warm; a
+    prefix the user chose stays, as it would in production."""
+    from railyard.bench.startup import serve_env
+    from railyard.engine.startup.caches import BYTECODE
+
+    monkeypatch.setenv("RAILYARD_CACHE", str(tmp_path / "bench-root"))
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "triton"))
+    monkeypatch.setenv("PYTHONPYCACHEPREFIX", str(tmp_path / "bench-root" / BYTECODE))
+    env = serve_env(tmp_path / "run-root")
+    assert env["RAILYARD_CACHE"] == str(tmp_path / "run-root")
+    assert "TRITON_CACHE_DIR" not in env and "PYTHONPYCACHEPREFIX" not in env
+    monkeypatch.setenv("PYTHONPYCACHEPREFIX", str(tmp_path / "mine"))
+    assert serve_env(tmp_path / "run-root")["PYTHONPYCACHEPREFIX"] == str(tmp_path / "mine")
