@@ -142,6 +142,23 @@ def test_max_model_len_beyond_the_model_is_refused(tiny_model):
         LLM(tiny_model, max_model_len=100_000)
 
 
-def test_kv_pool_smaller_than_one_max_length_sequence_is_refused(tiny_model):
+def test_kv_pool_smaller_than_one_max_length_sequence_is_refused_with_the_length_it_holds(tiny_model):
+    with pytest.raises(ConfigError, match="fewer than max_model_len 256: --max-model-len 32 fits"):
+        LLM(tiny_model, num_gpu_blocks=2, max_model_len=256)
+
+
+def test_a_kv_pool_too_small_is_refused_before_graphs_and_warm_up_spend_the_start(tiny_model, monkeypatch):
+    from railyard.engine.runner.model_runner import ModelRunner
+
+    def spent(*args, **kwargs):
+        raise AssertionError("the start went on past the KV cache's sizing")
+
+    monkeypatch.setattr(ModelRunner, "_capture_graphs", spent)
+    monkeypatch.setattr(ModelRunner, "_allocate_kv_cache", spent)
     with pytest.raises(ConfigError, match="fewer than max_model_len"):
         LLM(tiny_model, num_gpu_blocks=2, max_model_len=256)
+
+
+def test_a_tensor_parallel_engine_refuses_a_kv_pool_too_small_without_hanging(tiny_model):
+    with pytest.raises(ConfigError, match="fewer than max_model_len 256: --max-model-len 32 fits"):
+        LLM(tiny_model, num_gpu_blocks=2, max_model_len=256, tensor_parallel_size=2, device="cpu")

@@ -29,7 +29,7 @@ from railyard.engine.runner.logits_mask import warm_up_bitmask
 from railyard.engine.runner.model_runner import ModelRunner
 from railyard.engine.runner.models.checkpoint_dir import resolve_model_dir
 from railyard.engine.runner.sampler import DoneSample, PendingSample
-from railyard.engine.sched.block_manager import BlockManager
+from railyard.engine.sched.block_manager import BlockManager, check_kv_fits
 from railyard.engine.sched.scheduler import Scheduler
 from railyard.engine.sched.sequence import PLACEHOLDER, Sequence
 from railyard.engine.startup.caches import configure_triton_cache, record_start
@@ -115,13 +115,12 @@ class EngineCore:
         bm = BlockManager(self.executor.num_gpu_blocks, self.executor.num_cpu_blocks, config.block_size,
                           config.enable_prefix_caching, sliding_window=spec.sliding_window if spec.sliding_layers
                           else None)
-        if bm.gpu.num_blocks < bm.blocks_to_hold(config.max_model_len, config.max_num_batched_tokens):
+        try:  # a local runner checked as it sized the cache; an executor of given blocks, or of workers, here
+            check_kv_fits(bm.gpu.num_blocks, config.block_size, config.max_model_len, config.max_num_batched_tokens,
+                          bm.sliding_window)
+        except ConfigError:
             self.executor.shutdown()  # no engine: don't leave tensor-parallel workers behind
-            sliding = " (with its sliding-window layers' blocks)" if bm.sliding_window is not None else ""
-            raise ConfigError(
-                f"the KV cache holds {bm.gpu.num_blocks * config.block_size} tokens, fewer than max_model_len "
-                f"{config.max_model_len}{sliding}; lower max_model_len or give the cache more memory"
-            )
+            raise
         self.block_manager = bm
         self.scheduler = Scheduler(config, bm)
         eos = set(spec.eos_token_ids)

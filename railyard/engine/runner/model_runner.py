@@ -31,6 +31,7 @@ from railyard.engine.runner.sleep import (SleepingWeights, SleepMemory, allocati
 from railyard.engine.runner.warmup import WarmLimits, WarmStep, ladder, peak_steps, sampling_variants, warm_steps
 from railyard.engine.runner.sampler import (DoneSample, PendingSample, SamplerOutput, SamplingRow, host_tensor, sample_async,
                                     to_device)
+from railyard.engine.sched.block_manager import check_kv_fits
 from railyard.engine.sched.scheduler import SchedulerOutput
 from railyard.engine.sched.sequence import PLACEHOLDER
 from railyard.engine.startup.jit_watch import as_start_up, starting, watch_after_ready
@@ -209,6 +210,10 @@ class ModelRunner:
             self._measure_piecewise()
             with timed("kv_profile"):
                 self.num_gpu_blocks = config.num_gpu_blocks or self._profile_num_blocks()
+            if config.max_model_len is not None and config.max_num_batched_tokens is not None:  # resolved by the engine:
+                # refuse now, not after graphs and warm-up
+                check_kv_fits(self.num_gpu_blocks, config.block_size, config.max_model_len,
+                              config.max_num_batched_tokens, spec.sliding_window if spec.sliding_layers else None)
             with timed("kv_allocation"):
                 self.num_cpu_blocks = self._num_cpu_blocks()
                 self._allocate_kv_cache()
