@@ -31,4 +31,6 @@ def check_kernel_cache(probe: Probe) -> CheckResult:
     if last.get("kernel_cache"):
         said = (f"; the last start here ({last.get('model', '?')}) was {last['kernel_cache']}: "
                 f"{last.get('triton_compiled', '?')} of {last.get('triton_kernels', '?')} kernels compiled")
+        if last.get("bytecode_cache"):
+            said += f", its Python bytecode {last['bytecode_cache']} (the installation ships none)"
     return passed(NAME, f"{kernels} kernels in {where}{said}")

@@ -157,7 +157,8 @@ class EngineCore:
                           "triton_kernels": self.startup.triton_kernels,
                           "triton_compiled": self.startup.triton_compiled,
                           "triton_jit_s": round(self.startup.triton_jit_s, 3),
-                          "triton_cache_dir": self.startup.triton_cache_dir})
+                          "triton_cache_dir": self.startup.triton_cache_dir,
+                          "bytecode_cache": self.startup.bytecode_cache})
         log.info("engine ready: %d KV blocks of %d tokens (%d CPU swap blocks); max_model_len %d; "
                  "%d sequences of max_model_len fit at once", bm.gpu.num_blocks, config.block_size,
                  bm.cpu.num_blocks, config.max_model_len, bm.gpu.num_blocks * config.block_size // config.max_model_len)

@@ -36,7 +36,7 @@ from railyard.engine.core.wire import (
     to_core_decoder,
 )
 from railyard.engine.exits import exit_when_parent_dies
-from railyard.engine.startup.caches import configure_bytecode_cache
+from railyard.engine.startup.caches import bytecode_cache_state, configure_bytecode_cache
 from railyard.engine.startup.timings import StartupTimes
 from railyard.errors import InvalidRequestError, RailyardError
 
@@ -66,6 +66,7 @@ def run_engine_core(config: EngineConfig, input_address: str, output_address: st
     logging.basicConfig(level=log_level, format="%(asctime)s %(levelname)s %(name)s[core]: %(message)s")
     with startup.phase("imports"):
         bytecode = configure_bytecode_cache()  # before torch: read from (and, the first time, written to) the root
+        startup.bytecode_cache = bytecode_cache_state()
         _import_engine()
     if bytecode is not None:
         log.info("Python bytecode kept in %s (the installation ships none beside its sources)", bytecode)

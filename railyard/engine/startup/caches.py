@@ -61,6 +61,17 @@ def configure_bytecode_cache(probe: str = _BYTECODE_PROBE) -> Path | None:
     return ours
 
 
+def bytecode_cache_state(probe: str = _BYTECODE_PROBE) -> str | None:
+    """Before `probe`'s import, under railyard's bytecode prefix: "warm" (its bytecode is there from an earlier
+    start) or "cold" (this start compiles its sources); None where Python's own arrangement stands."""
+    if sys.pycache_prefix is None or Path(sys.pycache_prefix) != cache_root() / BYTECODE:
+        return None
+    spec = importlib.util.find_spec(probe)
+    if spec is None or spec.cached is None:
+        return None
+    return "warm" if os.path.exists(spec.cached) else "cold"
+
+
 def configure_triton_cache() -> Path:
     """Point Triton's kernel cache under railyard's root (a TRITON_CACHE_DIR the user set wins); call before
     the first kernel compiles. Returns the directory in use: a temporary one, with a warning, where that one is

@@ -53,6 +53,9 @@ class StartupTimes:
     triton_kernels: int = 0  # kernel specialisations JIT'd during start-up (compiled, or loaded from the cache)
     triton_compiled: int = 0  # of those, compiled anew: entries added to the Triton cache (its misses)
     triton_cache_dir: str | None = None
+    # How the engine's imports met railyard's Python bytecode (caches.py): "cold" (compiled torch's sources),
+    # "warm" (read their bytecode); None where the installation ships its own
+    bytecode_cache: str | None = None
     weights_reader: str | None = None  # the safetensors reader's name (mapped)
     weight_parts: dict[str, float] = field(default_factory=dict)  # within the load's seconds, WEIGHT_PARTS
     # Seconds of work run on threads beside the phases: the front's tokenizer; "weights", a load beside the CUDA
@@ -84,6 +87,7 @@ class StartupTimes:
         self.triton_kernels += other.triton_kernels
         self.triton_compiled += other.triton_compiled
         self.triton_cache_dir = self.triton_cache_dir or other.triton_cache_dir
+        self.bytecode_cache = self.bytecode_cache or other.bytecode_cache
         self.weights_reader = self.weights_reader or other.weights_reader
         for name, seconds in other.weight_parts.items():
             self.weight_parts[name] = self.weight_parts.get(name, 0.0) + seconds
@@ -128,8 +132,10 @@ class StartupTimes:
         """The one start-up log line (what: "wake-up" for sleep mode's wake-up, timed the same way)."""
         parts = [f"{name} {seconds:.2f}" for name, seconds in self.ordered()]
         line = f"{what}: total {self.total_s:.2f} s = " + " + ".join(parts)
-        if self.kernel_cache is not None:
-            line = f"{what} ({self.kernel_cache} kernel cache):" + line.removeprefix(f"{what}:")
+        caches = [f"{state} {name}" for state, name in ((self.kernel_cache, "kernel cache"),
+                                                         (self.bytecode_cache, "Python bytecode")) if state]
+        if caches:
+            line = f"{what} ({', '.join(caches)}):" + line.removeprefix(f"{what}:")
         rate = self.weights_gb_per_s
         if rate is not None:
             line += f"; weights {readable_bytes(self.weight_bytes)} at {rate:.2f} GB/s"
@@ -149,7 +155,7 @@ class StartupTimes:
                 "weight_bytes": self.weight_bytes, "weights_gb_per_s": None if rate is None else round(rate, 3),
                 "triton_jit_s": round(self.triton_jit_s, 3), "triton_kernels": self.triton_kernels,
                 "triton_compiled": self.triton_compiled, "triton_cache_dir": self.triton_cache_dir,
-                "kernel_cache": self.kernel_cache,
+                "kernel_cache": self.kernel_cache, "bytecode_cache": self.bytecode_cache,
                 "weights_reader": self.weights_reader,
                 "weight_parts_s": {p: round(s, 3) for p, s in self.weight_parts.items()},
                 "background_s": {n: round(s, 3) for n, s in self.background.items()}}

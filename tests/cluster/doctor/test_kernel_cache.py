@@ -21,6 +21,14 @@ def test_a_filled_writable_cache_passes_and_says_how_the_last_start_met_it(recor
     assert "41 kernels" in result.detail and "was warm: 0 of 41 kernels compiled" in result.detail
 
 
+def test_the_last_starts_python_bytecode_is_said_where_railyard_kept_it(recording):
+    _record(recording, kernels=41, writable=True,
+            last_start={"model": "m", "kernel_cache": "warm", "triton_kernels": 41, "triton_compiled": 0,
+                        "bytecode_cache": "cold"})
+    result = by_name(recording)["kernel cache"]
+    assert result.status == "pass" and "its Python bytecode cold" in result.detail
+
+
 def test_an_empty_cache_warns_that_the_next_start_is_cold_with_the_fill_command(recording):
     _record(recording, kernels=0, writable=True, last_start=None)
     result = by_name(recording)["kernel cache"]

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from railyard.engine.startup.caches import BYTECODE, configure_bytecode_cache
+from railyard.engine.startup.caches import BYTECODE, bytecode_cache_state, configure_bytecode_cache
 
 
 @pytest.fixture
@@ -44,6 +44,17 @@ def test_an_installation_without_bytecode_gets_railyards(monkeypatch, tmp_path, 
     assert configure_bytecode_cache("bare_pkg") == ours
     assert sys.pycache_prefix == str(ours) and os.environ["PYTHONPYCACHEPREFIX"] == str(ours)
     assert sys.dont_write_bytecode is False
+
+
+def test_a_start_says_whether_it_found_the_bytecode_there(monkeypatch, tmp_path, python_state):
+    source = _package(tmp_path / "site", "bare_pkg4", with_bytecode=False)
+    monkeypatch.syspath_prepend(str(tmp_path / "site"))
+    monkeypatch.setenv("RAILYARD_CACHE", str(tmp_path / "cache"))
+    assert bytecode_cache_state("bare_pkg4") is None  # not railyard's prefix (yet)
+    configure_bytecode_cache("bare_pkg4")
+    assert bytecode_cache_state("bare_pkg4") == "cold"
+    py_compile.compile(str(source), cfile=importlib.util.cache_from_source(str(source)))  # as an import writes it
+    assert bytecode_cache_state("bare_pkg4") == "warm"
 
 
 def test_an_installation_with_its_bytecode_is_left_alone(monkeypatch, tmp_path, python_state):

@@ -146,3 +146,15 @@ def test_the_start_says_how_it_met_its_kernel_cache(kernels, compiled, state):
     assert times.kernel_cache == state and times.as_dict()["kernel_cache"] == state
     line = times.describe()
     assert line.startswith(f"start-up ({state} kernel cache): total 1.00 s" if state else "start-up: total 1.00 s")
+
+
+@pytest.mark.parametrize(("kernels", "bytecode", "head"), [
+    (19, "cold", "start-up (warm kernel cache, cold Python bytecode):"),
+    (0, "warm", "start-up (warm Python bytecode):"),
+    (19, None, "start-up (warm kernel cache):")])
+def test_the_start_says_how_it_met_railyards_python_bytecode(kernels, bytecode, head):
+    """Where railyard keeps the bytecode (an installation without its own), a start that compiled torch's sources
+    says so beside the kernel cache: both make a start cold."""
+    times = StartupTimes(triton_kernels=kernels, triton_compiled=0, bytecode_cache=bytecode)
+    times.add("imports", 1.0)
+    assert times.describe().startswith(head) and times.as_dict()["bytecode_cache"] == bytecode
