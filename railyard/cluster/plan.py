@@ -31,6 +31,7 @@ from railyard.cluster.sizing import (
 )
 from railyard.cluster.workload import PodSpec, pods_from_objects, replicas_from_objects
 from railyard.errors import ConfigError, RailyardError
+from railyard.model.kv_fit import kv_shortfall
 from railyard.model.spec import ModelSpec
 from railyard.stack import (
     BATCHED_TOKENS_FLOOR, Autoscaling, Stack, StackModel, load_stack, replica_pools, resolved_engine, scaling,
@@ -249,9 +250,12 @@ def _size_model(stack: Stack, model: StackModel, nodes: list[Node], profile: Eng
             entry.note = f"shape from {found[1]}"
             if entry.kv.num_blocks == 0:
                 entry.note += "; the weights leave no room for KV cache: raise tensor_parallel_size"
-            elif entry.kv.tokens < engine["max_model_len"]:
-                entry.note += (f"; the engine would refuse to start: the KV cache holds {entry.kv.tokens} tokens, "
-                               f"fewer than max_model_len {engine['max_model_len']}")
+            elif (short := kv_shortfall(entry.kv.num_blocks, engine["block_size"], engine["max_model_len"],
+                                        engine["max_num_batched_tokens"],
+                                        found[0].sliding_window if found[0].sliding_layers else None)) is not None:
+                fits = f"max_model_len {short.fits} fits, or " if short.fits else ""
+                entry.note += (f"; the engine would refuse to start: {short.describe()}: {fits}give the cache more "
+                               "memory (gpu_memory_utilization, a smaller max_num_batched_tokens, tensor_parallel_size)")
             _note_standby(entry, model, auto)
         if profile is not None and target_rps is not None:
             mismatch = profile.mismatch(found[0], product) if found is not None else None

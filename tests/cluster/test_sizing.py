@@ -249,3 +249,32 @@ def test_the_planner_counts_the_host_memory_a_standby_engines_weights_keep_and_c
     assert "more than the pod's memory (8Gi)" in sizing("8Gi").note
     off = sizing("8Gi", standby_engines=0)
     assert off.standby_host_bytes == 0 and "standby" not in off.note
+
+
+def _gpt_oss_120b_on_an_h100(engine: dict):
+    from railyard.cluster.plan import size_deployments
+    from railyard.stack import parse_stack
+
+    stack = parse_stack({"name": "s", "image": "ghcr.io/example/railyard:0.1.0", "gpu_product": "NVIDIA-H100-80GB-HBM3",
+                         "models": [{"name": "gpt-oss-120b", "model": "/m", "shape": "gpt-oss-120b",
+                                     "engine": engine}]})
+    (sizing,) = size_deployments(stack, [], None, None)
+    return sizing
+
+
+def test_the_planner_refuses_what_the_engine_would_with_its_sliding_layers_blocks_and_names_what_fits():
+    """As the engine checks at start-up: a sequence of max_model_len prefilled in chunks holds its full layers'
+    blocks and its sliding layers' chunk-plus-window, so a cache with more tokens than max_model_len can still be
+    too small; the note names the max_model_len the cache holds."""
+    from railyard.model.kv_fit import blocks_to_hold, longest_context
+
+    short = _gpt_oss_120b_on_an_h100({"max_model_len": 131072, "max_num_batched_tokens": 16384})
+    assert "the engine would refuse to start: the KV cache holds" in short.note and "sliding-window" in short.note
+    fits = longest_context(short.kv.num_blocks, 16384, 16, 128)
+    assert f"max_model_len {fits} fits" in short.note
+    assert "refuse" not in _gpt_oss_120b_on_an_h100({"max_model_len": fits, "max_num_batched_tokens": 16384}).note
+    # The tokens alone are not the rule: at a length the cache's tokens exceed, the sliding blocks can still not fit.
+    length = short.kv.tokens - 16
+    assert blocks_to_hold(length, 16384, 16, 128) > short.kv.num_blocks
+    over = _gpt_oss_120b_on_an_h100({"max_model_len": length, "max_num_batched_tokens": 16384})
+    assert over.kv.num_blocks == short.kv.num_blocks and "the engine would refuse to start" in over.note

@@ -22,6 +22,7 @@ from collections.abc import Hashable, Iterable
 
 from railyard.engine.sched.sequence import Sequence, SequenceStatus
 from railyard.errors import ConfigError
+from railyard.model.kv_fit import blocks_to_hold, kv_shortfall
 
 _ROOT_HASH = 0x5EED
 NO_BLOCK = -1  # a sliding table's entry for a block its window no longer sees (freed; never read)
@@ -53,39 +54,17 @@ def prefix_block_hashes(token_ids: list[int], block_size: int, lora_int_id: int 
     return hashes
 
 
-def blocks_to_hold(num_tokens: int, max_chunk: int, block_size: int, sliding_window: int | None) -> int:
-    """The most blocks one sequence of num_tokens holds at once, prefilled in chunks of at most max_chunk tokens:
-    its full blocks, and its sliding blocks (a chunk's whole run plus the window before it)."""
-    full = -(-num_tokens // block_size)
-    if sliding_window is None:
-        return full
-    return full + min(full, -(-(sliding_window - 1 + min(max_chunk, num_tokens)) // block_size) + 1)
-
-
-def longest_context(num_blocks: int, max_chunk: int, block_size: int, sliding_window: int | None) -> int:
-    """The longest sequence, in whole blocks of tokens, that num_blocks hold at once: the max_model_len they fit."""
-    low, high = 0, num_blocks  # in blocks; blocks_to_hold grows with the length
-    while low < high:
-        mid = (low + high + 1) // 2
-        if blocks_to_hold(mid * block_size, max_chunk, block_size, sliding_window) <= num_blocks:
-            low = mid
-        else:
-            high = mid - 1
-    return low * block_size
-
-
 def check_kv_fits(num_blocks: int, block_size: int, max_model_len: int, max_chunk: int,
                   sliding_window: int | None) -> None:
     """Refuse a KV cache that cannot hold one sequence of max_model_len (a request the engine accepted could then
     never run), saying which max_model_len it does hold; checked as soon as the cache is sized, before graphs
     and warm-up spend the start's seconds."""
-    if num_blocks >= blocks_to_hold(max_model_len, max_chunk, block_size, sliding_window):
+    short = kv_shortfall(num_blocks, block_size, max_model_len, max_chunk, sliding_window)
+    if short is None:
         return
-    sliding = " (with its sliding-window layers' blocks)" if sliding_window is not None else ""
-    fits = longest_context(num_blocks, max_chunk, block_size, sliding_window)
-    advice = (f"--max-model-len {fits} fits, or give the cache more memory" if fits else "give the cache more memory")
-    raise ConfigError(f"the KV cache holds {num_blocks * block_size} tokens, fewer than max_model_len "
-                      f"{max_model_len}{sliding}: {advice} (a higher --gpu-memory-utilization, a smaller "
+    advice = (f"--max-model-len {short.fits} fits, or give the cache more memory" if short.fits
+              else "give the cache more memory")
+    raise ConfigError(f"{short.describe()}: {advice} (a higher --gpu-memory-utilization, a smaller "
                       "--max-num-batched-tokens, more GPUs)")
 
 

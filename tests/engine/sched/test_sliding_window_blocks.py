@@ -11,8 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from railyard.engine.config import EngineConfig, SamplingParams
-from railyard.engine.sched.block_manager import (
-    NO_BLOCK, BlockManager, blocks_to_hold, check_kv_fits, longest_context)
+from railyard.engine.sched.block_manager import NO_BLOCK, BlockManager, check_kv_fits
 from railyard.errors import ConfigError
 from railyard.engine.sched.scheduler import Scheduler
 from railyard.engine.sched.sequence import Sequence
@@ -174,16 +173,6 @@ def test_random_add_step_abort_with_a_sliding_window_never_leaks_and_finishes_ev
     assert not sched.has_unfinished(), "the scheduler stalled with work left"
     bm.check_invariants([])
     assert bm.gpu.num_free == bm.gpu.num_blocks and bm.cpu.num_free == bm.cpu.num_blocks
-
-
-@pytest.mark.parametrize("sliding_window", [None, 128])
-@pytest.mark.parametrize("num_blocks", [1, 2, 9, 40, 1000])
-def test_the_context_a_cache_holds_is_the_longest_that_fits(num_blocks, sliding_window):
-    """What a refused start suggests as --max-model-len fits, and one block more would not."""
-    fits = longest_context(num_blocks, 64, 16, sliding_window)
-    assert fits % 16 == 0
-    assert blocks_to_hold(fits, 64, 16, sliding_window) <= num_blocks
-    assert blocks_to_hold(fits + 16, 64, 16, sliding_window) > num_blocks
 
 
 def test_a_cache_that_holds_max_model_len_passes_and_one_that_does_not_names_what_fits():
