@@ -254,8 +254,9 @@ def _size_model(stack: Stack, model: StackModel, nodes: list[Node], profile: Eng
                                         engine["max_num_batched_tokens"],
                                         found[0].sliding_window if found[0].sliding_layers else None)) is not None:
                 fits = f"max_model_len {short.fits} fits, or " if short.fits else ""
-                entry.note += (f"; the engine would refuse to start: {short.describe()}: {fits}give the cache more "
-                               "memory (gpu_memory_utilization, a smaller max_num_batched_tokens, tensor_parallel_size)")
+                entry.note += (f"; the engine would refuse to start: {short.describe()}: {fits}give the cache "
+                               "more memory (gpu_memory_utilization, a smaller max_num_batched_tokens, "
+                               "tensor_parallel_size)")
             _note_standby(entry, model, auto)
         if profile is not None and target_rps is not None:
             mismatch = profile.mismatch(found[0], product) if found is not None else None

@@ -153,10 +153,11 @@ def test_a_kv_pool_too_small_is_refused_before_graphs_and_warm_up_spend_the_star
     def spent(*args, **kwargs):
         raise AssertionError("the start went on past the KV cache's sizing")
 
+    monkeypatch.setattr(ModelRunner, "_profile_num_blocks", lambda self: 2)  # what the memory profile left
     monkeypatch.setattr(ModelRunner, "_capture_graphs", spent)
     monkeypatch.setattr(ModelRunner, "_allocate_kv_cache", spent)
-    with pytest.raises(ConfigError, match="fewer than max_model_len"):
-        LLM(tiny_model, num_gpu_blocks=2, max_model_len=256)
+    with pytest.raises(ConfigError, match="fewer than max_model_len 256: --max-model-len 32 fits"):
+        LLM(tiny_model, max_model_len=256)
 
 
 def test_a_tensor_parallel_engine_refuses_a_kv_pool_too_small_without_hanging(tiny_model):

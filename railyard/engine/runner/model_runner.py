@@ -210,8 +210,8 @@ class ModelRunner:
             self._measure_piecewise()
             with timed("kv_profile"):
                 self.num_gpu_blocks = config.num_gpu_blocks or self._profile_num_blocks()
-            if config.max_model_len is not None and config.max_num_batched_tokens is not None:  # resolved by the engine:
-                # refuse now, not after graphs and warm-up
+            if config.num_gpu_blocks is None and config.max_model_len and config.max_num_batched_tokens:  # profiled:
+                # refuse it now, not after graphs and warm-up (a size given is the engine core's to check)
                 check_kv_fits(self.num_gpu_blocks, config.block_size, config.max_model_len,
                               config.max_num_batched_tokens, spec.sliding_window if spec.sliding_layers else None)
             with timed("kv_allocation"):
