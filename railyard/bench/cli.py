@@ -90,6 +90,7 @@ def run_throughput_cmd(args: argparse.Namespace) -> int:
     if args.runs > 1:
         report["runs"] = [r.to_dict() for r in results]
         report["first_over_last"] = round(result.output_tokens_per_s / results[-1].output_tokens_per_s, 4)
+        report["longest_token_gap_ms"] = [r.longest_token_gap_ms for r in results]  # per run: a stall in the first?
         # Triton kernels JIT'd during the runs (first-use work the start-up warm-up missed)
         report["jit_after_ready"] = engine.stats().jit_after_ready_total - jit_before
     memory = getattr(getattr(engine.executor, "runner", None), "memory", None)

@@ -30,6 +30,8 @@ class ThroughputResult:
     # Per request, from the submission of the whole workload: time to its first token, and per output token after.
     ttft_ms: dict[str, float | None] | None = None
     tpot_ms: dict[str, float | None] | None = None
+    # The longest time any request waited between two of its tokens: a step stalled on first-use work shows here
+    longest_token_gap_ms: float | None = None
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -52,7 +54,7 @@ def run_throughput(engine: Engine, num_prompts: int, input_len: LengthRange, out
     before = engine.stats()
     reqs = workload_requests(engine, num_prompts, input_len, output_len, seed, token_id_range, repeat)
     start = time.perf_counter()
-    out_tokens, ttfts, tpots = _run(engine, reqs, f"bench{repeat or ''}", progress, loras)
+    out_tokens, ttfts, tpots, gap = _run(engine, reqs, f"bench{repeat or ''}", progress, loras)
     elapsed = time.perf_counter() - start
     prompt_tokens = sum(len(r.prompt_token_ids) for r in reqs)
     stats = engine.stats()
@@ -64,12 +66,14 @@ def run_throughput(engine: Engine, num_prompts: int, input_len: LengthRange, out
         total_tokens_per_s=(prompt_tokens + out_tokens) / elapsed,
         num_preemptions=stats.num_preemptions_total - before.num_preemptions_total,
         prefix_cache_hit_rate=hits / queries if queries else 0.0, num_kv_blocks=stats.num_total_blocks,
-        warmup_prompts=warmup_prompts, ttft_ms=stats_ms(ttfts), tpot_ms=stats_ms(tpots))
+        warmup_prompts=warmup_prompts, ttft_ms=stats_ms(ttfts), tpot_ms=stats_ms(tpots),
+        longest_token_gap_ms=round(gap * 1000, 3))
 
 
 def _run(engine: Engine, reqs: list[Request], prefix: str, progress: bool = False,
-         loras: list[LoRARequest] | None = None) -> tuple[int, list[float], list[float]]:
-    """Add every request, step until all finished; returns the output tokens, and each request's TTFT and TPOT."""
+         loras: list[LoRARequest] | None = None) -> tuple[int, list[float], list[float], float]:
+    """Add every request, step until all finished; returns the output tokens, each request's TTFT and TPOT, and
+    the longest gap between two tokens of any request."""
     for i, r in enumerate(reqs):
         params = SamplingParams(temperature=0.0, max_tokens=r.output_len, ignore_eos=True,
                                 output_kind="final_only")
@@ -78,6 +82,7 @@ def _run(engine: Engine, reqs: list[Request], prefix: str, progress: bool = Fals
     done = out_tokens = 0
     ttfts: list[float] = []
     tpots: list[float] = []
+    gap = 0.0
     with tqdm(total=len(reqs), desc=prefix, unit="req", disable=not progress) as bar:
         while done < len(reqs):
             for out in engine.step():
@@ -86,11 +91,12 @@ def _run(engine: Engine, reqs: list[Request], prefix: str, progress: bool = Fals
                     out_tokens += sum(len(c.token_ids) for c in out.outputs)
                     bar.update(1)
                     m = out.metrics
+                    gap = max(gap, m.longest_token_gap)
                     if m.first_token_time is not None:
                         ttfts.append(m.first_token_time - m.arrival_time)
                         if m.finished_time is not None and m.num_output_tokens > 1:
                             tpots.append((m.finished_time - m.first_token_time) / (m.num_output_tokens - 1))
-    return out_tokens, ttfts, tpots
+    return out_tokens, ttfts, tpots, gap
 
 
 def workload_requests(engine: Engine, num_prompts: int, input_len: LengthRange, output_len: LengthRange,

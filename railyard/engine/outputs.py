@@ -69,6 +69,7 @@ class RequestMetrics:
     num_cached_prompt_tokens: int = 0
     num_prompt_tokens: int = 0
     num_output_tokens: int = 0  # over all n sequences
+    longest_token_gap: float = 0.0  # the most seconds between two deliveries of new tokens (a stalled step shows)
 
     def time_per_output_token(self) -> float | None:
         """Seconds from the first token to the last over the tokens after the first (vLLM's TPOT); None for a

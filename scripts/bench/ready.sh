@@ -2,14 +2,15 @@
 # Ready at full speed, one device call on the H200: (1) the GPU test that a workload across the engine's limits
 # compiles no Triton kernel and captures no CUDA graph after ready (bf16 and FP8, from an empty kernel cache);
 # (2) `railyard bench throughput --runs 3 --warmup-prompts 0` (the issue-7 workload three times in one engine, each
-# run its own prompts) from an empty railyard cache, on the qwen3-0.6b and qwen2-7b shapes: the first run against
-# the third (first_over_last), and the Triton kernels JIT'd after ready; (3) `railyard bench startup` of the
+# run its own prompts) from an empty railyard cache, then again on the cache it left, on the qwen3-0.6b and qwen2-7b
+# shapes: the first run against the third (first_over_last, and each run's longest gap between two tokens of a
+# request), and the Triton kernels JIT'd after ready; (3) `railyard bench startup` of the
 # qwen2-7b shape, cold then warm; (4) the longest gap between two tokens of a stream at 64 streams served, with
 # and without --max-prefill-tokens-with-decodes. Each phase starts only if the call has time left for it.
 # (5) `profile` (after `startup`, whose checkpoint and warm kernel cache it uses): a warm start of the qwen2-7b
 # checkpoint in one process under cProfile (scripts/bench/profile_startup.py), as the defaults and as each of
 # $PROFILE_VARIANTS (engine options as --name=value, space-separated).
-# Writes $OUT/log.txt, tests.txt, tp_<shape>.json, startup.json, gaps_<cap>.json, profile_<variant>.txt/.prof.
+# Writes $OUT/log.txt, tests.txt, tp_<shape>_<empty|warm>.json, startup.json, gaps_<cap>.json, profile_<variant>.txt/.prof.
 #   carry: the wheels in $WHEELS (default .whl: fastapi, starlette, uvicorn, pydantic(-core), pyzmq, msgspec,
 #          xgrammar, apache-tvm-ffi, opentelemetry-api, ...)
 #   env: CALL_S (seconds this call may use, default 480), PHASES (default "tests throughput startup gaps"; "profile"
@@ -37,14 +38,18 @@ fi
 
 if want throughput 90; then
   for shape in $SHAPES; do
-    [ "$(left)" -ge 60 ] || { log "skip throughput $shape"; continue; }
-    log "throughput $shape, empty railyard cache, 3 runs"
-    RAILYARD_CACHE=$(mktemp -d) timeout $(( $(left) - 20 )) python3 -m railyard.cli bench throughput --model $shape \
-      $WORK --runs 3 --warmup-prompts 0 > $OUT/tp_$(basename $shape).json 2> /tmp/tp.err
-    log "rc=$? $(python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print('runs s', [r['elapsed_s'] \
+    cache=$(mktemp -d)  # empty for the first engine, then warm (what that one compiled) for the second
+    for state in empty warm; do
+      [ "$(left)" -ge 60 ] || { log "skip throughput $shape ($state cache)"; continue; }
+      log "throughput $shape, $state railyard cache, 3 runs"
+      out=$OUT/tp_$(basename $shape)_$state.json
+      RAILYARD_CACHE=$cache timeout $(( $(left) - 20 )) python3 -m railyard.cli bench throughput --model $shape \
+        $WORK --runs 3 --warmup-prompts 0 > $out 2> /tmp/tp.err
+      log "rc=$? $(python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print('runs s', [r['elapsed_s'] \
 for r in d['runs']], 'tok/s', [round(r['output_tokens_per_s']) for r in d['runs']], 'first/last', \
-d['first_over_last'], 'jit after ready', d['jit_after_ready'], 'start', d['startup']['total_s'], \
-d['startup']['phases_s'].get('warm_up'))" $OUT/tp_$(basename $shape).json 2>&1 | tail -1)"
+d['first_over_last'], 'longest token gap ms', d['longest_token_gap_ms'], 'jit after ready', d['jit_after_ready'], \
+'start', d['startup']['total_s'], d['startup']['phases_s'].get('warm_up'))" $out 2>&1 | tail -1)"
+    done
   done
 fi
 

@@ -104,6 +104,29 @@ def test_runs_repeat_the_workload_in_one_engine_with_prompts_of_their_own(tiny_m
     assert all(r["prefix_cache_hit_rate"] == 0.0 for r in runs)  # other token ids: nothing cached from before
     assert report["first_over_last"] == round(runs[0]["output_tokens_per_s"] / runs[2]["output_tokens_per_s"], 4)
     assert report["jit_after_ready"] == 0  # the CPU compiles nothing
+    assert report["longest_token_gap_ms"] == [r["longest_token_gap_ms"] for r in runs]
+
+
+def test_a_step_stalled_in_the_first_run_shows_as_its_longest_token_gap(tiny_model, capsys, monkeypatch):
+    """What the first workload after ready is held to (no first-use work on the step loop): a stall between two of a
+    stream's tokens is the run's longest gap; the later runs, without one, are the control."""
+    import time
+
+    from railyard.engine.engine import Engine
+
+    step, calls = Engine.step, []
+
+    def step_with_one_stall(self):
+        calls.append(None)
+        if len(calls) == 4:  # the first run's requests each have a token by now (4 prompts, budget for all)
+            time.sleep(0.3)
+        return step(self)
+
+    monkeypatch.setattr(Engine, "step", step_with_one_stall)
+    assert main(["bench", "throughput", "--model", tiny_model, "--num-prompts", "4", "--input-len", "20-40",
+                 "--output-len", "8", "--runs", "3", "--warmup-prompts", "0"]) == 0
+    first, *later = json.loads(capsys.readouterr().out)["longest_token_gap_ms"]
+    assert first >= 300 and all(gap < first for gap in later)
 
 
 def test_bench_throughput_rejects_zero_runs(tiny_model, capsys):

@@ -130,6 +130,8 @@ class OutputProcessor:
             m = req.metrics
             if m.first_token_time is None:
                 m.first_token_time = now
+            elif m.last_token_time is not None:
+                m.longest_token_gap = max(m.longest_token_gap, now - m.last_token_time)
             m.last_token_time = now
             finished = req.finished
             if finished:
