@@ -97,8 +97,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def entry() -> int:
-    """The `railyard` console script: the process-wide set-up every command needs before its imports, then main.
-    (main alone stays free of it, for callers in a process of their own: tests, Ray workers.)"""
+    """The `railyard` console script (and `python -m railyard.cli`): the process-wide set-up a command needs before
+    its imports (where Python keeps bytecode), then main, which callers in a process of their own (tests) call
+    without it."""
     from railyard.engine.startup.caches import configure_bytecode_cache
 
     configure_bytecode_cache()
