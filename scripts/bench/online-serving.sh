@@ -6,7 +6,8 @@
 #   carry: .whl (fastapi, starlette, uvicorn, pydantic(-core), httptools, pyzmq, msgspec, py-spy, ...)
 #   env: CALL_S (seconds this call may use, default 540), BUDGETS (offline budgets), SERVE_BUDGET (default 8192),
 #        THRESHOLDS (long_prefill_token_threshold values served, engine process), PROFILE_T (the one also run
-#        at 64 streams, in-process, and profiled), MODEL/WORK/ENGINE (a dry run on a small model), SKIP_WHEELS
+#        at 64 streams, in-process, and profiled; none: neither), MODEL/WORK/ENGINE (a dry run on a small model),
+#        SKIP_WHEELS
 set -o pipefail
 export PYTHONUNBUFFERED=1
 cd "$(dirname "$0")/../.."
@@ -46,7 +47,7 @@ python3 -c "import torch, triton, zmq, msgspec, fastapi, uvicorn; print(torch.__
 
 # 1. Offline: the same 512 requests (token ids below 256, as bench serve draws them), all queued at once.
 for B in $BUDGETS; do
-  [ $(left) -lt 400 ] && { say "skip offline $B"; continue; }
+  [ $(left) -lt 200 ] && { say "skip offline $B"; continue; }  # the served runs need the rest
   say "offline budget $B"
   timeout 150 python3 scripts/bench/cli.py bench throughput --model $MODEL $WORK $ENGINE --token-id-range 256 \
     --max-num-batched-tokens $B > $R/offline_b$B.json 2> $R/offline_b$B.err
@@ -95,7 +96,7 @@ for T in $THRESHOLDS; do
   fi
   stop
 done
-if [ $(left) -gt 90 ]; then
+if [ "$PROFILE_T" != none ] && [ $(left) -gt 90 ]; then
   serve inproc_b${SERVE_BUDGET}_t$PROFILE_T $SERVE_BUDGET --long-prefill-token-threshold $PROFILE_T --no-engine-process
   profile inproc_b${SERVE_BUDGET}_t$PROFILE_T & P=$!
   bench served_inproc_b${SERVE_BUDGET}_t${PROFILE_T}_c256 120 --max-concurrency 256; wait $P
