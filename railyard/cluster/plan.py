@@ -251,8 +251,7 @@ def _size_model(stack: Stack, model: StackModel, nodes: list[Node], profile: Eng
             if entry.kv.num_blocks == 0:
                 entry.note += "; the weights leave no room for KV cache: raise tensor_parallel_size"
             elif (short := kv_shortfall(entry.kv.num_blocks, engine["block_size"], engine["max_model_len"],
-                                        engine["max_num_batched_tokens"],
-                                        found[0].sliding_window if found[0].sliding_layers else None)) is not None:
+                                        engine["max_num_batched_tokens"], found[0].kv_sliding_window)) is not None:
                 fits = f"max_model_len {short.fits} fits, or " if short.fits else ""
                 entry.note += (f"; the engine would refuse to start: {short.describe()}: {fits}give the cache "
                                "more memory (gpu_memory_utilization, a smaller max_num_batched_tokens, "

@@ -199,6 +199,11 @@ class ModelSpec:
 
     # -- sliding-window layers -------------------------------------------------------------------------
     @property
+    def kv_sliding_window(self) -> int | None:
+        """The window sliding layers' KV blocks are kept for (None: no sliding layers, every block is kept)."""
+        return self.sliding_window if self.sliding_layers else None
+
+    @property
     def num_kv_tensors(self) -> int:
         """KV-cache tensors: one per layer, except that the i-th sliding-window layer shares the i-th full-attention
         layer's (a block serves one of them at a time: engine/sched/block_manager.py)."""

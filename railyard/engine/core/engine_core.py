@@ -113,8 +113,7 @@ class EngineCore:
             self.startup.add("executor", time.perf_counter() - executor_started - (timed.total_s if timed else 0.0))
         self.executor = executor
         bm = BlockManager(self.executor.num_gpu_blocks, self.executor.num_cpu_blocks, config.block_size,
-                          config.enable_prefix_caching, sliding_window=spec.sliding_window if spec.sliding_layers
-                          else None)
+                          config.enable_prefix_caching, sliding_window=spec.kv_sliding_window)
         try:  # a local runner checked as it sized the cache; an executor of given blocks, or of workers, here
             check_kv_fits(bm.gpu.num_blocks, config.block_size, config.max_model_len, config.max_num_batched_tokens,
                           bm.sliding_window)

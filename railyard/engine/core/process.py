@@ -66,7 +66,7 @@ def run_engine_core(config: EngineConfig, input_address: str, output_address: st
     logging.basicConfig(level=log_level, format="%(asctime)s %(levelname)s %(name)s[core]: %(message)s")
     with startup.phase("imports"):
         bytecode = configure_bytecode_cache()  # before torch: read from (and, the first time, written to) the root
-        startup.bytecode_cache = bytecode_cache_state()
+        startup.bytecode_cache = bytecode_cache_state(bytecode)
         _import_engine()
     if bytecode is not None:
         log.info("Python bytecode kept in %s (the installation ships none beside its sources)", bytecode)

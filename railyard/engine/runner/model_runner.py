@@ -213,7 +213,7 @@ class ModelRunner:
             if config.num_gpu_blocks is None and config.max_model_len and config.max_num_batched_tokens:  # profiled:
                 # refuse it now, not after graphs and warm-up (a size given is the engine core's to check)
                 check_kv_fits(self.num_gpu_blocks, config.block_size, config.max_model_len,
-                              config.max_num_batched_tokens, spec.sliding_window if spec.sliding_layers else None)
+                              config.max_num_batched_tokens, spec.kv_sliding_window)
             with timed("kv_allocation"):
                 self.num_cpu_blocks = self._num_cpu_blocks()
                 self._allocate_kv_cache()

@@ -61,10 +61,10 @@ def configure_bytecode_cache(probe: str = _BYTECODE_PROBE) -> Path | None:
     return ours
 
 
-def bytecode_cache_state(probe: str = _BYTECODE_PROBE) -> str | None:
-    """Before `probe`'s import, under railyard's bytecode prefix: "warm" (its bytecode is there from an earlier
-    start) or "cold" (this start compiles its sources); None where Python's own arrangement stands."""
-    if sys.pycache_prefix is None or Path(sys.pycache_prefix) != cache_root() / BYTECODE:
+def bytecode_cache_state(directory: Path | None, probe: str = _BYTECODE_PROBE) -> str | None:
+    """Before `probe`'s import, with configure_bytecode_cache's directory: "warm" (its bytecode is there from an
+    earlier start) or "cold" (this start compiles its sources); None where Python's own arrangement stands."""
+    if directory is None:
         return None
     spec = importlib.util.find_spec(probe)
     if spec is None or spec.cached is None:
