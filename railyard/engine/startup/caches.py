@@ -8,7 +8,7 @@
   and the Python, transformers and tokenizers versions.
 - the embedded tiny model (railyard.engine.startup.tiny_model).
 - `python/`: the bytecode of the Python modules a start imports, where the installation ships none (uv installs
-  without it; images often set PYTHONDONTWRITEBYTECODE): torch alone is ~2 s of compiling at every start otherwise.
+  without it; images often set PYTHONDONTWRITEBYTECODE), which every start would otherwise compile from its sources.
   A PYTHONPYCACHEPREFIX the user set wins; an installation with its bytecode beside the sources is left alone.
 
 - `last_start.json`: how the last engine start here met the kernel cache (cold: every kernel compiled; warm: all
