@@ -26,9 +26,12 @@ from railyard.engine.runner.layers.fp8 import FP8, cache_bits, gemm_path, scaled
 from railyard.engine.runner.models.loader import build_empty, fill_from_checkpoint, random_weights
 from railyard.engine.runner.layers.parallel import SINGLE, ParallelState
 from railyard.engine.runner.piecewise_graphs import PiecewiseGraphs
+from railyard.engine.runner.gemm_warmup import record_products, warm_products
+from railyard.engine.runner.row_buckets import row_bucket, row_buckets
 from railyard.engine.runner.sleep import (SleepingWeights, SleepMemory, allocating, device_bytes, put_to_sleep,
                                          wake_weights)
-from railyard.engine.runner.warmup import WarmLimits, WarmStep, ladder, peak_steps, sampling_variants, warm_steps
+from railyard.engine.runner.warmup import (WarmLimits, WarmStep, ladder, peak_steps, prefill_step, sampling_variants,
+                                           warm_steps)
 from railyard.engine.runner.sampler import (DoneSample, PendingSample, SamplerOutput, SamplingRow, host_tensor, sample_async,
                                     to_device)
 from railyard.engine.sched.block_manager import check_kv_fits
@@ -593,15 +596,17 @@ class ModelRunner:
         if self.piecewise is not None and n <= self.piecewise.max_tokens:  # graphs around eager attention
             hidden = self.piecewise.run(plan.input_ids, plan.positions, self.kv_caches, meta, feed)
         else:
-            ids = host_tensor(plan.input_ids, torch.long, self.device)
+            pad = [0] * (row_bucket(n, self.config.max_num_batched_tokens) - n)  # rows the library has run before
+            ids = host_tensor(plan.input_ids + pad, torch.long, self.device)
             if feed is not None:
                 ids[feed[0]] = feed[1]
-            pos = host_tensor(plan.positions, torch.long, self.device)
-            hidden = self.model(ids, pos, self.kv_caches, meta)
+            pos = host_tensor(plan.positions + pad, torch.long, self.device)
+            hidden = self.model(ids, pos, self.kv_caches, meta, num_tokens=n)
         if not plan.sample_indices:
             return None
-        idx = host_tensor(plan.sample_indices, torch.long, self.device)
-        return self.model.compute_logits(hidden[idx])
+        m = len(plan.sample_indices)  # the LM head's rows, padded as the step's (the last row again)
+        rows = plan.sample_indices + plan.sample_indices[-1:] * (row_bucket(m, self.config.max_num_seqs) - m)
+        return self.model.compute_logits(hidden[host_tensor(rows, torch.long, self.device)])[:m]
 
     def launch(self, out: SchedulerOutput) -> PendingSample | DoneSample:
         """Queue one whole step (plan, forward, sample) without waiting for the device.
@@ -667,13 +672,36 @@ class ModelRunner:
                 pairs = [(b, b) for b in range(n)]
                 self.swap(StepPlan([], [], [], [0], [], [], [], swap_out=pairs, swap_in=pairs))
         self._fed = None
+        # A woken engine's process ran them at its start: the library's kernels stay loaded through sleep.
+        products = self.warm_library_products() if self.device.type == "cuda" and not peaks_only else 0
         _synchronize(self.device)
-        log.info("warm-up%s: %d steps (up to %d tokens, %d sequences, contexts of %d) in %.2f s%s",
+        log.info("warm-up%s: %d steps (up to %d tokens, %d sequences, contexts of %d) and %d library GEMMs in %.2f s%s",
                  " (peak steps)" if peaks_only else "", len(steps), max((s.num_tokens for s in steps), default=0),
-                 max((s.num_seqs for s in steps), default=0), self.config.max_model_len, time.perf_counter() - start,
+                 max((s.num_seqs for s in steps), default=0), self.config.max_model_len, products,
+                 time.perf_counter() - start,
                  f"; the allocator holds {torch.cuda.memory_reserved(self.device) / GIB:.2f} GiB"
                  if self.device.type == "cuda" else "")
         return len(steps)
+
+    @torch.inference_mode()
+    def warm_library_products(self) -> int:
+        """Run the library GEMMs (F.linear) of an eager step at every row bucket an eager step can pad to, and the
+        LM head at every bucket of sampled rows (gemm_warmup.py); returns the number of products run. The eager
+        step's products are recorded from one real eager step, the smallest (all ranks run the same)."""
+        c = self.config
+        lo = self.piecewise.max_tokens + 1 if self.piecewise is not None else 1
+        hi = min(c.max_num_batched_tokens, c.max_model_len * c.max_num_seqs)
+        runs = 0
+        if lo <= hi:
+            plan = self._warm_plan(prefill_step(lo, c.max_model_len), first_block=0, fed_rows=0)
+            head = self.model.lm_head.weight  # its rows are sampled rows, not the step's: walked below
+            products = [p for p in record_products(lambda: self.compute_logits(plan)) if p.weight is not head]
+            runs += warm_products(products, row_buckets(lo, hi), self.device)
+        hidden = torch.zeros(c.max_num_seqs, self.spec.hidden_size, dtype=self.dtype, device=self.device)
+        for rows in row_buckets(1, c.max_num_seqs):
+            self.model.compute_logits(hidden[:rows])
+            runs += 1
+        return runs
 
     def _warm_plan(self, step: WarmStep, first_block: int, fed_rows: int) -> StepPlan:
         """A warm-up step as a StepPlan over KV blocks no sequence holds yet; its decodes read the previous warm-up

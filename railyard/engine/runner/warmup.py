@@ -19,6 +19,8 @@ at a time around a small step:
 - every other step samples one row of each kind (greedy, seeded random, top-k/top-p/min-p, penalties, logprobs,
   forbidden ids before min_tokens); swap preemption copies blocks out and back.
 Nothing is captured here (graphs are captured before), and the KV cache it writes holds no live sequence yet.
+The library GEMMs of eager steps and the LM head, whose kernels follow their row count, are run at every row bucket
+besides (gemm_warmup.py, row_buckets.py).
 Structured outputs' mask kernel is warmed where its vocabulary is known: on the grammar thread, at its set-up.
 Sleep mode's wake-up runs only `peak_steps`, the largest step of each walk: its kernels are still compiled.
 """
@@ -87,6 +89,12 @@ def doubling(lo: int, hi: int) -> list[int]:
     return sizes + [hi] if hi >= lo else sizes
 
 
+def prefill_step(tokens: int, max_model_len: int) -> WarmStep:
+    """A prefill step of this many tokens, in rows of max_model_len (the last one shorter)."""
+    full, rest = divmod(tokens, max_model_len)
+    return WarmStep(prefills=((max_model_len, 0),) * full + (((rest, 0),) if rest else ()))
+
+
 def _walks(limits: WarmLimits) -> list[list[WarmStep]]:
     """The warm-up's walks (module docstring): each along one dimension of a step, from its smallest value to its
     largest, every step at most the engine's limits."""
@@ -110,11 +118,7 @@ def _walks(limits: WarmLimits) -> list[list[WarmStep]]:
                       for n in ladder(1, min(B - 1, T - prompt))])
     # Prefill steps: over their tokens (rows of at most max_model_len, as many as the budget allows), over cached
     # context before a short chunk, and over their number of rows.
-    walk = []
-    for tokens in ladder(2, min(T, L * B)):
-        full, rest = divmod(tokens, L)
-        walk.append(WarmStep(prefills=((L, 0),) * full + (((rest, 0),) if rest else ())))
-    walks.append(walk)
+    walks.append([prefill_step(tokens, L) for tokens in ladder(2, min(T, L * B))])
     if prompt and L > prompt:
         walks.append([WarmStep(prefills=((prompt, ctx),)) for ctx in doubling(min(bs, L - prompt), L - prompt)])
     if L >= 2:

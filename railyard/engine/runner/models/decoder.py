@@ -151,12 +151,24 @@ class DecoderModel(nn.Module):
         self.rotary = rotary
         self.lora_batch = None  # where the engine serves LoRA adapters: the step's tokens by adapter slot
 
-    def forward(self, input_ids, positions, kv_caches, meta):
+    def forward(self, input_ids, positions, kv_caches, meta, num_tokens: int | None = None):
+        """Hidden states of every row. num_tokens: only the first rows are the step's tokens, the rest padding
+        (row_buckets.py): as in the piecewise graphs, attention reads and writes the real rows only, and every
+        other operation, being row-wise, leaves them as they would be unpadded."""
         if self.lora_batch is not None:
             self.lora_batch.prepare(input_ids.shape[0])
+        n = input_ids.shape[0] if num_tokens is None else num_tokens
         x, residual = self.embed_tokens(input_ids), None
-        for layer, cache in zip(self.layers, kv_caches):
-            x, residual = layer(positions, x, residual, cache, meta)
+        if n == input_ids.shape[0]:
+            for layer, cache in zip(self.layers, kv_caches):
+                x, residual = layer(positions, x, residual, cache, meta)
+        else:
+            out = None  # the attention output of every layer in turn; its padding rows stay zero
+            for layer, cache in zip(self.layers, kv_caches):
+                q, k, v, residual = layer.pre_attention(positions, x, residual)
+                out = q.new_zeros(q.shape) if out is None else out
+                layer.self_attn.attn.forward(q[:n], k[:n], v[:n], cache, meta, out=out[:n])
+                x, residual = layer.post_attention(out, residual)
         x, _ = self.norm(x, residual)
         return x
 
@@ -203,8 +215,8 @@ class CausalLM(nn.Module):
         if spec.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
 
-    def forward(self, input_ids, positions, kv_caches, meta) -> torch.Tensor:
-        return self.model(input_ids, positions, kv_caches, meta)
+    def forward(self, input_ids, positions, kv_caches, meta, num_tokens: int | None = None) -> torch.Tensor:
+        return self.model(input_ids, positions, kv_caches, meta, num_tokens)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head.logits(hidden)
