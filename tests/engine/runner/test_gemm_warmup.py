@@ -6,6 +6,10 @@ calls for the rows they run at; the engine's tokens before and after the walk.""
 
 from __future__ import annotations
 
+import random
+import time
+
+import pytest
 import torch
 import torch.nn.functional as F
 
@@ -14,6 +18,7 @@ from railyard.engine.engine import Engine
 from railyard.engine.llm import LLM
 from railyard.engine.runner.gemm_warmup import LinearRecorder, record_products, warm_products
 from railyard.engine.runner.row_buckets import row_buckets
+from railyard.engine.runner.warmup import WarmStep
 
 
 def test_a_recording_keeps_each_distinct_product_once_and_runs_the_code_as_is():
@@ -92,3 +97,42 @@ def test_the_start_up_warm_up_walks_the_library_products_on_a_gpu_only():
     runner.warm_library_products = lambda: walked.append(1) or 0
     runner.warm_up()
     assert walked == []
+
+
+SLEEP_CYCLES = 400_000_000  # the step still running on the device when the next one launches: ~0.2 s
+
+
+def blocked_launches(runner, counts: list[int], rng: random.Random) -> list[tuple[int, int, float, float]]:
+    """(tokens, sampled rows, host s, device s) of each eager step whose launch waited for the device: launched
+    behind a kernel that keeps the device busy, as asynchronous scheduling launches a step behind the one running,
+    a launch that returns before that kernel is half done did not wait."""
+    c = runner.config
+    blocked = []
+    for n in counts:
+        m = rng.randrange(-(-n // c.max_model_len), min(c.max_num_seqs, n) + 1)  # rows of at most max_model_len
+        lengths = [n // m + (i < n % m) for i in range(m)]
+        plan = runner._warm_plan(WarmStep(prefills=tuple((k, 0) for k in lengths)), first_block=0, fed_rows=0)
+        torch.cuda.synchronize()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        torch.cuda._sleep(SLEEP_CYCLES)
+        end.record()
+        t = time.perf_counter()
+        runner.compute_logits(plan)
+        host = time.perf_counter() - t
+        torch.cuda.synchronize()
+        busy = start.elapsed_time(end) / 1000
+        if host > busy / 2:
+            blocked.append((n, m, round(host, 3), round(busy, 3)))
+    return blocked
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="a library's kernels load on first use on a GPU")
+def test_after_ready_no_eager_step_waits_on_the_device_for_a_library_kernel():
+    engine = Engine.from_config(EngineConfig(model="qwen3-0.6b", max_num_batched_tokens=8192, max_num_seqs=64,
+                                             max_model_len=4096))
+    runner = engine.executor.runner
+    lo = runner.piecewise.max_tokens + 1
+    rng = random.Random(0)
+    counts = [lo, 8192] + rng.sample(range(lo, 8192), 40)  # token counts and sampled rows no warm-up step had
+    assert blocked_launches(runner, counts, rng) == []
