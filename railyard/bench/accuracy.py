@@ -115,12 +115,14 @@ def layer_outputs(runner: ModelRunner) -> Iterator[list[list[torch.Tensor]]]:
     layers: list[list[torch.Tensor]] = [[] for _ in runner.model.model.layers]
 
     def keeper(i: int):
-        def keep(module, inputs, output) -> None:
+        def keep(module, args, kwargs, output) -> None:
             x, residual = output  # a layer hands on (its output, the residual stream): their sum is its hidden state
-            layers[i].append(hidden_state(x, residual))
+            n = kwargs.get("num_tokens")  # the step's own rows, where the runner padded it (row_buckets.py)
+            layers[i].append(hidden_state(x, residual)[:n])
         return keep
 
-    hooks = [layer.register_forward_hook(keeper(i)) for i, layer in enumerate(runner.model.model.layers)]
+    hooks = [layer.register_forward_hook(keeper(i), with_kwargs=True)
+             for i, layer in enumerate(runner.model.model.layers)]
     try:
         yield layers
     finally:

@@ -134,10 +134,17 @@ class DecoderLayer(nn.Module):
         x, residual = self.post_attention_layernorm(x, residual)
         return self.mlp(x, defer_scales=True), residual
 
-    def forward(self, positions, x, residual, kv_cache, meta):
-        """-> (x, residual) for the next layer; x as post_attention returns it (for an RMSNorm only)."""
+    def forward(self, positions, x, residual, kv_cache, meta, num_tokens: int | None = None,
+                out: torch.Tensor | None = None):
+        """-> (x, residual) for the next layer; x as post_attention returns it (for an RMSNorm only).
+        num_tokens: only the first rows are the step's tokens, the rest padding: attention runs on those rows into
+        out[:num_tokens], whose other rows the caller keeps zero (DecoderModel.forward)."""
         q, k, v, residual = self.pre_attention(positions, x, residual)
-        return self.post_attention(self.self_attn.attn.forward(q, k, v, kv_cache, meta), residual)
+        if num_tokens is None or num_tokens == q.shape[0]:
+            return self.post_attention(self.self_attn.attn.forward(q, k, v, kv_cache, meta), residual)
+        n = num_tokens
+        self.self_attn.attn.forward(q[:n], k[:n], v[:n], kv_cache, meta, out=out[:n])
+        return self.post_attention(out, residual)
 
 
 class DecoderModel(nn.Module):
@@ -157,18 +164,14 @@ class DecoderModel(nn.Module):
         other operation, being row-wise, leaves them as they would be unpadded."""
         if self.lora_batch is not None:
             self.lora_batch.prepare(input_ids.shape[0])
-        n = input_ids.shape[0] if num_tokens is None else num_tokens
         x, residual = self.embed_tokens(input_ids), None
-        if n == input_ids.shape[0]:
-            for layer, cache in zip(self.layers, kv_caches):
-                x, residual = layer(positions, x, residual, cache, meta)
-        else:
-            out = None  # the attention output of every layer in turn; its padding rows stay zero
-            for layer, cache in zip(self.layers, kv_caches):
-                q, k, v, residual = layer.pre_attention(positions, x, residual)
-                out = q.new_zeros(q.shape) if out is None else out
-                layer.self_attn.attn.forward(q[:n], k[:n], v[:n], cache, meta, out=out[:n])
-                x, residual = layer.post_attention(out, residual)
+        padded = {}
+        if num_tokens is not None and num_tokens < input_ids.shape[0]:
+            attn = self.layers[0].self_attn  # every layer's attention output in turn; its padding rows stay zero
+            out = x.new_zeros(input_ids.shape[0], attn.num_heads, attn.head_dim)
+            padded = dict(num_tokens=num_tokens, out=out)
+        for layer, cache in zip(self.layers, kv_caches):
+            x, residual = layer(positions, x, residual, cache, meta, **padded)
         x, _ = self.norm(x, residual)
         return x
 
