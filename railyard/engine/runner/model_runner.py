@@ -30,8 +30,8 @@ from railyard.engine.runner.gemm_warmup import record_products, warm_products
 from railyard.engine.runner.row_buckets import row_bucket, row_buckets
 from railyard.engine.runner.sleep import (SleepingWeights, SleepMemory, allocating, device_bytes, put_to_sleep,
                                          wake_weights)
-from railyard.engine.runner.warmup import (WarmLimits, WarmStep, ladder, peak_steps, prefill_step, sampling_variants,
-                                           warm_steps)
+from railyard.engine.runner.warmup import (WarmLimits, WarmStep, ladder, max_step_tokens, peak_steps, prefill_step,
+                                           sampling_variants, warm_steps)
 from railyard.engine.runner.sampler import (DoneSample, PendingSample, SamplerOutput, SamplingRow, host_tensor, sample_async,
                                     to_device)
 from railyard.engine.sched.block_manager import check_kv_fits
@@ -690,7 +690,7 @@ class ModelRunner:
         step's products are recorded from one real eager step, the smallest (all ranks run the same)."""
         c = self.config
         lo = self.piecewise.max_tokens + 1 if self.piecewise is not None else 1
-        hi = min(c.max_num_batched_tokens, c.max_model_len * c.max_num_seqs)
+        hi = max_step_tokens(self.warm_limits())
         runs = 0
         if lo <= hi:
             plan = self._warm_plan(prefill_step(lo, c.max_model_len), first_block=0, fed_rows=0)

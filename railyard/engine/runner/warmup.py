@@ -95,6 +95,11 @@ def prefill_step(tokens: int, max_model_len: int) -> WarmStep:
     return WarmStep(prefills=((max_model_len, 0),) * full + (((rest, 0),) if rest else ()))
 
 
+def max_step_tokens(limits: WarmLimits) -> int:
+    """The most tokens one step can carry: the budget, or max_num_seqs rows of max_model_len where that is fewer."""
+    return min(limits.max_num_batched_tokens, limits.max_model_len * limits.max_num_seqs)
+
+
 def _walks(limits: WarmLimits) -> list[list[WarmStep]]:
     """The warm-up's walks (module docstring): each along one dimension of a step, from its smallest value to its
     largest, every step at most the engine's limits."""
@@ -118,7 +123,7 @@ def _walks(limits: WarmLimits) -> list[list[WarmStep]]:
                       for n in ladder(1, min(B - 1, T - prompt))])
     # Prefill steps: over their tokens (rows of at most max_model_len, as many as the budget allows), over cached
     # context before a short chunk, and over their number of rows.
-    walks.append([prefill_step(tokens, L) for tokens in ladder(2, min(T, L * B))])
+    walks.append([prefill_step(tokens, L) for tokens in ladder(2, max_step_tokens(limits))])
     if prompt and L > prompt:
         walks.append([WarmStep(prefills=((prompt, ctx),)) for ctx in doubling(min(bs, L - prompt), L - prompt)])
     if L >= 2:

@@ -14,11 +14,9 @@ import pytest
 import torch
 
 from railyard import LLM, SamplingParams
-from railyard.engine.engine import Engine
-from railyard.engine.config import EngineConfig
-from railyard.engine.runner.model_runner import StepPlan
 from railyard.engine.runner.piecewise_graphs import PiecewiseGraphs, piecewise_sizes
 from tests.engine.hf_oracle import hf_greedy
+from tests.engine.runner.step_plans import filled_caches, small_runner, step_plan
 
 CUDA = torch.cuda.is_available()
 needs_cuda = pytest.mark.skipif(not CUDA, reason="CUDA graphs need a GPU")
@@ -39,39 +37,11 @@ def test_buckets_pad_by_at_most_half_below_256_tokens_a_quarter_above_and_end_at
     assert piecewise_sizes(16) == [16]
 
 
-def _step(runner, shapes: list[tuple[int, int]], rng: random.Random) -> StepPlan:
-    """A step's plan with each sequence in its own blocks; cached tokens' KV is whatever the cache holds."""
-    bs = runner.block_size
-    ids, positions, slots, starts, seq_lens, tables = [], [], [], [0], [], []
-    next_block = 0
-    for cached, new in shapes:
-        table = list(range(next_block, next_block + -(-(cached + new) // bs)))
-        next_block += len(table)
-        ids += [rng.randrange(200) for _ in range(new)]
-        positions += list(range(cached, cached + new))
-        slots += [table[p // bs] * bs + p % bs for p in range(cached, cached + new)]
-        starts.append(starts[-1] + new)
-        seq_lens.append(cached + new)
-        tables.append(table)
-    return StepPlan(ids, positions, slots, starts, seq_lens, tables, [s - 1 for s in starts[1:]], [], [])
-
-
-def _runner(path: str, device: str, **config):
-    engine = Engine(EngineConfig(model=path, device=device, block_size=8, num_gpu_blocks=32, max_model_len=256,
-                                 **config))
-    return engine.executor.runner
-
-
-def _filled_caches(runner) -> list[torch.Tensor]:
-    gen = torch.Generator(device=runner.device).manual_seed(0)
-    return [torch.randn(c.shape, generator=gen, device=c.device).to(c.dtype) for c in runner.kv_caches]
-
-
 def _unsplit_and_piecewise(runner, graphs: PiecewiseGraphs, plan: StepPlan):
     """(hidden, caches) of the unsplit forward and of the pieces, from identical caches."""
     dev = runner.device
     meta = runner.to_metadata(plan)
-    caches = _filled_caches(runner)
+    caches = filled_caches(runner)
     ref_caches, pw_caches = [c.clone() for c in caches], [c.clone() for c in caches]
     with torch.inference_mode():
         ids = torch.tensor(plan.input_ids, device=dev)
@@ -86,9 +56,9 @@ def _unsplit_and_piecewise(runner, graphs: PiecewiseGraphs, plan: StepPlan):
     ("qwen2", {}), ("qwen3", {}), ("llama", {}), ("qwen3", dict(quantization="fp8")), ("qwen3moe", {}),
 ], ids=["qwen2", "qwen3", "llama", "qwen3-fp8-weights", "qwen3moe"])
 def test_pieces_in_sequence_with_padding_give_the_unsplit_forward(tiny_models, arch, config, step):
-    runner = _runner(tiny_models[arch], "cpu", **config)
+    runner = small_runner(tiny_models[arch], "cpu", **config)
     graphs = PiecewiseGraphs(runner.model, 64, runner.device, capture=False)
-    plan = _step(runner, STEPS[step], random.Random(step))
+    plan = step_plan(runner, STEPS[step], random.Random(step))
     (ref, ref_caches), (got, pw_caches) = _unsplit_and_piecewise(runner, graphs, plan)
     assert got.shape == ref.shape
     torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5)
@@ -100,8 +70,8 @@ def test_pieces_in_sequence_with_padding_give_the_unsplit_forward(tiny_models, a
 
 def test_padded_rows_do_not_change_real_rows(tiny_models):
     # The same step padded to two buckets (16 and 64 rows) gives the same real rows: every piece is row-wise.
-    runner = _runner(tiny_models["qwen2"], "cpu")
-    plan = _step(runner, STEPS["mixed-prefill-and-decode"], random.Random(0))
+    runner = small_runner(tiny_models["qwen2"], "cpu")
+    plan = step_plan(runner, STEPS["mixed-prefill-and-decode"], random.Random(0))
     small = PiecewiseGraphs(runner.model, 16, runner.device, capture=False)
     large = PiecewiseGraphs(runner.model, 64, runner.device, capture=False)
     large.sizes = [64]  # force the largest bucket
@@ -136,9 +106,9 @@ def test_engine_through_the_pieces_matches_hf_generate(tiny_models, arch):
                                     dict(dtype="bfloat16", quantization="fp8")],
                          ids=["float32", "bfloat16", "bfloat16-fp8-weights"])
 def test_graph_replay_matches_the_eager_forward_on_gpu(tiny_models, config, step):
-    runner = _runner(tiny_models["qwen3"], "cuda", attention_backend="triton", **config)
+    runner = small_runner(tiny_models["qwen3"], "cuda", attention_backend="triton", **config)
     assert runner.piecewise is not None and runner.piecewise.graphs, "piecewise graphs were not captured"
-    plan = _step(runner, STEPS[step], random.Random(step))
+    plan = step_plan(runner, STEPS[step], random.Random(step))
     (ref, ref_caches), (got, pw_caches) = _unsplit_and_piecewise(runner, runner.piecewise, plan)
     # Padding changes the GEMMs' row counts and with them cuBLAS's kernels (rounding, in bf16 and in the FP8
     # activations' per-token scales); a wrong buffer or piece would be off by O(1).
@@ -150,8 +120,8 @@ def test_graph_replay_matches_the_eager_forward_on_gpu(tiny_models, config, step
 
 @needs_cuda
 def test_graph_replay_is_the_same_every_time_on_gpu(tiny_models):
-    runner = _runner(tiny_models["qwen2"], "cuda", attention_backend="triton")
-    plan = _step(runner, STEPS["mixed-prefill-and-decode"], random.Random(1))
+    runner = small_runner(tiny_models["qwen2"], "cuda", attention_backend="triton")
+    plan = step_plan(runner, STEPS["mixed-prefill-and-decode"], random.Random(1))
     (_, _), (a, _) = _unsplit_and_piecewise(runner, runner.piecewise, plan)
     (_, _), (b, _) = _unsplit_and_piecewise(runner, runner.piecewise, plan)
     assert torch.equal(a, b)
@@ -173,12 +143,12 @@ def test_engine_with_captured_pieces_matches_hf_generate_on_gpu(tiny_models, arc
 def test_buckets_captured_without_a_warm_up_of_their_own_replay_the_eager_forward_on_gpu(tiny_models):
     """Only the largest bucket (and any whose capture met a kernel not loaded yet) runs eagerly before its capture;
     the others are captured straight away (graph_capture.capture_each) and must still give the eager forward."""
-    runner = _runner(tiny_models["qwen3"], "cuda", attention_backend="triton", dtype="float32")
+    runner = small_runner(tiny_models["qwen3"], "cuda", attention_backend="triton", dtype="float32")
     pw = runner.piecewise
     assert pw.warmed_up[0] == pw.sizes[-1] and len(pw.warmed_up) < len(pw.sizes)
     assert runner.graphs.warmed_up[0] == runner.graphs.sizes[-1]
     for step in ("mixed-prefill-and-decode", "prefill-only"):  # buckets 16 and 32
-        plan = _step(runner, STEPS[step], random.Random(step))
+        plan = step_plan(runner, STEPS[step], random.Random(step))
         bucket = -(-len(plan.input_ids) // 16) * 16
         assert bucket in pw.graphs and bucket not in pw.warmed_up
         (ref, _), (got, _) = _unsplit_and_piecewise(runner, pw, plan)

@@ -12,11 +12,9 @@ import pytest
 import torch
 
 from railyard import LLM, SamplingParams
-from railyard.engine.config import EngineConfig
-from railyard.engine.engine import Engine
-from railyard.engine.runner.model_runner import StepPlan
 from railyard.engine.runner.row_buckets import PER_OCTAVE, row_bucket, row_buckets
 from tests.engine.hf_oracle import hf_greedy
+from tests.engine.runner.step_plans import filled_caches, small_runner, step_plan
 
 
 @pytest.mark.parametrize("lo, hi", [(1, 300), (2049, 16384), (2049, 10000), (1, 1), (7, 7), (9, 3)])
@@ -37,36 +35,12 @@ def test_the_buckets_are_few_per_octave():
     assert [row_bucket(n) for n in (1, 63, 64, 65, 100)] == [1, 63, 64, 66, 100]
 
 
-def _runner(path: str, **config):
-    engine = Engine(EngineConfig(model=path, device="cpu", block_size=8, num_gpu_blocks=64, max_model_len=256,
-                                 **config))
-    return engine.executor.runner
-
-
-def _plan(runner, shapes: list[tuple[int, int]], rng: random.Random) -> StepPlan:
-    """(tokens cached, new tokens) per sequence, each in its own blocks."""
-    bs = runner.block_size
-    ids, positions, slots, starts, seq_lens, tables = [], [], [], [0], [], []
-    block = 0
-    for cached, new in shapes:
-        table = list(range(block, block + -(-(cached + new) // bs)))
-        block += len(table)
-        ids += [rng.randrange(200) for _ in range(new)]
-        positions += list(range(cached, cached + new))
-        slots += [table[p // bs] * bs + p % bs for p in range(cached, cached + new)]
-        starts.append(starts[-1] + new)
-        seq_lens.append(cached + new)
-        tables.append(table)
-    return StepPlan(ids, positions, slots, starts, seq_lens, tables, [s - 1 for s in starts[1:]], [], [])
-
-
 @pytest.mark.parametrize("arch", ["qwen2", "qwen3", "qwen3moe"])
 def test_padding_rows_change_no_real_row_and_write_no_kv(tiny_models, arch):
-    runner = _runner(tiny_models[arch])
-    plan = _plan(runner, [(5, 1), (0, 40), (9, 23), (17, 1)], random.Random(arch))  # 65 tokens
+    runner = small_runner(tiny_models[arch], "cpu")
+    plan = step_plan(runner, [(5, 1), (0, 40), (9, 23), (17, 1)], random.Random(arch))  # 65 tokens
     meta = runner.to_metadata(plan)
-    gen = torch.Generator().manual_seed(0)
-    caches = [torch.randn(c.shape, generator=gen).to(c.dtype) for c in runner.kv_caches]
+    caches = filled_caches(runner)
     n, padded = len(plan.input_ids), 80
     results = []
     with torch.inference_mode():

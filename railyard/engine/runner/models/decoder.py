@@ -137,10 +137,10 @@ class DecoderLayer(nn.Module):
     def forward(self, positions, x, residual, kv_cache, meta, num_tokens: int | None = None,
                 out: torch.Tensor | None = None):
         """-> (x, residual) for the next layer; x as post_attention returns it (for an RMSNorm only).
-        num_tokens: only the first rows are the step's tokens, the rest padding: attention runs on those rows into
-        out[:num_tokens], whose other rows the caller keeps zero (DecoderModel.forward)."""
+        num_tokens (given with out, where there is padding): only the first rows are the step's tokens: attention
+        runs on those rows into out[:num_tokens], whose other rows the caller keeps zero (DecoderModel.forward)."""
         q, k, v, residual = self.pre_attention(positions, x, residual)
-        if num_tokens is None or num_tokens == q.shape[0]:
+        if num_tokens is None:
             return self.post_attention(self.self_attn.attn.forward(q, k, v, kv_cache, meta), residual)
         n = num_tokens
         self.self_attn.attn.forward(q[:n], k[:n], v[:n], kv_cache, meta, out=out[:n])
