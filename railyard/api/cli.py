@@ -17,6 +17,7 @@ from railyard.api.lora import LoRAModule, lora_request, parse_lora_module
 from railyard.engine.args import add_engine_args, engine_config_from_args
 from railyard.engine.client.base import DEFAULT_MAX_WAITING_REQUESTS
 from railyard.engine.startup.background import Background
+from railyard.engine.startup.gc_heap import freeze_startup_heap
 from railyard.engine.tokenizer import with_shape_tokenizer
 from railyard.envs import RAILYARD_API_KEY
 from railyard.errors import STOP_SIGNALS, ConfigError, InvalidRequestError, Stopped
@@ -142,6 +143,7 @@ def run_serve(args: argparse.Namespace) -> int:
     name = engine.model_info.served_model_name
 
     def on_ready() -> None:  # the start-up report is complete: what no phase took since railyard started
+        freeze_startup_heap()  # this process serves this engine for its life
         if startup is not None and "server_start" not in startup.phases:
             startup.add_rest("server_start", started_at)
 

@@ -59,6 +59,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run_throughput_cmd(args: argparse.Namespace) -> int:
     from railyard.bench.throughput import run_throughput
     from railyard.engine.engine import Engine
+    from railyard.engine.startup.gc_heap import frozen_heap
     from railyard.bench.workload import LengthRange, reuse_warning
     from railyard.errors import ConfigError
 
@@ -75,9 +76,10 @@ def run_throughput_cmd(args: argparse.Namespace) -> int:
     if args.token_id_range is not None and not 1 <= args.token_id_range <= engine.spec.vocab_size:
         raise ConfigError(f"--token-id-range must be in [1, {engine.spec.vocab_size}] (the vocabulary)")
     jit_before = engine.stats().jit_after_ready_total
-    results = [run_throughput(engine, args.num_prompts, input_len, output_len, args.workload_seed,
-                              args.warmup_prompts if k == 0 else 0, args.token_id_range,
-                              progress=sys.stderr.isatty(), repeat=k) for k in range(args.runs)]
+    with frozen_heap():  # the runs see the collector as an engine's own process has it
+        results = [run_throughput(engine, args.num_prompts, input_len, output_len, args.workload_seed,
+                                  args.warmup_prompts if k == 0 else 0, args.token_id_range,
+                                  progress=sys.stderr.isatty(), repeat=k) for k in range(args.runs)]
     result = results[0]
     report = result.to_dict()
     # What the figures were measured on: `railyard plan --profile` refuses them for another model or device.

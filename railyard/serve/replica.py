@@ -25,6 +25,7 @@ from railyard.engine.client.base import DEFAULT_MAX_WAITING_REQUESTS, EngineClie
 from railyard.engine.config import EngineConfig, SamplingParams
 from railyard.engine.lora.request import LoRARequest
 from railyard.engine.outputs import EngineStats, RequestOutput
+from railyard.engine.startup.gc_heap import freeze_startup_heap
 from railyard.engine.startup.timings import StartupTimes
 from railyard.errors import EngineDeadError
 from railyard.serve.logs import log_where_serve_logs
@@ -144,6 +145,8 @@ class EngineReplica:
             log.info("engine replica %s took %s engine (pid %d)%s", self.replica_id,
                      "a standby" if woke else "a new", self.client.pid, f": {woke.get('phases_s')}" if woke else "")
             await self._pool.serving.remote(self.client.pid)
+        with steps.phase("heap_freeze"):  # a replica's actor process keeps this engine client for its life
+            freeze_startup_heap()
         log.info("engine replica %s of %s ready on node %s; %s", self.replica_id, self.deployment, self.node_id,
                  steps.describe("replica start"))
 

@@ -5,11 +5,13 @@ cached blocks), pinned host allocations, and the garbage collector's pauses. The
 step i of the first run against step i of the third shows where the first one loses time.
 
 Usage: python3 scripts/dev/first_run_steps.py qwen2-7b [max_num_batched_tokens] -> $OUT/first_run_<model>.json and
-a table on stdout (DIFF_MS=10: the steps the first run took that much longer than the third).
+a table on stdout (DIFF_MS=10: the steps the first run took that much longer than the third). The runs see the
+heap frozen as `railyard bench throughput` and an engine's process have it (FREEZE=0: not).
 """
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import json
 import os
@@ -26,6 +28,7 @@ from railyard.bench.throughput import workload_requests  # noqa: E402
 from railyard.bench.workload import LengthRange  # noqa: E402
 from railyard.engine.config import EngineConfig, SamplingParams  # noqa: E402
 from railyard.engine.engine import Engine  # noqa: E402
+from railyard.engine.startup.gc_heap import frozen_heap  # noqa: E402
 
 name = sys.argv[1]
 budget = int(sys.argv[2]) if len(sys.argv) > 2 else 16384
@@ -146,52 +149,53 @@ if cuda and os.environ.get("PROBE_GEMM"):  # layer 0's projections at token coun
     print(f"GEMM token counts {lo}..: {len(sizes)} probed, {len(slow)} first calls > 1 ms slower than the second: "
           f"{slow[:60]}")
 runs = []
-for k in range(3):
-    reqs = workload_requests(eng, int(os.environ.get("PROMPTS", "256")), LengthRange(100, 1024), LengthRange(256, 256), 0,
-                             repeat=k)
-    for i, r in enumerate(reqs):
-        eng.add_request(f"r{k}-{i}", None, SamplingParams(temperature=0.0, max_tokens=r.output_len, ignore_eos=True,
-                                                          output_kind="final_only"),
-                        prompt_token_ids=r.prompt_token_ids)
-    gc_pauses.clear()
-    steps = []
-    t0 = time.perf_counter()
-    before_run = allocator()
-    ends.clear()
-    while eng.has_unfinished_requests():
-        a = allocator()
-        modules = set(sys.modules)
-        host.clear()
-        syncs.clear()
-        watch = cuda and len(steps) < 12
-        if watch:
-            torch.cuda.set_sync_debug_mode(1)
-        t = time.perf_counter()
-        eng.step()
-        wall = time.perf_counter() - t
-        if watch:
-            torch.cuda.set_sync_debug_mode(0)
-        b = allocator()
-        new_modules = sorted(set(sys.modules) - modules)
-        steps.append({"wall_ms": round(wall * 1000, 2), **last, **{k2: b[k2] - a[k2] for k2 in b if b[k2] != a[k2]},
-                      "host_ms": {k2: round(v * 1000, 1) for k2, v in host.items() if v >= 0.002},
-                      **({"imported": new_modules[:5] + [f"... {len(new_modules)}"]} if new_modules else {}),
-                      **({"syncs": sorted(set(syncs))} if syncs else {})})
-    elapsed = time.perf_counter() - t0
-    if cuda:
-        torch.cuda.synchronize()
-        for i in range(1, min(len(ends), len(steps))):
-            steps[i]["device_ms"] = round(ends[i - 1].elapsed_time(ends[i]), 2)
-    after_run = allocator()
-    runs.append({"elapsed_s": round(elapsed, 3), "steps": steps,
-                 "allocator": {k2: after_run[k2] - before_run[k2] for k2 in after_run},
-                 "gc": {g: [round(sum(p for gg, p in gc_pauses if gg == g) * 1000, 2),
-                            sum(1 for gg, _ in gc_pauses if gg == g)] for g in (0, 1, 2)}})
-    slow = sorted(range(len(steps)), key=lambda i: -steps[i]["wall_ms"])[:8]
-    print(f"run {k + 1}: {elapsed:.3f} s, {len(steps)} steps, allocator {runs[-1]['allocator']}, "
-          f"gc ms/count by generation {runs[-1]['gc']}")
-    for i in sorted(slow):
-        print(f"  step {i}: {steps[i]}")
+with frozen_heap() if os.environ.get("FREEZE", "1") == "1" else contextlib.nullcontext():
+    for k in range(3):
+        reqs = workload_requests(eng, int(os.environ.get("PROMPTS", "256")), LengthRange(100, 1024), LengthRange(256, 256), 0,
+                                 repeat=k)
+        for i, r in enumerate(reqs):
+            eng.add_request(f"r{k}-{i}", None, SamplingParams(temperature=0.0, max_tokens=r.output_len, ignore_eos=True,
+                                                              output_kind="final_only"),
+                            prompt_token_ids=r.prompt_token_ids)
+        gc_pauses.clear()
+        steps = []
+        t0 = time.perf_counter()
+        before_run = allocator()
+        ends.clear()
+        while eng.has_unfinished_requests():
+            a = allocator()
+            modules = set(sys.modules)
+            host.clear()
+            syncs.clear()
+            watch = cuda and len(steps) < 12
+            if watch:
+                torch.cuda.set_sync_debug_mode(1)
+            t = time.perf_counter()
+            eng.step()
+            wall = time.perf_counter() - t
+            if watch:
+                torch.cuda.set_sync_debug_mode(0)
+            b = allocator()
+            new_modules = sorted(set(sys.modules) - modules)
+            steps.append({"wall_ms": round(wall * 1000, 2), **last, **{k2: b[k2] - a[k2] for k2 in b if b[k2] != a[k2]},
+                          "host_ms": {k2: round(v * 1000, 1) for k2, v in host.items() if v >= 0.002},
+                          **({"imported": new_modules[:5] + [f"... {len(new_modules)}"]} if new_modules else {}),
+                          **({"syncs": sorted(set(syncs))} if syncs else {})})
+        elapsed = time.perf_counter() - t0
+        if cuda:
+            torch.cuda.synchronize()
+            for i in range(1, min(len(ends), len(steps))):
+                steps[i]["device_ms"] = round(ends[i - 1].elapsed_time(ends[i]), 2)
+        after_run = allocator()
+        runs.append({"elapsed_s": round(elapsed, 3), "steps": steps,
+                     "allocator": {k2: after_run[k2] - before_run[k2] for k2 in after_run},
+                     "gc": {g: [round(sum(p for gg, p in gc_pauses if gg == g) * 1000, 2),
+                                sum(1 for gg, _ in gc_pauses if gg == g)] for g in (0, 1, 2)}})
+        slow = sorted(range(len(steps)), key=lambda i: -steps[i]["wall_ms"])[:8]
+        print(f"run {k + 1}: {elapsed:.3f} s, {len(steps)} steps, allocator {runs[-1]['allocator']}, "
+              f"gc ms/count by generation {runs[-1]['gc']}")
+        for i in sorted(slow):
+            print(f"  step {i}: {steps[i]}")
 
 first, third = runs[0]["steps"], runs[2]["steps"]
 DIFF_MS = float(os.environ.get("DIFF_MS", "10"))

@@ -1,6 +1,7 @@
 """`railyard serve` reports where its start-up went: once on stdout, and as railyard:startup_phase_seconds on
 /metrics; the phases are the ones a start goes through, none negative, and they add up to no more than the
-wall time this test measures from starting the process to its first /health 200. Weight loading's parts
+wall time this test measures from starting the process to its first /health 200 (the engine process's last phase
+freezes its start-up heap). Weight loading's parts
 (railyard:startup_weight_loading_seconds) add up to its phase, and the front's tokenizer load is counted."""
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from railyard.bench.startup import ServerProcess
 pytestmark = pytest.mark.slow  # starts `railyard serve` processes
 
 PHASES = {"front_imports", "engine_spawn", "imports", "model_construction", "weight_loading", "kv_profile",
-          "kv_allocation", "cuda_graphs", "front_tokenizer", "server_start"}
+          "kv_allocation", "cuda_graphs", "heap_freeze", "front_tokenizer", "server_start"}
 
 
 @pytest.fixture(scope="module")

@@ -37,6 +37,7 @@ from railyard.engine.core.wire import (
 )
 from railyard.engine.exits import exit_when_parent_dies
 from railyard.engine.startup.caches import bytecode_cache_state, configure_bytecode_cache
+from railyard.engine.startup.gc_heap import freeze_startup_heap
 from railyard.engine.startup.timings import StartupTimes
 from railyard.errors import InvalidRequestError, RailyardError
 
@@ -97,6 +98,8 @@ def run_engine_core(config: EngineConfig, input_address: str, output_address: st
             log.debug("engine start-up failed:\n%s", traceback.format_exc())
             out.send(encoder.encode(StartupFailed(type(exc).__name__, f"{type(exc).__name__}: {exc}")))
             return
+        with startup.phase("heap_freeze"):  # this process keeps the core for its life
+            freeze_startup_heap()
         out.send(encoder.encode(Ready(core.model_info(), core.stats())))
         _serve(core, inp, out, front)
     except _Stop:

@@ -21,6 +21,7 @@ import torch.distributed as dist
 
 from railyard.engine.config import EngineConfig
 from railyard.engine.exits import exit_when_parent_dies
+from railyard.engine.startup.gc_heap import freeze_startup_heap
 from railyard.model.spec import ModelSpec
 
 # NVLink multicast (NVLS) is forbidden on the multi-GPU machines here; NCCL reads this at init.
@@ -87,6 +88,7 @@ def worker_main(rank: int, rv: Rendezvous, config: EngineConfig, spec: ModelSpec
         device = join_group(rv, rank)
         runner = ModelRunner(config, spec, model_dir, ps=ParallelState(rank, rv.world_size), device=device)
         agree_on_kv_blocks(runner)
+        freeze_startup_heap()  # this process keeps its shard for its life
         while True:
             try:
                 plan = conn.recv()

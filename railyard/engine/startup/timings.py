@@ -29,7 +29,7 @@ WEIGHT_PARTS = ("read", "to_device", "copy", "other")
 # step but pure decode, beside the weights' load; cuda_graphs: capturing whole decode steps.
 PHASE_ORDER = ("front_imports", "engine_spawn", "imports", "tokenizer_eos", "model_construction", "piecewise_graphs",
                "weight_loading", "weights_to_device", "kv_profile", "kv_allocation", "cuda_graphs", "warm_up",
-               "executor", "engine_other", "front_tokenizer", "front_imports_wait", "server_start")
+               "executor", "engine_other", "heap_freeze", "front_tokenizer", "front_imports_wait", "server_start")
 
 
 @dataclass(frozen=True)
