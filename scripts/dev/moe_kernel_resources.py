@@ -6,6 +6,10 @@ cannot prove constant over 16 bytes turn the packed weights' loads into one byte
 instead of pipelined 16-byte asynchronous copies (LDGSTS...128). A row with byte-wise loads beyond the exponents'
 few is that regression. Shapes: gpt-oss's gate/up GEMM (N 5760, K 2880).
 
+The K loop's instruction count per thread bounds an MXFP4 tile when the experts stream (decode): the widening is
+issued per weight, so a tile whose loop issues ~9 instructions a weight cannot read the packed weights faster than
+the SMs issue them, whatever the memory could give.
+
 Usage: python3 scripts/dev/moe_kernel_resources.py   (one line per tile of fused_moe.py's tables; triton, no GPU)
 """
 
@@ -37,6 +41,23 @@ LOADS = re.compile(r"\b(LDG(?:STS)?[.\w]*)")
 # shared-memory traffic and the tensor-core instructions (the widened MXFP4 tile is stored to shared memory, where the
 # MMA reads its right operand)
 SHARED = re.compile(r"\b(STS|LDS|LDSM|HGMMA|HMMA)[.\w]*")
+ADDRESS = re.compile(r"/\*([0-9a-f]{4,})\*/")
+OPCODE = re.compile(r"\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9]*(?:\.[A-Z0-9_]+)*)")
+BACK_BRANCH = re.compile(r"\bBRA (?:`\()?0x([0-9a-f]+)")
+
+
+def k_loop(sass: str) -> collections.Counter:
+    """The instructions of the K loop (the body of the first backward branch) by opcode: what a thread issues per K
+    step, widening included."""
+    for line in sass.splitlines():
+        at, to = ADDRESS.search(line), BACK_BRANCH.search(line)
+        if at and to and int(to.group(1), 16) < int(at.group(1), 16):
+            start, end = int(to.group(1), 16), int(at.group(1), 16)
+            break
+    else:
+        return collections.Counter()
+    body = [line for line in sass.splitlines() if (at := ADDRESS.search(line)) and start <= int(at.group(1), 16) <= end]
+    return collections.Counter(m.group(1) for line in body if (m := OPCODE.search(line)))
 
 
 def compile_gemm(mxfp4: bool, tile: tuple[int, int, int, int, int]):
@@ -55,13 +76,13 @@ def compile_gemm(mxfp4: bool, tile: tuple[int, int, int, int, int]):
     return triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps, "num_stages": stages})
 
 
-def resources(kernel) -> tuple[int, int, dict[str, int], dict[str, int]]:
+def resources(kernel) -> tuple[int, int, dict[str, int], dict[str, int], collections.Counter]:
     """(registers per thread, local-memory spill instructions, global load instructions by kind, shared-memory and
-    tensor-core instructions by kind) from the cubin."""
+    tensor-core instructions by kind, the K loop's instructions by opcode) from the cubin."""
     registers, spills = decode_kernel_resources.resources(kernel)
     sass = decode_kernel_resources.cubin_dump(kernel)[1]
     return registers, spills, dict(collections.Counter(LOADS.findall(sass))), dict(collections.Counter(
-        SHARED.findall(sass)))
+        SHARED.findall(sass))), k_loop(sass)
 
 
 def main() -> None:
@@ -70,9 +91,12 @@ def main() -> None:
     for mxfp4, table in tables.items():
         for _, tile in table:
             kernel = compile_gemm(mxfp4, tile)
-            regs, spills, loads, shared = resources(kernel)
+            regs, spills, loads, shared, loop = resources(kernel)
+            weights = tile[1] * tile[2] // (32 * tile[3])  # a thread's share of a K step's weight tile
             print(f"{'mxfp4' if mxfp4 else 'bf16 '} tile {tile}: {regs:3d} registers, {spills} spill instructions, "
-                  f"{kernel.metadata.shared:6d} B shared, loads {loads}, shared/MMA {shared}", flush=True)
+                  f"{kernel.metadata.shared:6d} B shared, loads {loads}, shared/MMA {shared}; K loop "
+                  f"{sum(loop.values())} instructions a thread for {weights} weights, most "
+                  f"{dict(loop.most_common(6))}", flush=True)
 
 
 if __name__ == "__main__":
