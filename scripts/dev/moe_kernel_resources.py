@@ -10,7 +10,8 @@ The K loop's instruction count per thread bounds an MXFP4 tile when the experts 
 issued per weight, so a tile whose loop issues ~9 instructions a weight cannot read the packed weights faster than
 the SMs issue them, whatever the memory could give.
 
-Usage: python3 scripts/dev/moe_kernel_resources.py   (one line per tile of fused_moe.py's tables; triton, no GPU)
+Usage: python3 scripts/dev/moe_kernel_resources.py   (one line per tile of fused_moe.py's tables; triton, no GPU;
+       KERNEL_LAYOUT=0: MXFP4 bytes in checkpoint order rather than the kernel's, layers/mxfp4.py)
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ DIVISIBLE = {"N", "K", "stride_am", "stride_be", "stride_bn", "stride_cm"}
 LOADS = re.compile(r"\b(LDG(?:STS)?[.\w]*)")
 # shared-memory traffic and the tensor-core instructions (the widened MXFP4 tile is stored to shared memory, where the
 # MMA reads its right operand)
+KERNEL_LAYOUT = os.environ.get("KERNEL_LAYOUT", "1") == "1"  # 0: MXFP4 bytes in checkpoint order
 SHARED = re.compile(r"\b(STS|LDS|LDSM|HGMMA|HMMA)[.\w]*")
 ADDRESS = re.compile(r"/\*([0-9a-f]{4,})\*/")
 OPCODE = re.compile(r"\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9]*(?:\.[A-Z0-9_]+)*)")
@@ -70,6 +72,8 @@ def compile_gemm(mxfp4: bool, tile: tuple[int, int, int, int, int]):
                       BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, SCALE_N=128, GROUP_M=8, GROUP=GROUP)
     if "EVEN_K" in fused_moe._grouped_gemm_kernel.arg_names:
         constexprs["EVEN_K"] = True  # gpt-oss's K (2880) is whole K steps
+    if "KERNEL_LAYOUT" in fused_moe._grouped_gemm_kernel.arg_names:
+        constexprs["KERNEL_LAYOUT"] = mxfp4 and KERNEL_LAYOUT  # the bytes as the engine holds them
     signature.update({name: "constexpr" for name in constexprs})
     attrs = {(i,): [["tt.divisibility", 16]] for i, a in enumerate(ARGS) if a.endswith("_ptr") or a in DIVISIBLE}
     source = ASTSource(fn=fused_moe._grouped_gemm_kernel, signature=signature, constexprs=constexprs, attrs=attrs)

@@ -38,7 +38,7 @@ from railyard.engine.runner.layers.fp8 import FP8  # noqa: E402
 from railyard.engine.runner.layers.fp8_block import block_scale_shape  # noqa: E402
 from railyard.engine.runner.layers.moe import (experts_reference, experts_reference_fp8,  # noqa: E402
                                                quantize_experts, route_softmax_topk)
-from railyard.engine.runner.layers.mxfp4 import dequantize_mxfp4  # noqa: E402
+from railyard.engine.runner.layers.mxfp4 import dequantize_mxfp4, to_kernel_layout  # noqa: E402
 from railyard.engine.runner.layers.activation import clamped_swiglu  # noqa: E402
 from railyard.model.spec import MXFP4_GROUP, MXFP4_WEIGHT_BYTES, expert_shard  # noqa: E402
 
@@ -117,12 +117,16 @@ def sweep(mode: str, shape: dict, tokens: list[int], results: dict, name: str) -
             return {"us": round(us, 1), "rel_err": round(err, 5),
                     "weights_GBps": round(hit * bytes_per_expert / us / 1e3, 1), "TFLOPs": round(flops / us / 1e6, 1)}
 
+        arranged = mode == "mxfp4"  # MXFP4 bytes in the fused kernel's order, as the engine holds them
+        k13, k2 = (to_kernel_layout(w13), to_kernel_layout(w2)) if arranged else (w13, w2)
         for cname, cfg in CONFIGS.items():
             if mode == "fp8" and cfg[2] != 128:
                 continue
-            row[cname] = measure(lambda: fused_moe.fused_experts(x, w13, w2, weights, ids, act, b13, b2,  # noqa
-                                                                 s13, s2, config=cfg))
-        row["picked"] = measure(lambda: fused_moe.fused_experts(x, w13, w2, weights, ids, act, b13, b2, s13, s2))
+            row[cname] = measure(lambda: fused_moe.fused_experts(x, k13, k2, weights, ids, act, b13, b2,  # noqa
+                                                                 s13, s2, config=cfg, kernel_layout=arranged))
+        row["picked"] = measure(lambda: fused_moe.fused_experts(x, k13, k2, weights, ids, act, b13, b2, s13, s2,
+                                                                kernel_layout=arranged))
+        del k13, k2
         if mode == "mxfp4":  # the control: the whole layer widened, then the bf16 kernel
             wide13, wide2 = dequantize_mxfp4(w13, s13, x.dtype), dequantize_mxfp4(w2, s2, x.dtype)
             row["widened"] = measure(lambda: fused_moe.fused_experts(x, wide13, wide2, weights, ids, act, b13, b2))

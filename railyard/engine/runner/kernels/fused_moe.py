@@ -17,7 +17,10 @@ GEMM takes BLOCK_K = 128 and multiplies each K step's partial product by the tok
 block's scale before adding it to the float32 accumulator (DeepSeek-V3's recipe, vLLM's w8a8 block path).
 
 MXFP4 experts (gpt-oss, layers/mxfp4.py): the GEMM reads each weight tile packed, 4 bits a weight, as the checkpoint
-packs it (one e8m0 exponent per 32-weight group). On bf16 activations (the models' dtype) it is tl.dot_scaled: on
+packs it (one e8m0 exponent per 32-weight group), or, as the engine holds them (kernel_layout), with each group's
+bytes in the order the MMA's register fragments take them (layers/mxfp4.py's to_kernel_layout): then a thread's
+bytes of a tile come from shared memory in one load rather than one a byte, and the tile is put back in K order in
+registers. On bf16 activations (the models' dtype) it is tl.dot_scaled: on
 Hopper, which has no FP4 MMA, Triton widens the tile in the registers that feed the tensor cores (its own e2m1
 conversion and one bf16 multiply by the group's scale: exact) and makes the weights the MMA's register operand and
 the activations its shared-memory one, so the widened weights never pass through shared memory and the MMAs run
@@ -106,6 +109,7 @@ def _grouped_gemm_kernel(a_ptr, b_ptr, c_ptr, a_scale_ptr, b_scale_ptr, bias_ptr
                          stride_cm, stride_asm, stride_bse, stride_bsn, stride_biase, SPLIT_N, SPLIT_BLOCKS,
                          A_ROW_DIV: tl.constexpr, FP8: tl.constexpr, MXFP4: tl.constexpr, HAS_BIAS: tl.constexpr,
                          MUL_WEIGHT: tl.constexpr, DOT_PRECISION: tl.constexpr, EVEN_K: tl.constexpr,
+                         KERNEL_LAYOUT: tl.constexpr,
                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SCALE_N: tl.constexpr,
                          GROUP_M: tl.constexpr, GROUP: tl.constexpr):
     """C[slot, n] = (sum_k A[slot // A_ROW_DIV, k] * B[expert(slot), n, k] (+ bias[expert, n])) (* weight[slot]).
@@ -127,24 +131,38 @@ def _grouped_gemm_kernel(a_ptr, b_ptr, c_ptr, a_scale_ptr, b_scale_ptr, bias_ptr
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     if MXFP4:
-        # B^T tile [K / 2, N] as the checkpoint packs it (byte j of a group: weights 2j, 2j + 1), exponents [N, K / 32]
+        # B^T tile [K / 2, N] of packed bytes (byte j of a group: weights 2j, 2j + 1), exponents [N, K / 32]. In the
+        # kernel layout (layers/mxfp4.py) the tile is read as stored, [N, K / 2], and its groups' bytes put back in
+        # K order in registers, where the MMA's fragments find each thread's bytes side by side.
         rk = tl.arange(0, BLOCK_K)
         rj = tl.arange(0, BLOCK_K // 2)
         rg = tl.arange(0, BLOCK_K // GROUP)
         a_ptrs = a_ptr + row[:, None] * stride_am + rk[None, :]
-        b_ptrs = b_ptr + expert * stride_be + rn[None, :].to(tl.int64) * stride_bn + rj[:, None]
+        if KERNEL_LAYOUT:
+            b_ptrs = b_ptr + expert * stride_be + rn[:, None].to(tl.int64) * stride_bn + rj[None, :]
+        else:
+            b_ptrs = b_ptr + expert * stride_be + rn[None, :].to(tl.int64) * stride_bn + rj[:, None]
         s_ptrs = b_scale_ptr + expert * stride_bse + rn[:, None].to(tl.int64) * stride_bsn + rg[None, :]
         n_in = rn < N
         for k in range(0, tl.cdiv(K, BLOCK_K)):
             if EVEN_K:
                 a = tl.load(a_ptrs, mask=valid[:, None], other=0.0)
-                packed = tl.load(b_ptrs, mask=n_in[None, :], other=0)
+                if KERNEL_LAYOUT:
+                    packed = tl.load(b_ptrs, mask=n_in[:, None], other=0)
+                else:
+                    packed = tl.load(b_ptrs, mask=n_in[None, :], other=0)
                 exponents = tl.load(s_ptrs, mask=n_in[:, None], other=0)
-            else:  # K ends inside this tile, on a whole group
+            else:  # K ends inside this tile, on a whole group (a permuted group is whole too)
                 k_left = tl.multiple_of(K - k * BLOCK_K, GROUP)
                 a = tl.load(a_ptrs, mask=valid[:, None] & (rk[None, :] < k_left), other=0.0)
-                packed = tl.load(b_ptrs, mask=n_in[None, :] & (rj[:, None] < k_left // 2), other=0)
+                if KERNEL_LAYOUT:
+                    packed = tl.load(b_ptrs, mask=n_in[:, None] & (rj[None, :] < k_left // 2), other=0)
+                else:
+                    packed = tl.load(b_ptrs, mask=n_in[None, :] & (rj[:, None] < k_left // 2), other=0)
                 exponents = tl.load(s_ptrs, mask=n_in[:, None] & (rg[None, :] < k_left // GROUP), other=0)
+            if KERNEL_LAYOUT:  # [N, groups, c, i] holds byte 4i + c of its group -> [K / 2, N] in K order
+                packed = tl.trans(tl.reshape(tl.permute(tl.reshape(packed, (BLOCK_N, BLOCK_K // GROUP, 4, 4)),
+                                                        (0, 1, 3, 2)), (BLOCK_N, BLOCK_K // 2)))
             if a_ptr.dtype.element_ty == tl.bfloat16:
                 acc = tl.dot_scaled(a, None, "bf16", packed, exponents, "e2m1", acc, fast_math=True)
             else:
@@ -184,11 +202,13 @@ def _grouped_gemm_kernel(a_ptr, b_ptr, c_ptr, a_scale_ptr, b_scale_ptr, bias_ptr
 def grouped_gemm(a: torch.Tensor, w: torch.Tensor, out: torch.Tensor, routing, a_row_div: int,
                  config: tuple[int, int, int, int, int], bias: torch.Tensor | None = None,
                  weights: torch.Tensor | None = None, a_scale: torch.Tensor | None = None,
-                 w_scale: torch.Tensor | None = None, split_n: int | None = None) -> torch.Tensor:
+                 w_scale: torch.Tensor | None = None, split_n: int | None = None,
+                 kernel_layout: bool = False) -> torch.Tensor:
     """out[slot] = A[slot // a_row_div] @ w[expert(slot)]^T (+ bias[expert]) (* weights[slot]) for every slot of
     `routing` (align_by_expert's output). FP8: a and w e4m3 with a_scale [rows, K/128] and w_scale [E, nb, kb]
     (split_n: the rows of each projection stacked in w, whose scale rows restart at each). MXFP4: w uint8 [E, N,
-    K/2] (two e2m1 codes a byte) with w_scale uint8 [E, N, K/32] (e8m0 exponents); a in the model's dtype."""
+    K/2] (two e2m1 codes a byte; kernel_layout: in layers/mxfp4.py's to_kernel_layout order, else the
+    checkpoint's) with w_scale uint8 [E, N, K/32] (e8m0 exponents); a in the model's dtype."""
     sorted_slots, block_experts, padded_len = routing
     bm, bn, bk, warps, stages = config
     mxfp4 = w.dtype == torch.uint8
@@ -212,7 +232,8 @@ def grouped_gemm(a: torch.Tensor, w: torch.Tensor, out: torch.Tensor, routing, a
         bias.stride(0) if bias is not None else 0, split, -(-split // EXPERT_BLOCK[0]),
         A_ROW_DIV=a_row_div, FP8=fp8, MXFP4=mxfp4, HAS_BIAS=bias is not None, MUL_WEIGHT=weights is not None,
         # float32 models multiply in float32 (Triton's default there is TF32), as the reference and HF do
-        DOT_PRECISION="ieee" if a.dtype == torch.float32 else "tf32", EVEN_K=k % bk == 0, BLOCK_M=bm, BLOCK_N=bn,
+        DOT_PRECISION="ieee" if a.dtype == torch.float32 else "tf32", EVEN_K=k % bk == 0,
+        KERNEL_LAYOUT=mxfp4 and kernel_layout, BLOCK_M=bm, BLOCK_N=bn,
         BLOCK_K=bk, SCALE_N=EXPERT_BLOCK[0], GROUP_M=8, GROUP=MXFP4_GROUP, num_warps=warps, num_stages=stages)
     return out
 
@@ -221,11 +242,13 @@ def fused_experts(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_wei
                   topk_ids: torch.Tensor, activation, w13_bias: torch.Tensor | None = None,
                   w2_bias: torch.Tensor | None = None, w13_scale: torch.Tensor | None = None,
                   w2_scale: torch.Tensor | None = None,
-                  config: tuple[int, int, int, int, int] | None = None, widen: bool | None = None) -> torch.Tensor:
+                  config: tuple[int, int, int, int, int] | None = None, widen: bool | None = None,
+                  kernel_layout: bool = False) -> torch.Tensor:
     """layers/moe.py's experts contract on the GPU: x [T, H] -> [T, H], this rank's partial sums (the module
     docstring's five steps). FP8 when the weights are e4m3 (with their block scales); MXFP4 when they are packed
-    uint8 (with their exponents), read as packed inside the GEMMs, or, with `widen` (by default: at
-    MXFP4_WIDEN_SLOTS_PER_EXPERT slots per expert or more), each projection widened for this call alone."""
+    uint8 (with their exponents; kernel_layout: their bytes in layers/mxfp4.py's to_kernel_layout order), read as
+    packed inside the GEMMs, or, with `widen` (by default: at MXFP4_WIDEN_SLOTS_PER_EXPERT slots per expert or
+    more), each projection widened for this call alone."""
     num_tokens, top_k = topk_ids.shape
     num_experts, hidden = w13.shape[0], x.shape[1]
     slots = num_tokens * top_k
@@ -244,9 +267,11 @@ def fused_experts(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_wei
         xq, xs = quantize_per_token_group(x)
         grouped_gemm(xq, w13, gate_up, routing, top_k, config, w13_bias, None, xs, w13_scale, w13.shape[1] // 2)
     elif widen:  # the widened projection is freed once its GEMM is queued (the allocator reuses it in stream order)
-        grouped_gemm(x, widen_mxfp4(w13, w13_scale, x.dtype), gate_up, routing, top_k, config, w13_bias)
+        grouped_gemm(x, widen_mxfp4(w13, w13_scale, x.dtype, kernel_layout), gate_up, routing, top_k, config,
+                     w13_bias)
     else:
-        grouped_gemm(x, w13, gate_up, routing, top_k, config, w13_bias, w_scale=w13_scale)
+        grouped_gemm(x, w13, gate_up, routing, top_k, config, w13_bias, w_scale=w13_scale,
+                     kernel_layout=kernel_layout)
     h = activation(gate_up)
     del gate_up
     down = torch.empty((slots, hidden), dtype=x.dtype, device=x.device)
@@ -255,7 +280,8 @@ def fused_experts(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_wei
         hq, hs = quantize_per_token_group(h)
         grouped_gemm(hq, w2, down, routing, 1, config, w2_bias, weights, hs, w2_scale)
     elif widen:
-        grouped_gemm(h, widen_mxfp4(w2, w2_scale, x.dtype), down, routing, 1, config, w2_bias, weights)
+        grouped_gemm(h, widen_mxfp4(w2, w2_scale, x.dtype, kernel_layout), down, routing, 1, config, w2_bias,
+                     weights)
     else:
-        grouped_gemm(h, w2, down, routing, 1, config, w2_bias, weights, w_scale=w2_scale)
+        grouped_gemm(h, w2, down, routing, 1, config, w2_bias, weights, w_scale=w2_scale, kernel_layout=kernel_layout)
     return down.view(num_tokens, top_k, hidden).sum(dim=1)

@@ -36,13 +36,15 @@ def e8m0_values(exponents):
 
 @triton.jit
 def _widen_kernel(packed_ptr, exponents_ptr, out_ptr, rows, K, BLOCK_ROWS: tl.constexpr, BLOCK_BYTES: tl.constexpr,
-                  GROUP: tl.constexpr):
-    """out[r, 2j] / out[r, 2j + 1] = the low / high nibble of packed[r, j] times 2^(exponent[r, 2j / GROUP] - 127)."""
+                  GROUP: tl.constexpr, KERNEL_LAYOUT: tl.constexpr):
+    """out[r, 2j] / out[r, 2j + 1] = the low / high nibble of packed[r, j] times 2^(exponent[r, 2j / GROUP] - 127)
+    (KERNEL_LAYOUT: byte j of a group stored at (j % 4) * 4 + j // 4, layers/mxfp4.py's to_kernel_layout)."""
     rr = tl.program_id(0) * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
     rj = tl.program_id(1) * BLOCK_BYTES + tl.arange(0, BLOCK_BYTES)
     row = rr.to(tl.int64)[:, None]
     in_bytes = (rr[:, None] < rows) & (rj[None, :] < K // 2)
-    codes = tl.load(packed_ptr + row * (K // 2) + rj[None, :], mask=in_bytes, other=0).to(tl.uint32)
+    at = rj - rj % (GROUP // 2) + (rj % 4) * 4 + (rj % (GROUP // 2)) // 4 if KERNEL_LAYOUT else rj
+    codes = tl.load(packed_ptr + row * (K // 2) + at[None, :], mask=in_bytes, other=0).to(tl.uint32)
     exponents = tl.load(exponents_ptr + row * (K // GROUP) + (rj // (GROUP // 2))[None, :], mask=in_bytes, other=127)
     scale = e8m0_values(exponents.to(tl.uint32))
     pairs = tl.join(e2m1_values(codes & 15) * scale, e2m1_values(codes >> 4) * scale)  # [rows, bytes, 2]
@@ -52,10 +54,11 @@ def _widen_kernel(packed_ptr, exponents_ptr, out_ptr, rows, K, BLOCK_ROWS: tl.co
              mask=(rr[:, None] < rows) & (rk[None, :] < K))
 
 
-def widen_mxfp4(packed: torch.Tensor, exponents: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """packed uint8 [..., K / 2] (the even weight in the low nibble) and exponents uint8 [..., K / 32] -> the weights
-    [..., K] in `dtype`: layers/mxfp4.py's dequantize_mxfp4 in one pass (exact in bf16: an e2m1 value times a power
-    of two)."""
+def widen_mxfp4(packed: torch.Tensor, exponents: torch.Tensor, dtype: torch.dtype,
+                kernel_layout: bool = False) -> torch.Tensor:
+    """packed uint8 [..., K / 2] (the even weight in the low nibble; kernel_layout: each group's bytes in
+    to_kernel_layout's order) and exponents uint8 [..., K / 32] -> the weights [..., K] in `dtype`: layers/mxfp4.py's
+    dequantize_mxfp4 in one pass (exact in bf16: an e2m1 value times a power of two)."""
     k = packed.shape[-1] * 2
     if exponents.shape[-1] * MXFP4_GROUP != k or exponents.shape[:-1] != packed.shape[:-1]:
         raise ValueError(f"MXFP4 exponents {tuple(exponents.shape)} do not match packed weights {tuple(packed.shape)}")
@@ -65,5 +68,5 @@ def widen_mxfp4(packed: torch.Tensor, exponents: torch.Tensor, dtype: torch.dtyp
     if rows:
         grid = (triton.cdiv(rows, BLOCK_ROWS), triton.cdiv(k // 2, BLOCK_BYTES))
         _widen_kernel[grid](packed, exponents, out, rows, k, BLOCK_ROWS=BLOCK_ROWS, BLOCK_BYTES=BLOCK_BYTES,
-                            GROUP=MXFP4_GROUP)
+                            GROUP=MXFP4_GROUP, KERNEL_LAYOUT=kernel_layout)
     return out

@@ -22,7 +22,8 @@ projection, as FP8 MoE checkpoints ship them (layers/fp8_block.py).
 MXFP4 experts (quant="mxfp4", gpt-oss): each row's e2m1 pairs packed in bytes (w13 [E, 2I, H/2], w2 [E, H, I/2]) with
 one uint8 exponent per 32 weights (w13_weight_scale [E, 2I, H/32], w2_weight_scale [E, H, I/32]), as the
 checkpoints ship them (layers/mxfp4.py): the reference path widens one expert at a time as it runs; the fused
-kernel reads the packed tiles and widens them in registers (no widened copy anywhere). Tensor parallel ranks split
+kernel reads the packed tiles and widens them in registers (no widened copy anywhere). On a GPU the bytes are put
+in the kernel's order within each 32-weight group once they are filled (weights_filled; layers/mxfp4.py). Tensor parallel ranks split
 the intermediate width by whole 32-weight groups (an exponent's span), so gpt-oss's 2880 (90 groups) splits over 4
 ranks as 23, 23, 23 and 21 groups: every rank holds the same padded width, the last ones' extra columns zero (zero
 gate/up rows and biases, zero down columns: they add nothing), as vLLM pads it (model/spec.py's expert_shard).
@@ -39,7 +40,8 @@ from torch import nn
 
 from railyard.engine.runner.layers.activation import silu_and_mul
 from railyard.engine.runner.layers.fp8 import FP8
-from railyard.engine.runner.layers.mxfp4 import GROUP as MXFP4_GROUP, dequantize_mxfp4
+from railyard.engine.runner.layers.mxfp4 import (GROUP as MXFP4_GROUP, dequantize_mxfp4, from_kernel_layout,
+                                                 to_kernel_layout)
 from railyard.engine.runner.layers.fp8_block import (block_scale_shape, dequantize_blocks,
                                                      dequantize_per_token_group, quantize_blocks,
                                                      quantize_per_token_group)
@@ -135,6 +137,8 @@ class FusedMoE(nn.Module):
                                                torch.float32)
         self.w13_bias = self._param((num_experts, 2 * self.inter), dtype) if bias else None
         self.w2_bias = self._param((num_experts, hidden_size), dtype) if bias else None
+        # MXFP4: the packed bytes in the fused kernel's order (layers/mxfp4.py), set once the weights are filled
+        self.kernel_layout = False
         self.clear_padding()
 
     def _param(self, shape: tuple[int, ...], dtype: torch.dtype | None) -> nn.Parameter:
@@ -192,6 +196,17 @@ class FusedMoE(nn.Module):
         for param in (self.w2_weight, self.w2_weight_scale):
             param.data[..., self._slice(param.shape[-1])[1]:].zero_()
 
+    def weights_filled(self) -> None:
+        """Called each time the weights have been written in checkpoint order (a load, random weights, a level-2
+        wake-up's reload): MXFP4 experts on a GPU with the fused kernel go into its byte order, expert by expert (a
+        transient copy of one expert's projection at a time)."""
+        if self.quant != "mxfp4" or not self.w13_weight.is_cuda or moe_ops() is None:
+            return
+        for param in (self.w13_weight, self.w2_weight):
+            for expert in range(param.shape[0]):
+                param.data[expert].copy_(to_kernel_layout(param.data[expert]))
+        self.kernel_layout = True
+
     # -- forward -------------------------------------------------------------------------------------------
     def forward(self, x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor,
                 reduce: bool = True) -> torch.Tensor:
@@ -200,15 +215,16 @@ class FusedMoE(nn.Module):
         if ops is not None:  # FP8 and MXFP4 experts as they are stored, with their scales
             out = ops.fused_experts(x, self.w13_weight, self.w2_weight, topk_weights, topk_ids, self.activation,
                                     self.w13_bias, self.w2_bias, getattr(self, "w13_weight_scale", None),
-                                    getattr(self, "w2_weight_scale", None))
+                                    getattr(self, "w2_weight_scale", None), kernel_layout=self.kernel_layout)
         elif self.quant == "fp8":
             out = experts_reference_fp8(x, self.w13_weight, self.w13_weight_scale, self.w2_weight,
                                         self.w2_weight_scale, topk_weights, topk_ids, self.activation,
                                         self.w13_bias, self.w2_bias)
         elif self.quant == "mxfp4":
-            out = experts_reference(x, _Mxfp4Experts(self.w13_weight, self.w13_weight_scale, x.dtype),
-                                    _Mxfp4Experts(self.w2_weight, self.w2_weight_scale, x.dtype), topk_weights,
-                                    topk_ids, self.activation, self.w13_bias, self.w2_bias)
+            out = experts_reference(x, _Mxfp4Experts(self.w13_weight, self.w13_weight_scale, x.dtype,
+                                                     self.kernel_layout),
+                                    _Mxfp4Experts(self.w2_weight, self.w2_weight_scale, x.dtype, self.kernel_layout),
+                                    topk_weights, topk_ids, self.activation, self.w13_bias, self.w2_bias)
         else:
             out = experts_reference(x, self.w13_weight, self.w2_weight, topk_weights, topk_ids, self.activation,
                                     self.w13_bias, self.w2_bias)
@@ -218,12 +234,14 @@ class FusedMoE(nn.Module):
 class _Mxfp4Experts:
     """Stacked MXFP4 experts that widen one expert when indexed (experts_reference reads w[expert] only)."""
 
-    def __init__(self, blocks: torch.Tensor, scales: torch.Tensor, dtype: torch.dtype) -> None:
-        self.blocks, self.scales, self.dtype = blocks, scales, dtype
+    def __init__(self, blocks: torch.Tensor, scales: torch.Tensor, dtype: torch.dtype,
+                 kernel_layout: bool = False) -> None:
+        self.blocks, self.scales, self.dtype, self.kernel_layout = blocks, scales, dtype, kernel_layout
         self.shape = (blocks.shape[0], blocks.shape[1], scales.shape[-1] * MXFP4_GROUP)
 
     def __getitem__(self, expert: int) -> torch.Tensor:
-        return dequantize_mxfp4(self.blocks[expert], self.scales[expert], self.dtype)
+        blocks = from_kernel_layout(self.blocks[expert]) if self.kernel_layout else self.blocks[expert]
+        return dequantize_mxfp4(blocks, self.scales[expert], self.dtype)
 
 
 def quantize_experts(full: torch.Tensor, param: torch.Tensor, scale: torch.Tensor) -> None:

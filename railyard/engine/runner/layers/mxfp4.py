@@ -4,6 +4,11 @@ A row of K weights is stored as K / 32 groups: 16 bytes of e2m1 values (two a by
 nibble) and one uint8 e8m0 exponent (the group's scale 2^(e - 127)). The experts keep these bytes as they are
 (4.25 bits a weight); `dequantize_mxfp4` widens one expert's weights when it runs (the CPU reference path), as HF
 transformers' dequantizer does (the same table and exponent arithmetic, so the same numbers).
+
+On the GPU the experts keep the same bytes in the fused kernel's order (`to_kernel_layout`): within each group's 16
+bytes, byte j moves to (j % 4) * 4 + j // 4. The tensor cores' register fragment hands each thread the bytes j = c,
+c + 4, c + 8, c + 12 of a group (its pairs of K columns), which the checkpoint's order scatters: read from shared
+memory one byte at a time, they were a fifth of the kernel's instructions. In this order they are one load.
 """
 
 from __future__ import annotations
@@ -26,6 +31,18 @@ def dequantize_mxfp4(blocks: torch.Tensor, scales: torch.Tensor, dtype: torch.dt
     values = values.reshape(*lead, groups, GROUP)
     exponents = scales.to(torch.int32) - 127
     return torch.ldexp(values, exponents[..., None]).reshape(*lead, groups * GROUP)
+
+
+def to_kernel_layout(blocks: torch.Tensor) -> torch.Tensor:
+    """Packed bytes [..., K / 2] in checkpoint order -> the fused kernel's order (the module docstring), a new
+    tensor of the same shape."""
+    *lead, width = blocks.shape
+    return blocks.reshape(*lead, width // 16, 4, 4).transpose(-1, -2).reshape(*lead, width)
+
+
+def from_kernel_layout(blocks: torch.Tensor) -> torch.Tensor:
+    """The inverse of to_kernel_layout: the fused kernel's order -> checkpoint order."""
+    return to_kernel_layout(blocks)  # a 4 x 4 transpose is its own inverse
 
 
 def quantize_mxfp4(weights: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -64,6 +64,7 @@ def fill_from_checkpoint(model: CausalLM, model_dir: Path) -> WeightLoad:
     reader = CheckpointReader()
     start = time.perf_counter()
     loaded = model.load_weights(iter_weights(weight_files(model_dir), reader))
+    _weights_filled(model)
     seconds = time.perf_counter() - start
     expected = {n for n, _ in model.named_parameters()}
     missing = sorted(expected - loaded)
@@ -107,4 +108,12 @@ def random_weights(model: CausalLM, seed: int, std: float = 0.02) -> CausalLM:
     for module in model.modules():
         if isinstance(module, FusedMoE):
             module.clear_padding()  # a rank's padded expert columns stay zero, as a checkpoint's load leaves them
+    _weights_filled(model)
     return model
+
+
+def _weights_filled(model: CausalLM) -> None:
+    """What a layer does to weights once they are written (MXFP4 experts: the fused kernel's byte order)."""
+    for module in model.modules():
+        if isinstance(module, FusedMoE):
+            module.weights_filled()

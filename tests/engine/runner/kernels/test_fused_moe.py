@@ -21,7 +21,7 @@ from railyard.engine.runner.layers.fp8_block import (dequantize_blocks, dequanti
 from railyard.engine.runner.layers.moe import (FusedMoE, experts_reference, experts_reference_fp8,  # noqa: E402
                                                quantize_experts, route_softmax_topk)
 from railyard.engine.runner.layers.fp8 import FP8  # noqa: E402
-from railyard.engine.runner.layers.mxfp4 import dequantize_mxfp4, quantize_mxfp4  # noqa: E402
+from railyard.engine.runner.layers.mxfp4 import dequantize_mxfp4, quantize_mxfp4, to_kernel_layout  # noqa: E402
 from railyard.engine.runner.layers.parallel import ParallelState  # noqa: E402
 from railyard.engine.runner.layers.activation import clamped_swiglu  # noqa: E402
 from railyard.model.spec import MXFP4_WIDEN_SLOTS_PER_EXPERT  # noqa: E402
@@ -194,13 +194,16 @@ def _mxfp4_experts(experts: int, hidden: int, inter: int, seed: int, bias: bool 
                                          dequantize_mxfp4(q2, s2, torch.float32))
 
 
+@pytest.mark.parametrize("kernel_layout", [False, True], ids=["checkpoint-order", "kernel-order"])
 @pytest.mark.parametrize("config", [tile for _, tile in fused_moe.MXFP4_TILES] + [fused_moe.MXFP4_LARGE],
                          ids=lambda tile: "x".join(map(str, tile[:3])))
 @pytest.mark.parametrize(("tokens", "experts", "top_k"), [(1, 4, 1), (7, 8, 2), (37, 8, 4)])
-def test_mxfp4_fused_experts_read_the_packed_weights_and_give_the_widened_reference(config, tokens, experts, top_k):
+def test_mxfp4_fused_experts_read_the_packed_weights_and_give_the_widened_reference(config, tokens, experts, top_k,
+                                                                                     kernel_layout):
     """The kernel widens each packed tile in registers; the reference multiplies the whole widened experts: the same
     numbers, float32 rounding apart. Hidden 96 and intermediate 160: K steps that end inside a tile, with
-    exponents spread over 2^-3..2^3 (each 32-group's own), biases on both projections."""
+    exponents spread over 2^-3..2^3 (each 32-group's own), biases on both projections; the bytes in checkpoint
+    order or in the kernel's."""
     (q13, s13, q2, s2, b13, b2), (w13, w2) = _mxfp4_experts(experts, 96, 160, seed=tokens, bias=True)
     gen = torch.Generator().manual_seed(tokens)
     s13 = (s13.to(torch.int32) + torch.randint(-3, 4, s13.shape, generator=gen)).to(torch.uint8)
@@ -208,12 +211,15 @@ def test_mxfp4_fused_experts_read_the_packed_weights_and_give_the_widened_refere
     x = torch.randn(tokens, 96, generator=gen)
     weights, ids = _routing(tokens, experts, top_k, seed=tokens + 2)
     want = experts_reference(x, w13, w2, weights, ids, silu_and_mul_native, b13, b2)
+    if kernel_layout:
+        q13, q2 = to_kernel_layout(q13), to_kernel_layout(q2)
     got = fused_experts(*_on(DEVICE, x, q13, q2, weights, ids), silu_and_mul_native,
-                        *_on(DEVICE, b13, b2, s13, s2), config=config)
+                        *_on(DEVICE, b13, b2, s13, s2), config=config, kernel_layout=kernel_layout)
     torch.testing.assert_close(got.cpu(), want, rtol=1e-4, atol=1e-4)  # K summed in another order: by halves
 
 
-def test_mxfp4_tiles_decode_every_e2m1_code_and_exponent_as_the_reference_table():
+@pytest.mark.parametrize("kernel_layout", [False, True], ids=["checkpoint-order", "kernel-order"])
+def test_mxfp4_tiles_decode_every_e2m1_code_and_exponent_as_the_reference_table(kernel_layout):
     """One expert whose weights run through all 16 codes under exponents 2^-27, 2^-7, 2^0 and 2^10: the kernel's
     bit-built values are the table's (multiplying by a one-hot x reads one weight column back exactly)."""
     hidden, inter = 128, 32
@@ -228,13 +234,16 @@ def test_mxfp4_tiles_decode_every_e2m1_code_and_exponent_as_the_reference_table(
     ids, weights = torch.zeros(hidden, 1, dtype=torch.int64), torch.ones(hidden, 1)
     identity_gate = lambda h: h[:, :inter] * h[:, inter:]  # noqa: E731
     want = experts_reference(x, w13, dequantize_mxfp4(q2, s2, torch.float32), weights, ids, identity_gate)
+    if kernel_layout:
+        q13, q2 = to_kernel_layout(q13), to_kernel_layout(q2)
     got = fused_experts(*_on(DEVICE, x, q13, q2, weights, ids), identity_gate, None, None,
-                        *_on(DEVICE, s13, s2))
+                        *_on(DEVICE, s13, s2), kernel_layout=kernel_layout)
     torch.testing.assert_close(got.cpu(), want, rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("kernel_layout", [False, True], ids=["checkpoint-order", "kernel-order"])
 @pytest.mark.parametrize("tokens", [5, 40])
-def test_mxfp4_fused_experts_in_bf16_give_the_bf16_kernel_on_the_widened_experts(tokens):
+def test_mxfp4_fused_experts_in_bf16_give_the_bf16_kernel_on_the_widened_experts(tokens, kernel_layout):
     """bf16 activations (as models run): the tiles widened in registers are the very bf16 weights the widened experts
     hold (e2m1 times a power of two is exact in bf16), so the two kernels agree to their summation order."""
     (q13, s13, q2, s2, b13, b2), _ = _mxfp4_experts(8, 96, 64, seed=tokens, bias=True)
@@ -244,13 +253,16 @@ def test_mxfp4_fused_experts_in_bf16_give_the_bf16_kernel_on_the_widened_experts
     weights, ids = _routing(tokens, 8, 2, seed=tokens + 1)
     weights = weights.to(torch.bfloat16)
     want = fused_experts(*_on(DEVICE, x, w13, w2, weights, ids), silu_and_mul_native, *_on(DEVICE, b13, b2)).float()
+    if kernel_layout:
+        q13, q2 = to_kernel_layout(q13), to_kernel_layout(q2)
     got = fused_experts(*_on(DEVICE, x, q13, q2, weights, ids), silu_and_mul_native,
-                        *_on(DEVICE, b13, b2, s13, s2)).float()
+                        *_on(DEVICE, b13, b2, s13, s2), kernel_layout=kernel_layout).float()
     assert ((got - want).norm() / want.norm()).item() < 2e-3
 
 
+@pytest.mark.parametrize("kernel_layout", [False, True], ids=["checkpoint-order", "kernel-order"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_mxfp4_experts_widened_for_a_large_step_give_what_the_packed_path_gives(dtype):
+def test_mxfp4_experts_widened_for_a_large_step_give_what_the_packed_path_gives(dtype, kernel_layout):
     """A step with many rows per expert widens each projection into a transient buffer and takes the dense-weight
     GEMM: the same experts' output as reading them packed (float32: the reference's; bf16: to summation order),
     through gpt-oss's clamped SwiGLU and biases."""
@@ -259,8 +271,11 @@ def test_mxfp4_experts_widened_for_a_large_step_give_what_the_packed_path_gives(
     x = torch.randn(24, 64, generator=gen).to(dtype)
     weights, ids = _routing(24, 4, 2, seed=22)
     act = functools.partial(clamped_swiglu, alpha=1.702, limit=7.0)
-    args = (*_on(DEVICE, x, q13, q2, weights.to(dtype), ids), act, *_on(DEVICE, b13.to(dtype), b2.to(dtype), s13, s2))
-    widened, packed = fused_experts(*args, widen=True).float().cpu(), fused_experts(*args, widen=False).float().cpu()
+    stored = (to_kernel_layout(q13), to_kernel_layout(q2)) if kernel_layout else (q13, q2)
+    args = (*_on(DEVICE, x, *stored, weights.to(dtype), ids), act,
+            *_on(DEVICE, b13.to(dtype), b2.to(dtype), s13, s2))
+    widened = fused_experts(*args, widen=True, kernel_layout=kernel_layout).float().cpu()
+    packed = fused_experts(*args, widen=False, kernel_layout=kernel_layout).float().cpu()
     if dtype == torch.float32:
         want = experts_reference(x, w13, w2, weights, ids, act, b13, b2)
         torch.testing.assert_close(widened, want, rtol=1e-4, atol=1e-4)
@@ -325,6 +340,8 @@ def test_mxfp4_fused_experts_on_gpt_oss_20b_shapes_in_bf16_on_gpu(tokens):
     w13 = dequantize_mxfp4(moe.w13_weight, moe.w13_weight_scale, torch.bfloat16)
     w2 = dequantize_mxfp4(moe.w2_weight, moe.w2_weight_scale, torch.bfloat16)
     want = experts_reference(x, w13, w2, weights, ids, moe.activation, moe.w13_bias, moe.w2_bias).float()
+    moe.weights_filled()  # as a load leaves them: the bytes in the kernel's order
+    assert moe.kernel_layout
     got = moe(x, weights, ids, reduce=False).float()
     assert ((got - want).norm() / want.norm()).item() < 2e-2
 

@@ -10,25 +10,27 @@ import torch
 pytest.importorskip("triton")
 
 from railyard.engine.runner.kernels.mxfp4_widen import widen_mxfp4  # noqa: E402
-from railyard.engine.runner.layers.mxfp4 import dequantize_mxfp4  # noqa: E402
+from railyard.engine.runner.layers.mxfp4 import dequantize_mxfp4, to_kernel_layout  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 
+@pytest.mark.parametrize("kernel_layout", [False, True], ids=["checkpoint-order", "kernel-order"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize(("lead", "k"), [((3, 5), 96), ((1, 17), 544), ((2, 1), 32)],
                          ids=["experts-x-rows", "past-one-tile", "one-group"])
-def test_widened_weights_are_the_dequantizers_bit_for_bit(dtype, lead, k):
+def test_widened_weights_are_the_dequantizers_bit_for_bit(dtype, lead, k, kernel_layout):
     """Random bytes (every code in both nibbles) under exponents 2^-17..2^10, and in float32 e8m0's 0 (2^-127,
     whose products are float32 subnormals; in bf16 Triton's CPU interpreter flushes those): the kernel's values
-    equal dequantize_mxfp4's exactly, shape [..., K]."""
+    equal dequantize_mxfp4's exactly, shape [..., K], from bytes in checkpoint order or in the fused kernel's."""
     gen = torch.Generator().manual_seed(k)
     packed = torch.randint(0, 256, (*lead, k // 2), generator=gen).to(torch.uint8)
     exponents = torch.randint(110, 138, (*lead, k // 32), generator=gen).to(torch.uint8)
     if dtype == torch.float32:
         exponents.view(-1)[0] = 0
     want = dequantize_mxfp4(packed, exponents, dtype)
-    got = widen_mxfp4(packed.to(DEVICE), exponents.to(DEVICE), dtype)
+    stored = to_kernel_layout(packed) if kernel_layout else packed
+    got = widen_mxfp4(stored.to(DEVICE), exponents.to(DEVICE), dtype, kernel_layout)
     assert got.shape == (*lead, k) and got.dtype == dtype
     torch.testing.assert_close(got.cpu(), want, rtol=0, atol=0)
 

@@ -13,7 +13,7 @@ import transformers
 
 from railyard.engine.runner.layers.activation import silu_and_mul_native
 from railyard.engine.runner.layers.moe import FusedMoE, experts_reference, route_softmax_topk
-from railyard.engine.runner.layers.mxfp4 import quantize_mxfp4
+from railyard.engine.runner.layers.mxfp4 import quantize_mxfp4, to_kernel_layout
 from railyard.engine.runner.layers.parallel import ParallelState
 from railyard.engine.runner.layers.activation import clamped_swiglu
 
@@ -166,6 +166,24 @@ def test_mxfp4_shards_in_whole_groups_padded_with_zeros_add_up_to_the_whole_laye
         _load_mxfp4(shard, ckpt)
         total += shard(x, weights, ids, reduce=False)
     torch.testing.assert_close(total, want, rtol=1e-5, atol=1e-5)
+
+
+def test_mxfp4_experts_in_the_kernels_byte_order_give_the_same_output():
+    """The layer's reference path reads experts held in the fused kernel's byte order (as the GPU holds them once
+    filled) back in checkpoint order; off the GPU, filling leaves them in checkpoint order."""
+    ckpt = _mxfp4_checkpoint(64, seed=8)
+    moe = FusedMoE(E, H, 64, bias=True, activation=functools.partial(clamped_swiglu, alpha=1.702, limit=7.0),
+                   quant="mxfp4")
+    _load_mxfp4(moe, ckpt)
+    moe.weights_filled()
+    assert not moe.kernel_layout and torch.equal(moe.w2_weight.data, ckpt["w2_weight"])
+    x = _tokens(9)
+    weights, ids = route_softmax_topk(torch.randn(9, E, generator=torch.Generator().manual_seed(9)), K, True)
+    want = moe(x, weights, ids)
+    for param in (moe.w13_weight, moe.w2_weight):
+        param.data.copy_(to_kernel_layout(param.data))
+    moe.kernel_layout = True
+    torch.testing.assert_close(moe(x, weights, ids), want, rtol=0, atol=0)
 
 
 def test_mxfp4_checkpoint_of_another_width_is_refused_with_its_shape():
