@@ -146,7 +146,7 @@ class EngineReplica:
                      "a standby" if woke else "a new", self.client.pid, f": {woke.get('phases_s')}" if woke else "")
             await self._pool.serving.remote(self.client.pid)
         with steps.phase("heap_freeze"):  # a replica's actor process keeps this engine client for its life
-            freeze_startup_heap()
+            freeze_startup_heap(collect=False)  # a burst waits for this start; the engine's process collected its own
         log.info("engine replica %s of %s ready on node %s; %s", self.replica_id, self.deployment, self.node_id,
                  steps.describe("replica start"))
 

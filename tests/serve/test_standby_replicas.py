@@ -145,8 +145,9 @@ def test_a_replica_added_takes_the_engine_the_pool_held_asleep_and_gives_it_back
         replica_log = _replica_log(added["replica"])
         assert f"engine replica {added['replica']} took a standby engine (pid {asleep}): {{" in replica_log
         # and what its start waited for, step by step
-        assert re.search(r"ready on node \S+; replica start: total [\d.]+ s = claim [\d.]+ \+ engine_client [\d.]+ \+ "
-                         r"shape_tokenizer [\d.]+ \+ wake_up [\d.]+", replica_log), replica_log[-2000:]
+        assert re.search(r"ready on node \S+; replica start: total [\d.]+ s = heap_freeze [\d.]+ \+ claim [\d.]+ \+ "
+                         r"engine_client [\d.]+ \+ shape_tokenizer [\d.]+ \+ wake_up [\d.]+", replica_log), \
+            replica_log[-2000:]
         assert added["node_id"] == node
         tokens = asyncio.run(_tokens_by_replica(client, 2))
         assert tokens[added["replica"]] == tokens[first["replica"]]

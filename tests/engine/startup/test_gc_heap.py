@@ -55,3 +55,13 @@ def test_a_with_block_freeze_gives_the_objects_back_to_the_collector_after():
         print(frozen > 0, inside > 0, gc.get_freeze_count())
     """)
     assert out == "True True 0"
+
+
+def test_a_freeze_without_a_collection_keeps_start_up_garbage_for_the_processs_life():
+    out = run("""
+        startup_garbage = cycle()
+        freeze_startup_heap(collect=False)
+        gc.collect()
+        print(startup_garbage() is None)
+    """)
+    assert out == "False"
