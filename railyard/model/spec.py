@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from railyard.errors import ConfigError, ModelLoadError
+from railyard.model.kv_fit import blocks_to_hold
 from railyard.model.precision import (DTYPE_BYTES, KV_CACHE_DTYPE_BYTES, QUANTIZATION_BYTES, QUANTIZATION_SCALE_BYTES,
                                       check_kv_cache_dtype, check_quantization, resolve_dtype)
 from railyard.model.quant_config import (checkpoint_block_scales, checkpoint_expert_quantization,
@@ -217,11 +218,8 @@ class ModelSpec:
 
     def kv_blocks_per_sequence(self, num_tokens: int, block_size: int) -> int:
         """KV blocks a decoding sequence of num_tokens holds: all of its full layers', and in the sliding layers those
-        the next token's window sees (with the block it is written to)."""
-        full = -(-num_tokens // block_size)
-        if not self.sliding_layers:
-            return full
-        return full + min(full, -(-(self.sliding_window - 1) // block_size) + 1)
+        the next token's window sees (with the block it is written to): kv_fit's rule for a step of one token."""
+        return blocks_to_hold(num_tokens, 1, block_size, self.kv_sliding_window)
 
     def kv_bytes_read(self, context_len: int, tp: int = 1) -> int:
         """K and V bytes one decode query reads on one rank over a context of context_len tokens: every token in the
