@@ -7,8 +7,8 @@ instead of pipelined 16-byte asynchronous copies (LDGSTS...128). A row with byte
 few is that regression. Shapes: gpt-oss's gate/up GEMM (N 5760, K 2880).
 
 The K loop's instruction count per thread bounds an MXFP4 tile when the experts stream (decode): the widening is
-issued per weight, so a tile whose loop issues ~9 instructions a weight cannot read the packed weights faster than
-the SMs issue them, whatever the memory could give.
+issued per weight, so a tile whose loop issues several instructions a weight cannot read the packed weights faster
+than the SMs issue them, whatever the memory could give.
 
 Usage: python3 scripts/dev/moe_kernel_resources.py   (one line per tile of fused_moe.py's tables; triton, no GPU;
        KERNEL_LAYOUT=0: MXFP4 bytes in checkpoint order rather than the kernel's, layers/mxfp4.py)

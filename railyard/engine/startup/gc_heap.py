@@ -18,10 +18,10 @@ from contextlib import contextmanager
 
 
 def freeze_startup_heap(collect: bool = True) -> int:
-    """Collect what start-up left as garbage (a full collection: ~0.1 s over a serving process's heap), then freeze
-    the rest; returns the objects frozen in this process. collect=False freezes at once, start-up's garbage with the
-    rest, held for the process's life: for a process whose start is on a burst's path and whose garbage holds no
-    device memory (a Ray Serve replica's, which talks to its engine's process)."""
+    """Collect what start-up left as garbage (a full collection, over the whole heap), then freeze the rest; returns
+    the objects frozen in this process. collect=False freezes at once, start-up's garbage with the rest, held for the
+    process's life: for a process whose start is on a burst's path and whose garbage holds no device memory (a Ray
+    Serve replica's, which talks to its engine's process)."""
     if collect:
         gc.collect()
     gc.freeze()

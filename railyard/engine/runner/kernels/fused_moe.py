@@ -20,8 +20,7 @@ MXFP4 experts (gpt-oss, layers/mxfp4.py): the GEMM reads each weight tile packed
 packs it (one e8m0 exponent per 32-weight group), or, as the engine holds them (kernel_layout), with each group's
 bytes in the order the MMA's register fragments take them (layers/mxfp4.py's to_kernel_layout): then a thread's
 bytes of a tile come from shared memory in one load rather than one a byte, and the tile is put back in K order in
-registers. On bf16 activations (the models' dtype) it is tl.dot_scaled: on
-Hopper, which has no FP4 MMA, Triton widens the tile in the registers that feed the tensor cores (its own e2m1
+registers. On bf16 activations (the models' dtype) it is tl.dot_scaled: on Hopper, which has no FP4 MMA, Triton widens the tile in the registers that feed the tensor cores (its own e2m1
 conversion and one bf16 multiply by the group's scale: exact) and makes the weights the MMA's register operand and
 the activations its shared-memory one, so the widened weights never pass through shared memory and the MMAs run
 asynchronously beside the next tile's widening. Other activation dtypes (float32 in tests, fp16) widen the tile to
@@ -138,27 +137,24 @@ def _grouped_gemm_kernel(a_ptr, b_ptr, c_ptr, a_scale_ptr, b_scale_ptr, bias_ptr
         rj = tl.arange(0, BLOCK_K // 2)
         rg = tl.arange(0, BLOCK_K // GROUP)
         a_ptrs = a_ptr + row[:, None] * stride_am + rk[None, :]
-        if KERNEL_LAYOUT:
-            b_ptrs = b_ptr + expert * stride_be + rn[:, None].to(tl.int64) * stride_bn + rj[None, :]
-        else:
-            b_ptrs = b_ptr + expert * stride_be + rn[None, :].to(tl.int64) * stride_bn + rj[:, None]
-        s_ptrs = b_scale_ptr + expert * stride_bse + rn[:, None].to(tl.int64) * stride_bsn + rg[None, :]
         n_in = rn < N
+        if KERNEL_LAYOUT:  # the packed tile's rows and byte columns, [N, K / 2] as stored or [K / 2, N]
+            b_n, b_j = rn[:, None], rj[None, :]
+            b_n_in = n_in[:, None]
+        else:
+            b_n, b_j = rn[None, :], rj[:, None]
+            b_n_in = n_in[None, :]
+        b_ptrs = b_ptr + expert * stride_be + b_n.to(tl.int64) * stride_bn + b_j
+        s_ptrs = b_scale_ptr + expert * stride_bse + rn[:, None].to(tl.int64) * stride_bsn + rg[None, :]
         for k in range(0, tl.cdiv(K, BLOCK_K)):
             if EVEN_K:
                 a = tl.load(a_ptrs, mask=valid[:, None], other=0.0)
-                if KERNEL_LAYOUT:
-                    packed = tl.load(b_ptrs, mask=n_in[:, None], other=0)
-                else:
-                    packed = tl.load(b_ptrs, mask=n_in[None, :], other=0)
+                packed = tl.load(b_ptrs, mask=b_n_in, other=0)
                 exponents = tl.load(s_ptrs, mask=n_in[:, None], other=0)
             else:  # K ends inside this tile, on a whole group (a permuted group is whole too)
                 k_left = tl.multiple_of(K - k * BLOCK_K, GROUP)
                 a = tl.load(a_ptrs, mask=valid[:, None] & (rk[None, :] < k_left), other=0.0)
-                if KERNEL_LAYOUT:
-                    packed = tl.load(b_ptrs, mask=n_in[:, None] & (rj[None, :] < k_left // 2), other=0)
-                else:
-                    packed = tl.load(b_ptrs, mask=n_in[None, :] & (rj[:, None] < k_left // 2), other=0)
+                packed = tl.load(b_ptrs, mask=b_n_in & (b_j < k_left // 2), other=0)
                 exponents = tl.load(s_ptrs, mask=n_in[:, None] & (rg[None, :] < k_left // GROUP), other=0)
             if KERNEL_LAYOUT:  # [N, groups, c, i] holds byte 4i + c of its group -> [K / 2, N] in K order
                 packed = tl.trans(tl.reshape(tl.permute(tl.reshape(packed, (BLOCK_N, BLOCK_K // GROUP, 4, 4)),

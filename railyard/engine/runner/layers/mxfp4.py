@@ -7,8 +7,8 @@ transformers' dequantizer does (the same table and exponent arithmetic, so the s
 
 On the GPU the experts keep the same bytes in the fused kernel's order (`to_kernel_layout`): within each group's 16
 bytes, byte j moves to (j % 4) * 4 + j // 4. The tensor cores' register fragment hands each thread the bytes j = c,
-c + 4, c + 8, c + 12 of a group (its pairs of K columns), which the checkpoint's order scatters: read from shared
-memory one byte at a time, they were a fifth of the kernel's instructions. In this order they are one load.
+c + 4, c + 8, c + 12 of a group (its pairs of K columns), which the checkpoint's order scatters, so the kernel read
+them from shared memory one byte at a time; in this order they are one load.
 """
 
 from __future__ import annotations
