@@ -145,17 +145,20 @@ def _grouped_gemm_kernel(a_ptr, b_ptr, c_ptr, a_scale_ptr, b_scale_ptr, bias_ptr
             b_n, b_j = rn[None, :], rj[:, None]
             b_n_in = n_in[None, :]
         b_ptrs = b_ptr + expert * stride_be + b_n.to(tl.int64) * stride_bn + b_j
+        # The exponents are a byte a thread, too narrow for the pipeline's asynchronous copies: each K step loads
+        # the next step's, so that their latency passes under this step's work rather than before it.
         s_ptrs = b_scale_ptr + expert * stride_bse + rn[:, None].to(tl.int64) * stride_bsn + rg[None, :]
+        exponents = tl.load(s_ptrs, mask=n_in[:, None] & (rg[None, :] * GROUP < K), other=0)
         for k in range(0, tl.cdiv(K, BLOCK_K)):
+            s_ptrs += BLOCK_K // GROUP
+            upcoming = tl.load(s_ptrs, mask=n_in[:, None] & (rg[None, :] * GROUP < K - (k + 1) * BLOCK_K), other=0)
             if EVEN_K:
                 a = tl.load(a_ptrs, mask=valid[:, None], other=0.0)
                 packed = tl.load(b_ptrs, mask=b_n_in, other=0)
-                exponents = tl.load(s_ptrs, mask=n_in[:, None], other=0)
             else:  # K ends inside this tile, on a whole group (a permuted group is whole too)
                 k_left = tl.multiple_of(K - k * BLOCK_K, GROUP)
                 a = tl.load(a_ptrs, mask=valid[:, None] & (rk[None, :] < k_left), other=0.0)
                 packed = tl.load(b_ptrs, mask=b_n_in & (b_j < k_left // 2), other=0)
-                exponents = tl.load(s_ptrs, mask=n_in[:, None] & (rg[None, :] < k_left // GROUP), other=0)
             if KERNEL_LAYOUT:  # [N, groups, c, i] holds byte 4i + c of its group -> [K / 2, N] in K order
                 packed = tl.trans(tl.reshape(tl.permute(tl.reshape(packed, (BLOCK_N, BLOCK_K // GROUP, 4, 4)),
                                                         (0, 1, 3, 2)), (BLOCK_N, BLOCK_K // 2)))
@@ -166,7 +169,7 @@ def _grouped_gemm_kernel(a_ptr, b_ptr, c_ptr, a_scale_ptr, b_scale_ptr, bias_ptr
                              input_precision=DOT_PRECISION)
             a_ptrs += BLOCK_K
             b_ptrs += BLOCK_K // 2
-            s_ptrs += BLOCK_K // GROUP
+            exponents = upcoming
     else:
         rk = tl.arange(0, BLOCK_K)
         a_ptrs = a_ptr + row[:, None] * stride_am + rk[None, :]
