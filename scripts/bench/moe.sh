@@ -8,12 +8,14 @@
 # Prints the section's JSON on stdout; logs, raw JSON and the HF log go to $OUT.
 #   bash scripts/bench/moe.sh                           # carry .whl and .peers (a copy of shared/peers/hf_baseline.py)
 #   PHASES="offline" SHAPES=gpt-oss-20b ROUNDS=3 bash scripts/bench/moe.sh
+#   PHASES="offline" SHAPES=gpt-oss-20b BASELINE=.baseline/tree_COMMIT bash scripts/bench/moe.sh   # carry that too
 #   DRY_RUN=1 SKIP_WHEELS=1 bash scripts/bench/moe.sh   # prints what it would run (no GPU needed)
 # env: CALL_S (seconds this call may use, default 560), PHASES (default "tests offline serve120b hf"), SHAPES (default
 #      "gpt-oss-20b qwen3-30b-a3b"), ROUNDS (gpt-oss-20b's runs, default 2), HF_BATCHES (default "256 64"),
 #      HF_BUDGET_S (default 300), TESTS_S (the GPU tests' limit, default 320: on a fresh machine they compile every
 #      kernel variant, both MXFP4 byte orders among them, and take over 3 minutes; then run "tests" and "offline" in
-#      separate calls), COMMIT
+#      separate calls), BASELINE (a directory holding another checkout's railyard/: each offline run is followed by
+#      the same run from it, the code before a change in the same call), COMMIT
 source "$(dirname "$0")/common.sh"
 . scripts/device/wheels.sh
 carried_wheels .whl > "$OUT/pip.txt" 2>&1 || { tail -n 3 "$OUT/pip.txt"; log "wheel install failed"; exit 1; }
@@ -45,10 +47,18 @@ bench() {  # KEY MODEL [FLAG...]: the offline workload into $OUT/bench_KEY.json
   log "rc=$? $(grep -h "roofline:" "$OUT/bench_$1.err" 2>/dev/null | tail -n 1)"
   ARGS+=("railyard.$1@=$OUT/bench_$1.json")
 }
+bench_baseline() {  # KEY MODEL: the same from BASELINE's railyard/ into $OUT/baseline_KEY.json
+  log "bench throughput $2 ($1) from $BASELINE"
+  (cd "$BASELINE" && PYTHONPATH=/tmp/site:$PWD run timeout 200 python3 -m railyard.cli bench throughput --model "$2" \
+    $WORK > "$OUT/baseline_$1.json" 2> "$OUT/baseline_$1.err")
+  log "rc=$? $(grep -h "roofline:" "$OUT/baseline_$1.err" 2>/dev/null | tail -n 1)"
+  ARGS+=("baseline.$1@=$OUT/baseline_$1.json")
+}
 for shape in $SHAPES; do
   rounds=1; [ "$shape" = gpt-oss-20b ] && rounds=$ROUNDS
   for round in $(seq 1 "$rounds"); do
     want offline 150 && bench "${shape}_$round" "$shape"
+    [ -n "${BASELINE:-}" ] && want offline 150 && bench_baseline "${shape}_$round" "$shape"
   done
 done
 
