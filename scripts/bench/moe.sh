@@ -40,25 +40,23 @@ if want tests 150; then
   ARGS+=("tests#=$OUT/tests_summary.txt")
 fi
 
-bench() {  # KEY MODEL [FLAG...]: the offline workload into $OUT/bench_KEY.json
-  log "bench throughput $2 ($1)"
-  run timeout 200 python3 scripts/bench/cli.py bench throughput --model "$2" $WORK "${@:3}" > "$OUT/bench_$1.json" \
-    2> "$OUT/bench_$1.err"
-  log "rc=$? $(grep -h "roofline:" "$OUT/bench_$1.err" 2>/dev/null | tail -n 1)"
-  ARGS+=("railyard.$1@=$OUT/bench_$1.json")
-}
-bench_baseline() {  # KEY MODEL: the same from BASELINE's railyard/ into $OUT/baseline_KEY.json
-  log "bench throughput $2 ($1) from $BASELINE"
-  (cd "$BASELINE" && PYTHONPATH=/tmp/site:$PWD run timeout 200 python3 -m railyard.cli bench throughput --model "$2" \
-    $WORK > "$OUT/baseline_$1.json" 2> "$OUT/baseline_$1.err")
-  log "rc=$? $(grep -h "roofline:" "$OUT/baseline_$1.err" 2>/dev/null | tail -n 1)"
-  ARGS+=("baseline.$1@=$OUT/baseline_$1.json")
+bench() {  # KEY MODEL [FLAG...]: the offline workload into $OUT/bench_KEY.json; with FROM (a checkout holding
+  #          railyard/), from that code instead, into $OUT/baseline_KEY.json
+  local name=bench key=railyard tree=. cli=scripts/bench/cli.py
+  if [ -n "${FROM:-}" ]; then  # cli.py imports the checkout it lies in
+    name=baseline; key=baseline; tree=$FROM; cli="-m railyard.cli"
+  fi
+  log "bench throughput $2 ($1)${FROM:+ from $FROM}"
+  (cd "$tree" && PYTHONPATH=/tmp/site:$PWD run timeout 200 python3 $cli bench throughput --model "$2" $WORK "${@:3}" \
+    > "$OUT/${name}_$1.json" 2> "$OUT/${name}_$1.err")
+  log "rc=$? $(grep -h "roofline:" "$OUT/${name}_$1.err" 2>/dev/null | tail -n 1)"
+  ARGS+=("$key.$1@=$OUT/${name}_$1.json")
 }
 for shape in $SHAPES; do
   rounds=1; [ "$shape" = gpt-oss-20b ] && rounds=$ROUNDS
   for round in $(seq 1 "$rounds"); do
     want offline 150 && bench "${shape}_$round" "$shape"
-    [ -n "${BASELINE:-}" ] && want offline 150 && bench_baseline "${shape}_$round" "$shape"
+    [ -n "${BASELINE:-}" ] && want offline 150 && FROM=$BASELINE bench "${shape}_$round" "$shape"
   done
 done
 

@@ -20,13 +20,14 @@ MXFP4 experts (gpt-oss, layers/mxfp4.py): the GEMM reads each weight tile packed
 packs it (one e8m0 exponent per 32-weight group), or, as the engine holds them (kernel_layout), with each group's
 bytes in the order the MMA's register fragments take them (layers/mxfp4.py's to_kernel_layout): then a thread's
 bytes of a tile come from shared memory in one load rather than one a byte, and the tile is put back in K order in
-registers. On bf16 activations (the models' dtype) it is tl.dot_scaled: on Hopper, which has no FP4 MMA, Triton widens the tile in the registers that feed the tensor cores (its own e2m1
-conversion and one bf16 multiply by the group's scale: exact) and makes the weights the MMA's register operand and
-the activations its shared-memory one, so the widened weights never pass through shared memory and the MMAs run
-asynchronously beside the next tile's widening. Other activation dtypes (float32 in tests, fp16) widen the tile to
-float32 from the codes' bits and take tl.dot. That widening is paid per weight and per output tile, so a step with
-MXFP4_WIDEN_SLOTS_PER_EXPERT slots or more per expert (a long prefill) widens each projection's experts once into a
-transient buffer (kernels/mxfp4_widen.py) and takes the dense-weight GEMM instead; the model keeps no widened copy.
+registers. On bf16 activations (the models' dtype) it is tl.dot_scaled: on Hopper, which has no FP4 MMA, Triton
+widens the tile in the registers that feed the tensor cores (its own e2m1 conversion and one bf16 multiply by the
+group's scale: exact) and makes the weights the MMA's register operand and the activations its shared-memory one, so
+the widened weights never pass through shared memory and the MMAs run asynchronously beside the next tile's
+widening. Other activation dtypes (float32 in tests, fp16) widen the tile to float32 from the codes' bits and take
+tl.dot. That widening is paid per weight and per output tile, so a step with MXFP4_WIDEN_SLOTS_PER_EXPERT slots or
+more per expert (a long prefill) widens each projection's experts once into a transient buffer
+(kernels/mxfp4_widen.py) and takes the dense-weight GEMM instead; the model keeps no widened copy.
 """
 
 from __future__ import annotations

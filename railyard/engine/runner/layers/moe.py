@@ -19,14 +19,15 @@ multiplies), and the activation between the two projections, any function [n, 2I
 Qwen; gpt-oss passes its clamped SwiGLU on interleaved gate/up).
 FP8 experts (quant="fp8"): e4m3 weights with one float32 scale per EXPERT_BLOCK (128 x 128) of each expert's
 projection, as FP8 MoE checkpoints ship them (layers/fp8_block.py).
-MXFP4 experts (quant="mxfp4", gpt-oss): each row's e2m1 pairs packed in bytes (w13 [E, 2I, H/2], w2 [E, H, I/2]) with
-one uint8 exponent per 32 weights (w13_weight_scale [E, 2I, H/32], w2_weight_scale [E, H, I/32]), as the
-checkpoints ship them (layers/mxfp4.py): the reference path widens one expert at a time as it runs; the fused
-kernel reads the packed tiles and widens them in registers (no widened copy anywhere). On a GPU the bytes are put
-in the kernel's order within each 32-weight group once they are filled (weights_filled; layers/mxfp4.py). Tensor
-parallel ranks split the intermediate width by whole 32-weight groups (an exponent's span), so gpt-oss's 2880 (90
-groups) splits over 4 ranks as 23, 23, 23 and 21 groups: every rank holds the same padded width, the last ones' extra columns zero (zero
-gate/up rows and biases, zero down columns: they add nothing), as vLLM pads it (model/spec.py's expert_shard).
+MXFP4 experts (quant="mxfp4", gpt-oss): each row's e2m1 pairs packed in bytes (w13 [E, 2I, H/2], w2 [E, H, I/2])
+with one uint8 exponent per 32 weights (w13_weight_scale [E, 2I, H/32], w2_weight_scale [E, H, I/32]), as the
+checkpoints ship them (layers/mxfp4.py): the reference path widens one expert at a time as it runs; the fused kernel
+reads the packed tiles and widens them in registers (no widened copy anywhere). On a GPU the bytes are put in the
+kernel's order within each 32-weight group once they are filled (weights_filled; layers/mxfp4.py). Tensor parallel
+ranks split the intermediate width by whole 32-weight groups (an exponent's span), so gpt-oss's 2880 (90 groups)
+splits over 4 ranks as 23, 23, 23 and 21 groups: every rank holds the same padded width, the last ones' extra
+columns zero (zero gate/up rows and biases, zero down columns: they add nothing), as vLLM pads it (model/spec.py's
+expert_shard).
 """
 
 from __future__ import annotations
