@@ -1,0 +1,107 @@
+"""Copies of the fused-MoE kernel file against each other on gpt-oss-20b's MXFP4 experts (gate/up 2880 -> 5760, down
+2880 -> 2880, 32 experts, top-4, bf16 activations, random packed weights in the kernel's byte order): each file's
+grouped_gemm on the same inputs and tiles, microseconds per call in CUDA graphs, the files' timings interleaved over
+rounds (alternating order) so that a drift of the card's clocks falls on all of them; each output against the first
+file's (a kernel change that keeps the arithmetic gives 0.0). A tile a file's grouped_gemm does not take is skipped.
+
+Why: a kernel change to judge is a copy of kernels/fused_moe.py with the change; timing the copies in one process
+on one card is the A/B that separate calls (other machines, other clocks) cannot give.
+
+    python3 scripts/dev/moe_kernel_ab.py --plan "512:64,64,64,4,4;64,128,64,4,3|1024:128,128,64,8,3"
+    python3 scripts/dev/moe_kernel_ab.py --kernels railyard/engine/runner/kernels/fused_moe.py,/tmp/changed.py
+--plan: tokens:tile;tile|tokens:... (a tile is BLOCK_M,BLOCK_N,BLOCK_K,warps,stages). JSON lines on stdout (median
+microseconds per file), everything in $OUT/moe_kernel_ab.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import statistics
+import sys
+
+sys.path.insert(0, __file__.rsplit("/scripts/", 1)[0])
+
+import torch  # noqa: E402
+from triton.testing import do_bench_cudagraph  # noqa: E402
+
+from railyard.engine.runner.kernels.moe_align import align_by_expert  # noqa: E402
+from railyard.engine.runner.layers.moe import route_softmax_topk  # noqa: E402
+from railyard.engine.runner.layers.mxfp4 import to_kernel_layout  # noqa: E402
+from railyard.model.spec import MXFP4_GROUP  # noqa: E402
+
+E, TOP_K, H, I = 32, 4, 2880, 2880
+DEFAULT_KERNEL = os.path.join(__file__.rsplit("/scripts/", 1)[0], "railyard/engine/runner/kernels/fused_moe.py")
+
+
+def parse_plan(text: str) -> dict[int, list[tuple[int, ...]]]:
+    """'256:64,128,64,4,4;64,64,64,4,4|512:...' -> {256: [(64, 128, 64, 4, 4), (64, 64, 64, 4, 4)], 512: [...]}."""
+    return {int(tokens): [tuple(int(x) for x in tile.split(",")) for tile in tiles.split(";")]
+            for tokens, tiles in (part.split(":") for part in text.split("|"))}
+
+
+def load_kernel(path: str, index: int):
+    """The module a kernel file defines, imported under its own name (two copies of one file do not clash)."""
+    spec = importlib.util.spec_from_file_location(f"moe_kernel_ab_{index}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--kernels", default=DEFAULT_KERNEL,
+                        help="comma-separated kernel files (copies of fused_moe.py)")
+    parser.add_argument("--plan", default="256:64,128,64,4,4|512:128,128,64,8,3")
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args()
+    kernels = {path: load_kernel(path, i) for i, path in enumerate(args.kernels.split(","))}
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    projections = {}
+    for name, n, k in (("gate_up", 2 * I, H), ("down", H, I)):
+        w = torch.randint(0, 256, (E, n, k // 2), device="cuda", dtype=torch.uint8, generator=gen)
+        s = torch.randint(118, 124, (E, n, k // MXFP4_GROUP), device="cuda", dtype=torch.uint8, generator=gen)
+        projections[name] = (to_kernel_layout(w), s)
+    results = {}
+    for tokens, tiles in parse_plan(args.plan).items():
+        torch.manual_seed(tokens)
+        x = torch.randn(tokens, H, device="cuda", dtype=torch.bfloat16)
+        _, ids = route_softmax_topk(torch.randn(tokens, E, device="cuda"), TOP_K, True)
+        for name, (w, s) in projections.items():
+            a = x if name == "gate_up" else torch.randn(tokens * TOP_K, I, device="cuda", dtype=torch.bfloat16)
+            row_div = TOP_K if name == "gate_up" else 1
+            for tile in tiles:
+                routing = align_by_expert(ids, E, tile[0])
+                outs = {}
+                for path, module in kernels.items():
+                    out = torch.zeros(tokens * TOP_K, w.shape[1], device="cuda", dtype=torch.bfloat16)
+                    try:
+                        module.grouped_gemm(a, w, out, routing, row_div, tile, w_scale=s, kernel_layout=True)
+                    except Exception as exc:  # a file whose grouped_gemm does not take this tile
+                        print(f"{path} {tile}: {type(exc).__name__}: {str(exc)[:120]}", flush=True)
+                        continue
+                    torch.cuda.synchronize()
+                    outs[path] = out
+                times = {path: [] for path in outs}
+                for r in range(args.rounds):
+                    order = list(outs) if r % 2 == 0 else list(outs)[::-1]
+                    for path in order:
+                        module, out = kernels[path], outs[path]
+                        times[path].append(do_bench_cudagraph(lambda: module.grouped_gemm(
+                            a, w, out, routing, row_div, tile, w_scale=s, kernel_layout=True)) * 1e3)
+                first = next(iter(outs.values()), None)
+                row = {path: {"us_median": round(statistics.median(ts), 1), "us": [round(t, 1) for t in ts],
+                              "max_abs_diff_vs_first": float((outs[path].float() - first.float()).abs().max())}
+                       for path, ts in times.items()}
+                key = f"T={tokens} {name} {tile}"
+                results[key] = row
+                summary = {path: (r["us_median"], r["max_abs_diff_vs_first"]) for path, r in row.items()}
+                print(json.dumps({key: summary}), flush=True)
+    with open(os.path.join(os.environ.get("OUT", "/tmp"), "moe_kernel_ab.json"), "w") as f:
+        json.dump(results, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
