@@ -57,8 +57,9 @@ SMALL = TILES[0][1]
 # MXFP4 weights are widened in registers, a cost per weight and per thread: tiles whose widened weights fit beside
 # the accumulator without spilling (compiled for sm_90: scripts/dev/moe_kernel_resources.py), 8 warps for the tall
 # one; BLOCK_K whole 32-weight groups; picked by timing gpt-oss-20b's experts in CUDA graphs (scripts/dev/moe_sweep.py,
-# mxfp4_tiles.py, moe_kernel_ab.py). Past 32 slots per expert the tall one serves (a 512-token step of gpt-oss-20b is as fast
-# on it as on the 64-row tiles, a 1,024-token one faster); from MXFP4_WIDEN_SLOTS_PER_EXPERT the experts are widened.
+# mxfp4_tiles.py, moe_kernel_ab.py). Past 32 slots per expert the tall one serves (a 512-token step of gpt-oss-20b is
+# as fast on it as on the 64-row tiles, a 1,024-token one faster); from MXFP4_WIDEN_SLOTS_PER_EXPERT the experts are
+# widened.
 MXFP4_TILES = ((8, (16, 64, 128, 4, 3)), (16, (32, 64, 128, 4, 3)), (32, (64, 128, 64, 4, 4)))
 MXFP4_LARGE = (128, 128, 64, 8, 3)
 # The tables are for 2-byte activations. A pipeline stage holds an A tile and a B tile in shared memory, so 4-byte
