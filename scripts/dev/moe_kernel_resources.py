@@ -8,7 +8,9 @@ few is that regression. Shapes: gpt-oss's gate/up GEMM (N 5760, K 2880).
 
 The K loop's instruction count per thread bounds an MXFP4 tile when the experts stream (decode): the widening is
 issued per weight, so a tile whose loop issues several instructions a weight cannot read the packed weights faster
-than the SMs issue them, whatever the memory could give.
+than the SMs issue them, whatever the memory could give. "MMAs serialized" is ptxas's C7515 note: it waits for each
+wgmma before the next instead of keeping them in flight beside the widening (the 4-warp 64-row MXFP4 tiles, whose
+warpgroups hold two accumulators, get it with the exponents loaded a step ahead).
 
 Usage: python3 scripts/dev/moe_kernel_resources.py   (one line per tile of fused_moe.py's tables; triton, no GPU;
        KERNEL_LAYOUT=0: MXFP4 bytes in checkpoint order rather than the kernel's, layers/mxfp4.py)
@@ -19,7 +21,9 @@ from __future__ import annotations
 import collections
 import os
 import re
+import subprocess
 import sys
+import tempfile
 
 sys.path.insert(0, __file__.rsplit("/scripts/", 1)[0])
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -28,6 +32,7 @@ import decode_kernel_resources  # noqa: E402 (its cuobjdump readers)
 
 import triton  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
+from triton.backends.nvidia.compiler import get_ptxas  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
 from railyard.engine.runner.kernels import fused_moe  # noqa: E402
@@ -80,6 +85,17 @@ def compile_gemm(mxfp4: bool, tile: tuple[int, int, int, int, int]):
     return triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps, "num_stages": stages})
 
 
+def mmas_serialized(kernel) -> bool:
+    """Whether ptxas serializes the kernel's wgmma instructions (its C7515 note, compiling the PTX for sm_90a)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        ptx = os.path.join(tmp, "kernel.ptx")
+        with open(ptx, "w") as f:
+            f.write(kernel.asm["ptx"])
+        command = [get_ptxas(90).path, "-v", "--gpu-name", "sm_90a", ptx, "-o", os.path.join(tmp, "k.cubin")]
+        run = subprocess.run(command, capture_output=True, text=True, check=True)
+    return "C7515" in run.stdout + run.stderr
+
+
 def resources(kernel) -> tuple[int, int, dict[str, int], dict[str, int], collections.Counter]:
     """(registers per thread, local-memory spill instructions, global load instructions by kind, shared-memory and
     tensor-core instructions by kind, the K loop's instructions by opcode) from the cubin."""
@@ -97,7 +113,9 @@ def main() -> None:
             kernel = compile_gemm(mxfp4, tile)
             regs, spills, loads, shared, loop = resources(kernel)
             weights = tile[1] * tile[2] // (32 * tile[3])  # a thread's share of a K step's weight tile
+            serialized = "MMAs serialized, " if mmas_serialized(kernel) else ""
             print(f"{'mxfp4' if mxfp4 else 'bf16 '} tile {tile}: {regs:3d} registers, {spills} spill instructions, "
+                  f"{serialized}"
                   f"{kernel.metadata.shared:6d} B shared, loads {loads}, shared/MMA {shared}; K loop "
                   f"{sum(loop.values())} instructions a thread for {weights} weights, most "
                   f"{dict(loop.most_common(6))}", flush=True)
