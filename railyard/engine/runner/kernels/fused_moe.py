@@ -23,11 +23,12 @@ bytes of a tile come from shared memory in one load rather than one a byte, and 
 registers. On bf16 activations (the models' dtype) it is tl.dot_scaled: on Hopper, which has no FP4 MMA, Triton
 widens the tile in the registers that feed the tensor cores (its own e2m1 conversion and one bf16 multiply by the
 group's scale: exact) and makes the weights the MMA's register operand and the activations its shared-memory one, so
-the widened weights never pass through shared memory and the MMAs run asynchronously beside the next tile's
-widening. Other activation dtypes (float32 in tests, fp16) widen the tile to float32 from the codes' bits and take
-tl.dot. That widening is paid per weight and per output tile, so a step with MXFP4_WIDEN_SLOTS_PER_EXPERT slots or
-more per expert (a long prefill) widens each projection's experts once into a transient buffer
-(kernels/mxfp4_widen.py) and takes the dense-weight GEMM instead; the model keeps no widened copy.
+the widened weights never pass through shared memory (whether ptxas keeps the MMAs in flight beside the next
+widening or waits for each depends on the tile: scripts/dev/moe_kernel_resources.py says). Other activation dtypes
+(float32 in tests, fp16) widen the tile to float32 from the codes' bits and take tl.dot. That widening is paid per
+weight and per output tile, so a step with MXFP4_WIDEN_SLOTS_PER_EXPERT slots or more per expert (a long prefill)
+widens each projection's experts once into a transient buffer (kernels/mxfp4_widen.py) and takes the dense-weight
+GEMM instead; the model keeps no widened copy.
 """
 
 from __future__ import annotations
