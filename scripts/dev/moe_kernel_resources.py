@@ -6,9 +6,9 @@ cannot prove constant over 16 bytes turn the packed weights' loads into one byte
 instead of pipelined 16-byte asynchronous copies (LDGSTS...128). A row with byte-wise loads beyond the exponents'
 few is that regression. Shapes: gpt-oss's gate/up GEMM (N 5760, K 2880).
 
-The K loop's instruction count per thread bounds an MXFP4 tile when the experts stream (decode): the widening is
-issued per weight, so a tile whose loop issues several instructions a weight cannot read the packed weights faster
-than the SMs issue them, whatever the memory could give. "MMAs serialized" is ptxas's C7515 note: it waits for each
+The K loop's instruction count per thread is the widening's cost in an MXFP4 tile: issued per weight, it caps how
+fast a tile can read the packed weights while the experts stream (decode); at the engine's tiles the cap is not
+what binds (scripts/dev/mxfp4_moe_gluon.py times the same GEMM without its widening). "MMAs serialized" is ptxas's C7515 note: it waits for each
 wgmma before the next instead of keeping them in flight beside the widening (the 4-warp 64-row MXFP4 tiles, whose
 warpgroups hold two accumulators, get it with the exponents loaded a step ahead).
 
