@@ -35,6 +35,8 @@ from triton.experimental.gluon.language.nvidia.hopper import (async_copy, fence_
 
 from railyard.engine.runner.kernels import fused_moe  # noqa: E402
 
+program_block = gluon.jit(fused_moe.program_block.fn)  # the engine kernel's program order, in Gluon
+
 # One word of eight e2m1 codes (byte i: the thread's fragment elements 2i, 2i + 1, low nibble first) and its group's
 # e8m0 exponent e -> eight bf16, code value * 2^(e - 127). The magnitudes' low and high bf16 bytes come from two
 # byte-permute tables ($10, $11: registers; the second words are immediates), the signs from a third ($12), then
@@ -145,14 +147,7 @@ def mxfp4_moe_kernel(x_ptr, w_ptr, e_ptr, c_ptr, bias_ptr, weights_ptr, sorted_p
                      GROUP_M: gl.constexpr, NO_WIDEN: gl.constexpr, num_warps: gl.constexpr):
     """fused_moe._grouped_gemm_kernel's MXFP4 product, transposed: acc [BLOCK_N, BLOCK_M] = widened weights
     [BLOCK_N, K] @ the block's activation rows^T, so that the weights are the MMA's register operand."""
-    pid = gl.program_id(0)
-    num_n = gl.cdiv(N, BLOCK_N)
-    num_m = gl.num_programs(0) // num_n
-    group = GROUP_M * num_n
-    first_m = (pid // group) * GROUP_M
-    size_m = min(num_m - first_m, GROUP_M)
-    pid_m = first_m + (pid % group) % size_m
-    pid_n = (pid % group) // size_m
+    pid_m, pid_n = program_block(gl.program_id(0), gl.num_programs(0), N, BLOCK_N, GROUP_M)
     if pid_m * BLOCK_M >= gl.load(padded_len_ptr):
         return
     expert = gl.load(block_expert_ptr + pid_m).to(gl.int64)

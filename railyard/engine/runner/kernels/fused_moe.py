@@ -105,6 +105,19 @@ def _mxfp4_widened(packed, exponents, BLOCK_K: tl.constexpr, BLOCK_N: tl.constex
     return tl.reshape(tl.permute(pairs, (0, 2, 1)), (BLOCK_K, BLOCK_N))
 
 
+@triton.jit
+def program_block(pid, num_programs, N, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr):
+    """Program `pid` of a grid of (row blocks) x cdiv(N, BLOCK_N) -> its (row block, column block), in grouped
+    order: GROUP_M row blocks sweep the column blocks together, so that what they share (an expert's weights, a row
+    block's activations) is read again while L2 still holds it. scripts/dev/mxfp4_moe_gluon.py runs it too."""
+    num_n = (N + BLOCK_N - 1) // BLOCK_N
+    num_m = num_programs // num_n
+    group = GROUP_M * num_n
+    first_m = (pid // group) * GROUP_M
+    size_m = min(num_m - first_m, GROUP_M)
+    return first_m + (pid % group) % size_m, (pid % group) // size_m
+
+
 @triton.jit(do_not_specialize=["num_slots"])  # one compiled kernel for every token count
 def _grouped_gemm_kernel(a_ptr, b_ptr, c_ptr, a_scale_ptr, b_scale_ptr, bias_ptr, weights_ptr, sorted_ptr,
                          block_expert_ptr, padded_len_ptr, N, K, num_slots, stride_am, stride_be, stride_bn,
@@ -116,14 +129,7 @@ def _grouped_gemm_kernel(a_ptr, b_ptr, c_ptr, a_scale_ptr, b_scale_ptr, bias_ptr
                          GROUP_M: tl.constexpr, GROUP: tl.constexpr):
     """C[slot, n] = (sum_k A[slot // A_ROW_DIV, k] * B[expert(slot), n, k] (+ bias[expert, n])) (* weight[slot]).
     MXFP4: B is packed, [E, N, K / 2] bytes, with exponents [E, N, K / 32] at b_scale_ptr."""
-    pid = tl.program_id(0)
-    num_m = tl.num_programs(0) // tl.cdiv(N, BLOCK_N)
-    num_n = tl.cdiv(N, BLOCK_N)
-    group = GROUP_M * num_n
-    first_m = (pid // group) * GROUP_M
-    size_m = min(num_m - first_m, GROUP_M)
-    pid_m = first_m + (pid % group) % size_m
-    pid_n = (pid % group) // size_m
+    pid_m, pid_n = program_block(tl.program_id(0), tl.num_programs(0), N, BLOCK_N, GROUP_M)
     if pid_m * BLOCK_M >= tl.load(padded_len_ptr):
         return
     slot = tl.load(sorted_ptr + pid_m * BLOCK_M + tl.arange(0, BLOCK_M))
