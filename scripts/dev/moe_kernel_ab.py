@@ -1,14 +1,19 @@
 """Copies of the fused-MoE kernel file against each other on gpt-oss-20b's MXFP4 experts (gate/up 2880 -> 5760, down
-2880 -> 2880, 32 experts, top-4, bf16 activations, random packed weights in the kernel's byte order): each file's
-grouped_gemm on the same inputs and tiles, microseconds per call in CUDA graphs, the files' timings interleaved over
-rounds (alternating order) so that a drift of the card's clocks falls on all of them; each output against the first
-file's (a kernel change that keeps the arithmetic gives 0.0). A tile a file's grouped_gemm does not take is skipped.
+2880 -> 2880, 32 experts, top-4, bf16 activations, moe_sweep.py's random packed weights): each file's grouped_gemm on
+the same inputs and tiles, microseconds per call in CUDA graphs, the files' timings interleaved over rounds
+(alternating order) so that a drift of the card's clocks falls on all of them; the packed bytes each call reads per
+microsecond; each output against the first file's (a kernel change that keeps the arithmetic gives 0.0) and, as a
+relative norm error, against the engine's bf16 kernel on the widened weights. A tile a file's grouped_gemm does not
+take is skipped. --layouts times the weights' bytes in the kernel's order (as the engine holds them, layers/mxfp4.py)
+and/or the checkpoint's.
 
 Why: a kernel change to judge is a copy of kernels/fused_moe.py with the change; timing the copies in one process
-on one card is the A/B that separate calls (other machines, other clocks) cannot give.
+on one card is the A/B that separate calls (other machines, other clocks) cannot give. With the one default file it
+times tiles against each other, which is how the MXFP4 tile table was picked.
 
     python3 scripts/dev/moe_kernel_ab.py --plan "512:64,64,64,4,4;64,128,64,4,3|1024:128,128,64,8,3"
     python3 scripts/dev/moe_kernel_ab.py --kernels railyard/engine/runner/kernels/fused_moe.py,/tmp/changed.py
+    python3 scripts/dev/moe_kernel_ab.py --plan "256:64,64,64,4,4" --layouts kernel,checkpoint
 --plan: tokens:tile;tile|tokens:... (a tile is BLOCK_M,BLOCK_N,BLOCK_K,warps,stages). JSON lines on stdout (median
 microseconds per file), everything in $OUT/moe_kernel_ab.json.
 """
@@ -23,14 +28,16 @@ import statistics
 import sys
 
 sys.path.insert(0, __file__.rsplit("/scripts/", 1)[0])
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import torch  # noqa: E402
 from triton.testing import do_bench_cudagraph  # noqa: E402
 
+from moe_sweep import experts  # noqa: E402 (the sweep's random packed experts)
+from railyard.engine.runner.kernels.fused_moe import grouped_gemm  # noqa: E402
 from railyard.engine.runner.kernels.moe_align import align_by_expert  # noqa: E402
 from railyard.engine.runner.layers.moe import route_softmax_topk  # noqa: E402
-from railyard.engine.runner.layers.mxfp4 import to_kernel_layout  # noqa: E402
-from railyard.model.spec import MXFP4_GROUP  # noqa: E402
+from railyard.engine.runner.layers.mxfp4 import dequantize_mxfp4, to_kernel_layout  # noqa: E402
 
 E, TOP_K, H, I = 32, 4, 2880, 2880
 DEFAULT_KERNEL = os.path.join(__file__.rsplit("/scripts/", 1)[0], "railyard/engine/runner/kernels/fused_moe.py")
@@ -50,55 +57,74 @@ def load_kernel(path: str, index: int):
     return module
 
 
+def reference(a: torch.Tensor, w: torch.Tensor, s: torch.Tensor, ids: torch.Tensor, row_div: int) -> torch.Tensor:
+    """The projection by the engine's bf16 grouped GEMM on the weights widened beforehand: what every tile should
+    give, up to the order of the K sums."""
+    out = torch.empty(a.shape[0] * row_div, w.shape[1], device="cuda", dtype=torch.bfloat16)
+    return grouped_gemm(a, dequantize_mxfp4(w, s, torch.bfloat16), out, align_by_expert(ids, E, 64), row_div,
+                        (64, 64, 64, 4, 4))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--kernels", default=DEFAULT_KERNEL,
                         help="comma-separated kernel files (copies of fused_moe.py)")
     parser.add_argument("--plan", default="256:64,128,64,4,4|512:128,128,64,8,3")
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--layouts", default="kernel", help="comma-separated byte orders of the packed weights: "
+                        "kernel (as the engine holds them), checkpoint")
     args = parser.parse_args()
     kernels = {path: load_kernel(path, i) for i, path in enumerate(args.kernels.split(","))}
-    gen = torch.Generator(device="cuda").manual_seed(0)
-    projections = {}
-    for name, n, k in (("gate_up", 2 * I, H), ("down", H, I)):
-        w = torch.randint(0, 256, (E, n, k // 2), device="cuda", dtype=torch.uint8, generator=gen)
-        s = torch.randint(118, 124, (E, n, k // MXFP4_GROUP), device="cuda", dtype=torch.uint8, generator=gen)
-        projections[name] = (to_kernel_layout(w), s)
+    w13, w2, s13, s2, *_ = experts("mxfp4", E, H, I)
+    projections = {"gate_up": (w13, s13), "down": (w2, s2)}
+    layouts = args.layouts.split(",")
     results = {}
     for tokens, tiles in parse_plan(args.plan).items():
         torch.manual_seed(tokens)
         x = torch.randn(tokens, H, device="cuda", dtype=torch.bfloat16)
         _, ids = route_softmax_topk(torch.randn(tokens, E, device="cuda"), TOP_K, True)
-        for name, (w, s) in projections.items():
+        hit = torch.unique(ids).numel()
+        for name, (packed, s) in projections.items():
             a = x if name == "gate_up" else torch.randn(tokens * TOP_K, I, device="cuda", dtype=torch.bfloat16)
             row_div = TOP_K if name == "gate_up" else 1
-            for tile in tiles:
-                routing = align_by_expert(ids, E, tile[0])
-                outs = {}
-                for path, module in kernels.items():
-                    out = torch.zeros(tokens * TOP_K, w.shape[1], device="cuda", dtype=torch.bfloat16)
-                    try:
-                        module.grouped_gemm(a, w, out, routing, row_div, tile, w_scale=s, kernel_layout=True)
-                    except Exception as exc:  # a file whose grouped_gemm does not take this tile
-                        print(f"{path} {tile}: {type(exc).__name__}: {str(exc)[:120]}", flush=True)
-                        continue
-                    torch.cuda.synchronize()
-                    outs[path] = out
-                times = {path: [] for path in outs}
-                for r in range(args.rounds):
-                    order = list(outs) if r % 2 == 0 else list(outs)[::-1]
-                    for path in order:
-                        module, out = kernels[path], outs[path]
-                        times[path].append(do_bench_cudagraph(lambda: module.grouped_gemm(
-                            a, w, out, routing, row_div, tile, w_scale=s, kernel_layout=True)) * 1e3)
-                first = next(iter(outs.values()), None)
-                row = {path: {"us_median": round(statistics.median(ts), 1), "us": [round(t, 1) for t in ts],
-                              "max_abs_diff_vs_first": float((outs[path].float() - first.float()).abs().max())}
-                       for path, ts in times.items()}
-                key = f"T={tokens} {name} {tile}"
-                results[key] = row
-                summary = {path: (r["us_median"], r["max_abs_diff_vs_first"]) for path, r in row.items()}
-                print(json.dumps({key: summary}), flush=True)
+            want = reference(a, packed, s, ids, row_div).float()
+            read = hit * (packed[0].numel() + s[0].numel())
+            for layout in layouts:
+                w = to_kernel_layout(packed) if layout == "kernel" else packed
+                in_kernel_order = layout == "kernel"
+                for tile in tiles:
+                    routing = align_by_expert(ids, E, tile[0])
+                    outs = {}
+                    for path, module in kernels.items():
+                        out = torch.zeros(tokens * TOP_K, w.shape[1], device="cuda", dtype=torch.bfloat16)
+                        try:
+                            module.grouped_gemm(a, w, out, routing, row_div, tile, w_scale=s,
+                                                kernel_layout=in_kernel_order)
+                        except Exception as exc:  # a file whose grouped_gemm does not take this tile
+                            print(f"{path} {tile}: {type(exc).__name__}: {str(exc)[:120]}", flush=True)
+                            continue
+                        torch.cuda.synchronize()
+                        outs[path] = out
+                    times = {path: [] for path in outs}
+                    for r in range(args.rounds):
+                        order = list(outs) if r % 2 == 0 else list(outs)[::-1]
+                        for path in order:
+                            module, out = kernels[path], outs[path]
+                            times[path].append(do_bench_cudagraph(lambda: module.grouped_gemm(
+                                a, w, out, routing, row_div, tile, w_scale=s, kernel_layout=in_kernel_order)) * 1e3)
+                    first = next(iter(outs.values()), None)
+                    row = {}
+                    for path, ts in times.items():
+                        got = outs[path].float()
+                        median = statistics.median(ts)
+                        row[path] = {"us_median": round(median, 1), "us": [round(t, 1) for t in ts],
+                                     "packed_GBps": round(read / median / 1e3),
+                                     "max_abs_diff_vs_first": float((got - first.float()).abs().max()),
+                                     "rel_err_vs_widened": round(((got - want).norm() / want.norm()).item(), 5)}
+                    key = f"T={tokens} {name} {tile}" + (f" {layout} order" if len(layouts) > 1 else "")
+                    results[key] = row
+                    summary = {path: (r["us_median"], r["max_abs_diff_vs_first"]) for path, r in row.items()}
+                    print(json.dumps({key: summary}), flush=True)
     with open(os.path.join(os.environ.get("OUT", "/tmp"), "moe_kernel_ab.json"), "w") as f:
         json.dump(results, f, indent=1)
 

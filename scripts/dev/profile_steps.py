@@ -6,6 +6,7 @@ Usage: python3 scripts/dev/profile_steps.py qwen2-7b [max_num_batched_tokens] [F
     -> $OUT/profile_<model>.txt (with the kernel tables) and $OUT/profile_<model>.json (the numbers)
 FIELD=VALUE pairs are more EngineConfig fields (Python literals or strings), e.g. `quantization=fp8
 max_num_seqs=256`; with any, the outputs are named profile_<model>_<values joined by _>.txt / .json.
+ROWS=N (environment, default 18): the kernels each table lists.
 LORAS=N (environment; LORA_RANK, default 16): N random PEFT adapters on every projection, the requests spread over
 them evenly (`bench throughput --num-loras`'s workload), so the tables show what LoRA adds to each kind of step.
 """
@@ -125,7 +126,8 @@ while eng.has_unfinished_requests():
             if torch.cuda.is_available():  # a CPU dry run profiles the host side only
                 torch.cuda.synchronize()
             prof.__exit__(None, None, None)
-            prof_tables[label] = prof.key_averages().table(sort_by="cuda_time_total", row_limit=18, max_name_column_width=60)
+            prof_tables[label] = prof.key_averages().table(sort_by="cuda_time_total", max_name_column_width=60,
+                                                           row_limit=int(os.environ.get("ROWS", "18")))
             prof = None
     if step == 140 and getattr(runner, "graphs", None) is not None and last["decode"]:
         try:
