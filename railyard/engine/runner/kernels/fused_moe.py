@@ -7,7 +7,7 @@ As vLLM's fused_moe (written here anew):
    its tokens' rows of x, multiplies by that expert's w13 and writes the slots' rows [T * k, 2I];
 3. the activation (silu_and_mul, or the layer's own) -> [T * k, I];
 4. the down GEMM the same way over w2, the routing weight of each slot multiplied in its epilogue -> [T * k, H];
-5. the k slots of each token summed -> [T, H].
+5. the k slots of each token summed -> [T, H] (sum_slots).
 No host sync and fixed shapes for a given T: the sorted list is sized for the worst case (each of the
 min(E, T * k) experts that can be hit padded by BLOCK_M - 1), the blocks past the real padded length (a device
 scalar) exit at once. So one captured CUDA graph per padded token count replays any routing.
@@ -38,7 +38,8 @@ import triton
 import triton.language as tl
 
 from railyard.engine.runner.kernels.moe_align import align_by_expert
-from railyard.engine.runner.kernels.moe_routing import route_softmax_topk  # noqa: F401 (the GPU's router: moe_ops())
+# the GPU's routers, for moe_ops()
+from railyard.engine.runner.kernels.moe_routing import route_softmax_topk, route_topk_softmax  # noqa: F401
 from railyard.engine.runner.kernels.mxfp4_widen import e2m1_values, e8m0_values, widen_mxfp4
 from railyard.engine.runner.layers.fp8_block import quantize_per_token_group
 from railyard.engine.runner.layers.mxfp4 import GROUP as MXFP4_GROUP
@@ -58,7 +59,7 @@ SMALL = TILES[0][1]
 # MXFP4 weights are widened in registers, a cost per weight and per thread: tiles whose widened weights fit beside
 # the accumulator without spilling (compiled for sm_90: scripts/dev/moe_kernel_resources.py), 8 warps for the tall
 # one; BLOCK_K whole 32-weight groups; picked by timing gpt-oss-20b's experts in CUDA graphs (scripts/dev/moe_sweep.py,
-# mxfp4_tiles.py, moe_kernel_ab.py). Past 32 slots per expert the tall one serves (a 512-token step of gpt-oss-20b is
+# moe_kernel_ab.py). Past 32 slots per expert the tall one serves (a 512-token step of gpt-oss-20b is
 # as fast on it as on the 64-row tiles, a 1,024-token one faster); from MXFP4_WIDEN_SLOTS_PER_EXPERT the experts are
 # widened.
 MXFP4_TILES = ((8, (16, 64, 128, 4, 3)), (16, (32, 64, 128, 4, 3)), (32, (64, 128, 64, 4, 4)))
@@ -207,6 +208,28 @@ def _grouped_gemm_kernel(a_ptr, b_ptr, c_ptr, a_scale_ptr, b_scale_ptr, bias_ptr
     tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=valid[:, None] & (rn[None, :] < N))
 
 
+@triton.jit(do_not_specialize=["hidden"])
+def _sum_slots_kernel(slots_ptr, out_ptr, hidden, TOP_K: tl.constexpr, BLOCK_H: tl.constexpr):
+    """out[t] = sum_j slots[t * TOP_K + j], in float32, rounded once (as torch's sum over the k slots)."""
+    t = tl.program_id(0).to(tl.int64)
+    h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
+    acc = tl.zeros((BLOCK_H,), dtype=tl.float32)
+    for j in tl.static_range(TOP_K):
+        acc += tl.load(slots_ptr + (t * TOP_K + j) * hidden + h, mask=h < hidden, other=0.0).to(tl.float32)
+    tl.store(out_ptr + t * hidden + h, acc.to(out_ptr.dtype.element_ty), mask=h < hidden)
+
+
+def sum_slots(slots: torch.Tensor, top_k: int) -> torch.Tensor:
+    """[T * k, H] -> [T, H], each token's k slots summed: one read of the slots and one write, where torch's sum over
+    a middle dimension of k took twice as long as that at decode sizes."""
+    num_tokens, hidden = slots.shape[0] // top_k, slots.shape[1]
+    out = torch.empty((num_tokens, hidden), dtype=slots.dtype, device=slots.device)
+    block_h = min(1024, triton.next_power_of_2(hidden))
+    _sum_slots_kernel[(num_tokens, triton.cdiv(hidden, block_h))](slots, out, hidden, TOP_K=top_k, BLOCK_H=block_h,
+                                                                  num_warps=4)
+    return out
+
+
 def grouped_gemm(a: torch.Tensor, w: torch.Tensor, out: torch.Tensor, routing, a_row_div: int,
                  config: tuple[int, int, int, int, int], bias: torch.Tensor | None = None,
                  weights: torch.Tensor | None = None, a_scale: torch.Tensor | None = None,
@@ -292,4 +315,4 @@ def fused_experts(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_wei
                      weights)
     else:
         grouped_gemm(h, w2, down, routing, 1, config, w2_bias, weights, w_scale=w2_scale, kernel_layout=kernel_layout)
-    return down.view(num_tokens, top_k, hidden).sum(dim=1)
+    return sum_slots(down, top_k)

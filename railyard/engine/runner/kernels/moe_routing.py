@@ -1,8 +1,9 @@
-"""Softmax top-k routing in one Triton launch (vLLM's topk_softmax, written here anew): each token's router logits
--> softmax in float32 -> its top_k experts, largest first -> their weights renormalised to sum 1 (Qwen's
-norm_topk_prob) or left as probabilities. layers/moe.py's route_softmax_topk is the torch definition (five
-launches: softmax, topk, sum, divide, cast); this is the same function on the GPU. Experts of equal probability
-are taken lowest index first.
+"""Top-k routing in one Triton launch (vLLM's topk_softmax, written here anew), in the two orders the models use:
+- route_softmax_topk (Qwen3-MoE): each token's router logits -> softmax in float32 -> its top_k experts, largest
+  first -> their weights renormalised to sum 1 (Qwen's norm_topk_prob) or left as probabilities;
+- route_topk_softmax (gpt-oss): the top_k logits, largest first -> a softmax over those k alone.
+layers/moe.py holds both torch definitions (five launches, or torch.topk's two and a softmax); these are the same
+functions on the GPU. Experts of equal score are taken lowest index first.
 """
 
 from __future__ import annotations
@@ -17,16 +18,18 @@ BLOCK_T = 16  # tokens per program
 @triton.jit(do_not_specialize=["num_tokens"])
 def _route_kernel(logits_ptr, weights_ptr, ids_ptr, num_tokens, stride_t, NUM_EXPERTS: tl.constexpr,
                   E_PAD: tl.constexpr, TOP_K: tl.constexpr, K_PAD: tl.constexpr, RENORMALIZE: tl.constexpr,
-                  BLOCK_T: tl.constexpr):
+                  SOFTMAX_FIRST: tl.constexpr, BLOCK_T: tl.constexpr):
     t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
     e = tl.arange(0, E_PAD)
     rows = t < num_tokens
     x = tl.load(logits_ptr + t.to(tl.int64)[:, None] * stride_t + e[None, :],
                 mask=rows[:, None] & (e < NUM_EXPERTS)[None, :], other=float("-inf")).to(tl.float32)
     x = tl.where(rows[:, None], x, 0.0)  # rows past the end: finite, never stored
-    p = tl.exp(x - tl.max(x, 1)[:, None])
-    p = p / tl.sum(p, 1)[:, None]
-    work = tl.where((e < NUM_EXPERTS)[None, :], p, -1.0)
+    if SOFTMAX_FIRST:
+        p = tl.exp(x - tl.max(x, 1)[:, None])
+        work = tl.where((e < NUM_EXPERTS)[None, :], p / tl.sum(p, 1)[:, None], -1.0)  # picked ones become -1
+    else:
+        work = tl.where((e < NUM_EXPERTS)[None, :], x, float("-inf"))  # picked ones become -inf
     j = tl.arange(0, K_PAD)
     top_w = tl.zeros((BLOCK_T, K_PAD), dtype=tl.float32)
     top_i = tl.zeros((BLOCK_T, K_PAD), dtype=tl.int32)
@@ -35,8 +38,12 @@ def _route_kernel(logits_ptr, weights_ptr, ids_ptr, num_tokens, stride_t, NUM_EX
         pick = tl.min(tl.where(work == best[:, None], e[None, :], E_PAD), 1)
         top_w = tl.where(j[None, :] == k, best[:, None], top_w)
         top_i = tl.where(j[None, :] == k, pick[:, None], top_i)
-        work = tl.where(e[None, :] == pick[:, None], -1.0, work)
-    if RENORMALIZE:
+        work = tl.where(e[None, :] == pick[:, None], -1.0 if SOFTMAX_FIRST else float("-inf"), work)
+    if not SOFTMAX_FIRST:  # top_w holds the k logits, the largest first
+        top_w = tl.where((j < TOP_K)[None, :], top_w, float("-inf"))
+        top_w = tl.exp(top_w - tl.max(top_w, 1)[:, None])
+        top_w = top_w / tl.sum(top_w, 1)[:, None]
+    elif RENORMALIZE:
         top_w = top_w / tl.sum(top_w, 1)[:, None]
     out = t.to(tl.int64)[:, None] * TOP_K + j[None, :]
     mask = rows[:, None] & (j < TOP_K)[None, :]
@@ -47,6 +54,17 @@ def _route_kernel(logits_ptr, weights_ptr, ids_ptr, num_tokens, stride_t, NUM_EX
 def route_softmax_topk(logits: torch.Tensor, top_k: int, renormalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """Router logits [T, E] -> (weights [T, k] in the logits' dtype, expert ids [T, k] int64), as
     layers/moe.py's route_softmax_topk."""
+    return _route(logits, top_k, renormalize, softmax_first=True)
+
+
+def route_topk_softmax(logits: torch.Tensor, top_k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Router logits [T, E] -> (weights [T, k] in the logits' dtype, expert ids [T, k] int64), as
+    layers/moe.py's route_topk_softmax."""
+    return _route(logits, top_k, False, softmax_first=False)
+
+
+def _route(logits: torch.Tensor, top_k: int, renormalize: bool,
+           softmax_first: bool) -> tuple[torch.Tensor, torch.Tensor]:
     num_tokens, num_experts = logits.shape
     if logits.stride(1) != 1:
         logits = logits.contiguous()
@@ -56,5 +74,5 @@ def route_softmax_topk(logits: torch.Tensor, top_k: int, renormalize: bool) -> t
         _route_kernel[(triton.cdiv(num_tokens, BLOCK_T),)](
             logits, weights, ids, num_tokens, logits.stride(0), NUM_EXPERTS=num_experts,
             E_PAD=triton.next_power_of_2(num_experts), TOP_K=top_k, K_PAD=triton.next_power_of_2(top_k),
-            RENORMALIZE=renormalize, BLOCK_T=BLOCK_T, num_warps=4)
+            RENORMALIZE=renormalize, SOFTMAX_FIRST=softmax_first, BLOCK_T=BLOCK_T, num_warps=4)
     return weights, ids

@@ -62,6 +62,13 @@ def route_softmax_topk(logits: torch.Tensor, top_k: int, renormalize: bool) -> t
     return weights.to(logits.dtype), ids
 
 
+def route_topk_softmax(logits: torch.Tensor, top_k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Router logits [T, E] -> (weights [T, k] in the logits' dtype, expert ids [T, k] int64): the top-k logits,
+    then a softmax over those k alone, as HF transformers' gpt-oss."""
+    top, ids = torch.topk(logits, top_k, dim=-1)
+    return torch.softmax(top, dim=-1), ids
+
+
 def experts_reference(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
                       topk_ids: torch.Tensor, activation: Activation = silu_and_mul,
                       w13_bias: torch.Tensor | None = None, w2_bias: torch.Tensor | None = None) -> torch.Tensor:

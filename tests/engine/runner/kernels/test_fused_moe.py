@@ -44,6 +44,21 @@ def _align_by_hand(ids: torch.Tensor, experts: int, block: int) -> list[int]:
     return out
 
 
+@pytest.mark.parametrize(("tokens", "top_k", "hidden", "dtype"), [(5, 4, 2880, torch.bfloat16), (3, 8, 64, torch.float32),
+                                                                   (1, 1, 1500, torch.float16)])
+def test_each_tokens_slots_are_summed_in_float32_and_rounded_once(tokens, top_k, hidden, dtype):
+    """Bit for bit on the GPU; Triton's CPU interpreter narrows float32 by truncation, so there within one unit of
+    the last place."""
+    slots = (torch.randn(tokens * top_k, hidden, generator=torch.Generator().manual_seed(tokens)) * 4).to(dtype)
+    got = fused_moe.sum_slots(slots.to(DEVICE), top_k)
+    exact = slots.float().view(tokens, top_k, hidden).sum(dim=1)
+    assert got.shape == (tokens, hidden) and got.dtype == dtype
+    if CUDA:
+        torch.testing.assert_close(got.cpu(), exact.to(dtype), rtol=0, atol=0)
+    else:
+        torch.testing.assert_close(got.float(), exact, rtol=torch.finfo(dtype).eps, atol=1e-30)
+
+
 @pytest.mark.parametrize(("tokens", "experts", "top_k", "block"), [(1, 8, 2, 16), (37, 8, 2, 16), (70, 16, 4, 64),
                                                                       (5, 128, 8, 16), (300, 128, 8, 64),
                                                                       (100, 60, 4, 32)])

@@ -1,5 +1,6 @@
-"""The fused router kernel against layers/moe.py's torch definition (softmax in float32, top-k largest first,
-renormalised or not): on the GPU when there is one, else in Triton's CPU interpreter."""
+"""The fused router kernel against layers/moe.py's torch definitions (Qwen's softmax in float32, top-k largest first,
+renormalised or not; gpt-oss's top-k logits, then their softmax): on the GPU when there is one, else in Triton's CPU
+interpreter."""
 
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ import torch
 pytest.importorskip("triton")
 
 from railyard.engine.runner.kernels.moe_routing import route_softmax_topk as fused_route  # noqa: E402
-from railyard.engine.runner.layers.moe import route_softmax_topk  # noqa: E402
+from railyard.engine.runner.kernels.moe_routing import route_topk_softmax as fused_topk_softmax  # noqa: E402
+from railyard.engine.runner.layers.moe import route_softmax_topk, route_topk_softmax  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -29,3 +31,23 @@ def test_the_fused_router_picks_torchs_experts_with_torchs_weights(tokens, exper
 def test_no_tokens_route_to_empty_outputs():
     w, ids = fused_route(torch.empty(0, 16, device=DEVICE), 2, True)
     assert w.shape == (0, 2) and ids.shape == (0, 2)
+
+
+@pytest.mark.parametrize(("tokens", "experts", "top_k", "dtype"), [
+    (37, 128, 4, torch.float32), (19, 32, 4, torch.bfloat16), (3, 60, 8, torch.float16), (1, 8, 2, torch.bfloat16)])
+def test_the_fused_gpt_oss_router_takes_the_top_logits_then_their_softmax(tokens, experts, top_k, dtype):
+    logits = (torch.randn(tokens, experts, generator=torch.Generator().manual_seed(experts)) * 3).to(dtype)
+    want_w, want_ids = route_topk_softmax(logits, top_k)
+    got_w, got_ids = fused_topk_softmax(logits.to(DEVICE), top_k)
+    assert got_ids.dtype == torch.int64 and got_w.dtype == dtype
+    assert torch.equal(got_ids.cpu(), want_ids)
+    torch.testing.assert_close(got_w.cpu(), want_w, rtol=1e-5 if dtype == torch.float32 else 1e-2, atol=1e-6)
+    torch.testing.assert_close(got_w.float().sum(dim=1).cpu(), torch.ones(tokens), rtol=1e-2, atol=1e-2)
+
+
+def test_the_gpt_oss_router_takes_equal_logits_lowest_expert_first_and_any_logits_scale():
+    logits = torch.tensor([[0.5, 2.0, 2.0, -1.0, 2.0, 0.0], [-300.0, -200.0, -500.0, -201.0, -900.0, -800.0]])
+    weights, ids = fused_topk_softmax(logits.to(DEVICE), 3)
+    assert ids.cpu().tolist() == [[1, 2, 4], [1, 3, 0]]
+    want = torch.softmax(torch.tensor([[2.0, 2.0, 2.0], [-200.0, -201.0, -300.0]]), dim=-1)
+    torch.testing.assert_close(weights.cpu(), want)
