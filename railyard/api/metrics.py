@@ -2,7 +2,8 @@
 
 Engine-wide gauges and counters are read from the latest EngineStats at scrape time (the engine
 owns the counts; nothing is counted twice). `railyard:engine_healthy` says whether the engine is alive;
-once it is not, the load gauges read 0, so autoscalers and dashboards see no phantom load. Per-request latencies are observed from each step's
+once it is not, the load gauges read 0, so autoscalers and dashboards see no phantom load.
+Per-request latencies are observed from each step's
 outputs, as vLLM does: TTFT at the first token, inter-token latency at every later step, the
 rest when a request finishes. The engine's start-up report (`railyard:startup_*`) is read as it stands.
 """

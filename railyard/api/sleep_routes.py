@@ -2,7 +2,8 @@
 
 Off unless the server was started with --enable-sleep-endpoints (vLLM serves them in its dev mode only,
 VLLM_SERVER_DEV_MODE): a client that reaches them can take the model off the GPU. Behind --api-key like every route
-but /health and /metrics. The flag turns the engine's --enable-sleep-mode on; the engine refuses to sleep while requests run or wait, and
+but /health and /metrics. The flag turns the engine's --enable-sleep-mode on;
+the engine refuses to sleep while requests run or wait, and
 requests sent while it sleeps wait for /wake_up (as vLLM's paused engine holds them).
 """
 
@@ -28,13 +29,15 @@ def install_sleep_routes(app: FastAPI, engine: CoreClient, *, enabled: bool) -> 
     responses = {s: ERROR_RESPONSES[s] for s in (400, 401, 404)}
 
     @app.post("/sleep", responses=responses)
-    async def sleep(level: int = Query(1, description="1: weights kept in host memory; 2: weights discarded")) -> Response:
+    async def sleep(
+            level: int = Query(1, description="1: weights kept in host memory; 2: weights discarded")) -> Response:
         check_enabled()
         await engine.sleep(level)
         return Response(status_code=200)
 
     @app.post("/wake_up", responses=responses)
-    async def wake_up(tags: list[str] | None = Query(None, description="weights, kv_cache (default: both)")) -> Response:
+    async def wake_up(
+            tags: list[str] | None = Query(None, description="weights, kv_cache (default: both)")) -> Response:
         check_enabled()
         await engine.wake_up(tags)
         return Response(status_code=200)

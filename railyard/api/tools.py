@@ -3,7 +3,8 @@
 - The tools go to the checkpoint's chat template (`tools=`), as vLLM and transformers pass them; assistant
   turns' tool calls and "tool" results go back through it too.
 - "none": no tool calls are parsed. "auto": the model's Hermes / Qwen `<tool_call>{...}</tool_call>` blocks
-  (or gpt-oss's harmony calls, railyard.api.harmony) become tool calls. "required" and a named function constrain the output with a JSON schema built from the
+  (or gpt-oss's harmony calls, railyard.api.harmony) become tool calls.
+  "required" and a named function constrain the output with a JSON schema built from the
   tools (vLLM's: an array of {name, parameters} for "required", the function's parameters for a named one),
   so the calls always parse.
 - One parser per choice (railyard.api.output_parsers) turns the generated text into reasoning, content and calls.

@@ -86,7 +86,8 @@ def read_through(files: list[Path]) -> dict:
             while n := f.readinto(buf):
                 total += n
     seconds = time.perf_counter() - start
-    return {"bytes": total, "seconds": round(seconds, 3), "gb_per_s": round(total / seconds / 1e9, 3) if seconds else None}
+    return {"bytes": total, "seconds": round(seconds, 3),
+            "gb_per_s": round(total / seconds / 1e9, 3) if seconds else None}
 
 
 def drop_from_page_cache(files: list[Path]) -> None:

@@ -35,12 +35,14 @@ def register(sub: argparse._SubParsersAction) -> None:
                          "requests (default: the model's vocabulary)")
     tp.add_argument("--peak-tflops", type=float, default=None,
                     help="matmul peak for the roofline, TFLOP/s (default: the device's as measured here: 790 bf16 "
-                         "on an H200, 798 on an H100 80GB HBM3; on another device no roofline unless given with --hbm-tbs)")
+                         "on an H200, 798 on an H100 80GB HBM3; on another device no roofline "
+                         "unless given with --hbm-tbs)")
     tp.add_argument("--fp8-peak-tflops", type=float, default=None,
                     help="FP8 matmul peak for the roofline of FP8 weights (default: 2x the bf16 peak)")
     tp.add_argument("--hbm-tbs", type=float, default=None,
                     help="memory bandwidth for the roofline, TB/s (default: the device's as measured here: 4.3 on "
-                         "an H200, 3.0 on an H100 80GB HBM3; on another device no roofline unless given with --peak-tflops)")
+                         "an H200, 3.0 on an H100 80GB HBM3; on another device no roofline "
+                         "unless given with --peak-tflops)")
     tp.add_argument("--num-loras", type=int, default=0,
                     help="serve this many random LoRA adapters (PEFT format, written for the model's shape) with the "
                          "requests spread evenly over them, after the same workload on the base model alone (0: no "

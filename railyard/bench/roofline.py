@@ -23,7 +23,8 @@ from railyard.model.spec import ModelSpec
 
 H200_PEAK_TFLOPS = 790.0  # bf16 dense matmul measured on this workplace's H200s
 # FP8 dense matmul: twice the bf16 rate (the datasheet's ratio, 1979 vs 989 TFLOP/s) until measured here;
-# scripts/bench/fp8.sh passes the measured _scaled_mm rate (fp8_gemm.py's sweep) as `bench throughput --fp8-peak-tflops`.
+# scripts/bench/fp8.sh passes the measured _scaled_mm rate (fp8_gemm.py's sweep) as
+# `bench throughput --fp8-peak-tflops`.
 H200_FP8_PEAK_TFLOPS = 2 * H200_PEAK_TFLOPS
 H200_HBM_TBS = 4.3  # device-to-device copy, bytes read + written
 # The SXM H100 (80 GB of HBM3), measured the same way on this workplace's H100s.

@@ -287,7 +287,8 @@ def summarize(cfg: ServeBenchConfig, results: list[RequestResult], duration_s: f
         "url": cfg.url, "model": cfg.model, "num_prompts": cfg.num_prompts,
         "request_rate": cfg.request_rate if math.isfinite(cfg.request_rate) else "inf",
         "max_concurrency": cfg.max_concurrency,
-        "input_len": f"{cfg.input_len.low}-{cfg.input_len.high}", "output_len": f"{cfg.output_len.low}-{cfg.output_len.high}",
+        "input_len": f"{cfg.input_len.low}-{cfg.input_len.high}",
+        "output_len": f"{cfg.output_len.low}-{cfg.output_len.high}",
         "structured_outputs": sorted(k for k in cfg.structured_outputs if k != "disable_any_whitespace")
         if cfg.structured_outputs else None,
         "unique_schemas": cfg.unique_schemas,

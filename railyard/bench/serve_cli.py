@@ -19,10 +19,11 @@ def register_serve(kinds: argparse._SubParsersAction) -> None:
     p.add_argument("--output-len", default="128", help="N or LOW-HIGH output tokens (EOS ignored)")
     p.add_argument("--request-rate", type=float, default=math.inf,
                    help="Poisson arrival rate in requests/s (default: all at once)")
-    p.add_argument("--max-concurrency", type=int, default=None, help="most requests in flight at once (default: no limit)")
+    p.add_argument("--max-concurrency", type=int, default=None,
+                   help="most requests in flight at once (default: no limit)")
     p.add_argument("--seed", type=int, default=0,
-                   help="seeds the prompts, lengths and arrivals: the same seed sends the same prompts, which a server's "
-                        "prefix cache then serves from memory (give each run of an A/B comparison its own)")
+                   help="seeds the prompts, lengths and arrivals: the same seed sends the same prompts, which a "
+                        "server's prefix cache then serves from memory (give each run of an A/B comparison its own)")
     p.add_argument("--prefix-groups", type=int, default=0,
                    help="prompts start with one of this many shared prefixes (0: none), e.g. system prompts")
     p.add_argument("--shared-prefix-len", type=int, default=0, help="tokens of each shared prefix")
@@ -34,7 +35,8 @@ def register_serve(kinds: argparse._SubParsersAction) -> None:
                         "by the server's grammar cache")
     p.add_argument("--api-key", default=None, help="sent as 'Authorization: Bearer KEY' (default: none)")
     p.add_argument("--plot", default=None, help="write latency percentiles over time to this PNG (default: no plot)")
-    p.add_argument("--output", default=None, help="also write the JSON (with per-request results) here (default: stdout only)")
+    p.add_argument("--output", default=None,
+                   help="also write the JSON (with per-request results) here (default: stdout only)")
     p.set_defaults(func=run_serve_bench_cmd)
 
 

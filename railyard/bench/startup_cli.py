@@ -19,7 +19,8 @@ def register_startup(kinds: argparse._SubParsersAction) -> None:
     p.add_argument("--checkpoint-dir", required=True,
                    help="the safetensors checkpoint to serve; with --model and no config.json there, a random-weight "
                         "checkpoint of that shape is written there first")
-    p.add_argument("--model", default=None, help="a named shape (qwen2-7b, ...) to write into an empty --checkpoint-dir")
+    p.add_argument("--model", default=None,
+                   help="a named shape (qwen2-7b, ...) to write into an empty --checkpoint-dir")
     p.add_argument("--seed", type=int, default=0, help="seed of the written checkpoint's random weights")
     p.add_argument("--runs", type=int, default=3, help="starts: the first with an empty railyard cache, the rest warm")
     p.add_argument("--cache-dir", default=None,
@@ -28,7 +29,8 @@ def register_startup(kinds: argparse._SubParsersAction) -> None:
     p.add_argument("--page-cache", default="warm", choices=PAGE_CACHE_MODES,
                    help="the checkpoint's page-cache state: warm: read it once before the first run; drop: drop its "
                         "pages before every run (each load reads the disk); as-is: leave it")
-    p.add_argument("--serve-args", default="", help="more `railyard serve` flags, one string (e.g. '--max-model-len 4096')")
+    p.add_argument("--serve-args", default="",
+                   help="more `railyard serve` flags, one string (e.g. '--max-model-len 4096')")
     p.add_argument("--timeout", type=float, default=600.0, help="seconds a start may take before it counts as failed")
     p.add_argument("--output", default=None, help="also write the JSON here")
     p.set_defaults(func=run_startup_cmd)

@@ -136,7 +136,8 @@ def size_kv_cache(
         bytes_per_block=gpu.block_bytes * tp,
         num_blocks=blocks,
         tokens=blocks * block_size,
-        max_seqs_at_max_len=blocks // spec.kv_blocks_per_sequence(max_model_len, block_size),  # (sliding layers: window)
+        max_seqs_at_max_len=blocks // spec.kv_blocks_per_sequence(
+            max_model_len, block_size),  # (sliding layers: window)
         per_gpu=gpu,
     )
 
@@ -165,7 +166,8 @@ class EngineProfile:
         if self.model is not None:
             differ = [k for k, v in self.model.items() if k != "name" and hasattr(spec, k) and getattr(spec, k) != v]
             if differ:
-                reasons.append(f"another model ({self.model.get('name')}: {', '.join(f'{k} {self.model[k]}' for k in differ)}"
+                reasons.append(f"another model ({self.model.get('name')}: "
+                               f"{', '.join(f'{k} {self.model[k]}' for k in differ)}"
                                f" against {', '.join(f'{k} {getattr(spec, k)}' for k in differ)})")
         if self.device is not None and gpu_product is not None and _chip(self.device) != _chip(gpu_product):
             reasons.append(f"another device ({self.device}, not {gpu_product})")

@@ -49,7 +49,8 @@ class LLM:
         if self.engine.is_sleeping():
             raise InvalidRequestError("the engine is asleep: call wake_up() before generate()")
         items = _normalise(prompts, prompt_token_ids)
-        params = sampling_params if isinstance(sampling_params, list) else [sampling_params or SamplingParams()] * len(items)
+        params = (sampling_params if isinstance(sampling_params, list)
+                  else [sampling_params or SamplingParams()] * len(items))
         if len(params) != len(items):
             raise InvalidRequestError(f"{len(params)} sampling params for {len(items)} prompts")
         loras = lora_request if isinstance(lora_request, list) else [lora_request] * len(items)

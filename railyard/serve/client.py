@@ -126,7 +126,8 @@ class RayRequestStream:
                         yield item
                         if item.finished:
                             return
-                    raise EngineDeadError(f"replica {self.replica} ended request {self.request_id} without finishing it")
+                    raise EngineDeadError(f"replica {self.replica} ended request {self.request_id} "
+                                          "without finishing it")
                 except asyncio.CancelledError:
                     raise
                 except Exception as exc:

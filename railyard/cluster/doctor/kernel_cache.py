@@ -9,7 +9,8 @@ from railyard.cluster.doctor.probe import Probe
 from railyard.cluster.doctor.result import CheckResult, passed, skipped, warned
 
 NAME = "kernel cache"
-FILL = "fill it once: `railyard cache fill --config stack.yaml` here (or set the stack's kernel_cache so replicas share one)"
+FILL = ("fill it once: `railyard cache fill --config stack.yaml` here (or set the stack's kernel_cache so replicas "
+        "share one)")
 
 
 def check_kernel_cache(probe: Probe) -> CheckResult:

@@ -161,7 +161,8 @@ class EngineProcessClient(CoreClient):
         if not self.process.is_alive():
             raise EngineDeadError(f"the engine core (pid {self.process.pid}) handed over to this front has exited")
         if time.monotonic() > deadline:
-            raise EngineDeadError(f"the engine core (pid {self.process.pid}) did not reconnect within {timeout_s:.0f} s")
+            raise EngineDeadError(f"the engine core (pid {self.process.pid}) did not reconnect within "
+                                  f"{timeout_s:.0f} s")
 
     async def detach(self) -> CoreHandoff:
         """Let go of a sleeping core without stopping it (serve/standby.py hands it to the next front): the sockets
@@ -206,7 +207,8 @@ class EngineProcessClient(CoreClient):
                     raise _ERRORS_BY_KIND.get(msg.kind, EngineDeadError)(msg.message)
                 continue
             if not self.process.is_alive():
-                raise EngineDeadError(f"the engine process exited while starting ({describe_exit(self.process.exitcode)}); "
+                raise EngineDeadError("the engine process exited while starting "
+                                      f"({describe_exit(self.process.exitcode)}); "
                                       "its log above says why")
             if time.monotonic() > deadline:
                 raise EngineDeadError(f"the engine process did not start within {timeout_s:.0f} s")

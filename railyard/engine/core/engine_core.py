@@ -178,7 +178,8 @@ class EngineCore:
             num_cpu_blocks=self.block_manager.cpu.num_blocks, max_num_seqs=c.max_num_seqs,
             max_num_batched_tokens=c.max_num_batched_tokens, tensor_parallel_size=c.tensor_parallel_size,
             scheduling_policy=c.scheduling_policy, reasoning_parser=c.reasoning_parser,
-            tool_call_parser=c.tool_call_parser, created=created, pids=[os.getpid(), *getattr(self.executor, "worker_pids", [])],
+            tool_call_parser=c.tool_call_parser, created=created,
+            pids=[os.getpid(), *getattr(self.executor, "worker_pids", [])],
             startup=self.startup, loras=self.list_loras(), max_loras=c.max_loras if c.enable_lora else 0,
             max_lora_rank=c.max_lora_rank if c.enable_lora else 0)
 

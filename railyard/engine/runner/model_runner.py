@@ -32,8 +32,8 @@ from railyard.engine.runner.sleep import (SleepingWeights, SleepMemory, allocati
                                          wake_weights)
 from railyard.engine.runner.warmup import (WarmLimits, WarmStep, ladder, max_step_tokens, peak_steps, prefill_step,
                                            sampling_variants, warm_steps)
-from railyard.engine.runner.sampler import (DoneSample, PendingSample, SamplerOutput, SamplingRow, host_tensor, sample_async,
-                                    to_device)
+from railyard.engine.runner.sampler import (DoneSample, PendingSample, SamplerOutput, SamplingRow, host_tensor,
+                                            sample_async, to_device)
 from railyard.engine.sched.block_manager import check_kv_fits
 from railyard.engine.sched.scheduler import SchedulerOutput
 from railyard.engine.sched.sequence import PLACEHOLDER
@@ -81,8 +81,8 @@ def _set_fp8_gemm(model: torch.nn.Module, fp8_gemm: str, device: torch.device, d
     one needs FP8 tensor cores and a bfloat16 model: elsewhere the reference path runs, which "auto" accepts)."""
     if fp8_gemm != "auto" and not scaled_mm_supported(device, dtype):
         raise ConfigError(f"fp8_gemm {fp8_gemm!r} needs FP8 tensor cores (compute capability 8.9+) and a bfloat16 "
-                          f"model; this run's FP8 GEMMs are the {gemm_path(device, dtype)}: leave fp8_gemm at auto to run "
-                          "them")
+                          f"model; this run's FP8 GEMMs are the {gemm_path(device, dtype)}: leave fp8_gemm at auto "
+                          "to run them")
     if fp8_gemm == "triton" and fp8_ops() is None:
         raise ConfigError("fp8_gemm 'triton' needs triton, which does not import here")
     for module in model.modules():
@@ -198,7 +198,8 @@ class ModelRunner:
         self.num_kv_heads, self.head_dim = attn.num_kv_heads, attn.head_dim
         self.block_size = config.block_size
         self.memory: MemoryBudget | None = None  # the start-up report (None when num_gpu_blocks was given)
-        with TritonJitTimer(enabled=self.device.type == "cuda") as jit:  # kernels compile at their first launch: the profile step and graph capture
+        # kernels compile at their first launch: the profile step and graph capture
+        with TritonJitTimer(enabled=self.device.type == "cuda") as jit:
             # Captured before the memory profile, which counts their buffers and pool (they need no KV cache).
             try:
                 with timed("piecewise_graphs"):

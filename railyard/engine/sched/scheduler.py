@@ -135,7 +135,8 @@ class Scheduler:
                 continue
             num_new = self._chunk(seq.num_uncomputed_tokens, min(budget, prefill_left) if prefill else budget)
             if self._make_room(seq, num_new, i, out):
-                out.scheduled.append(ScheduledSequence(seq, num_new, seq.num_computed_tokens + num_new == seq.num_tokens))
+                out.scheduled.append(ScheduledSequence(seq, num_new,
+                                                       seq.num_computed_tokens + num_new == seq.num_tokens))
                 budget -= num_new
                 if prefill:
                     prefill_left -= num_new

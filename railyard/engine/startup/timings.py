@@ -22,7 +22,8 @@ from pathlib import Path
 
 # Where weight loading's seconds went: file -> host memory, the reader's copies to the device (none: the mapped
 # reader leaves them to the model), converting and copying into the parameters, and the rest (the reader's set-up,
-# waiting for the device at the end). The mapped reader's tensors are views of the mapped file, so its reading (page faults on the page cache) happens in
+# waiting for the device at the end).
+# The mapped reader's tensors are views of the mapped file, so its reading (page faults on the page cache) happens in
 # the copy into the parameters and shows there: its read part is only safetensors' bookkeeping.
 WEIGHT_PARTS = ("read", "to_device", "copy", "other")
 # The order phases happen in (a phase that did not happen is absent). piecewise_graphs: capturing the pieces of every

@@ -119,7 +119,8 @@ def _mlp_shapes(cfg: dict, layer: int, p: str) -> dict[str, tuple[int, ...]]:
     sparse = experts and layer not in cfg.get("mlp_only_layers", []) and (layer + 1) % cfg["decoder_sparse_step"] == 0
     if not sparse:
         inter = cfg["intermediate_size"]
-        return {p + "gate_proj.weight": (inter, h), p + "up_proj.weight": (inter, h), p + "down_proj.weight": (h, inter)}
+        return {p + "gate_proj.weight": (inter, h), p + "up_proj.weight": (inter, h),
+                p + "down_proj.weight": (h, inter)}
     inter = cfg["moe_intermediate_size"]
     shapes = {p + "gate.weight": (experts, h)}
     for e in range(experts):
