@@ -208,7 +208,7 @@ def _grouped_gemm_kernel(a_ptr, b_ptr, c_ptr, a_scale_ptr, b_scale_ptr, bias_ptr
     tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=valid[:, None] & (rn[None, :] < N))
 
 
-@triton.jit(do_not_specialize=["hidden"])
+@triton.jit  # hidden is the model's: specialized on its divisibility, the loads are vectors
 def _sum_slots_kernel(slots_ptr, out_ptr, hidden, TOP_K: tl.constexpr, BLOCK_H: tl.constexpr):
     """out[t] = sum_j slots[t * TOP_K + j], in float32, rounded once (as torch's sum over the k slots)."""
     t = tl.program_id(0).to(tl.int64)
