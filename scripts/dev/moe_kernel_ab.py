@@ -57,12 +57,11 @@ def load_kernel(path: str, index: int):
     return module
 
 
-def reference(a: torch.Tensor, w: torch.Tensor, s: torch.Tensor, ids: torch.Tensor, row_div: int) -> torch.Tensor:
+def reference(a: torch.Tensor, widened: torch.Tensor, ids: torch.Tensor, row_div: int) -> torch.Tensor:
     """The projection by the engine's bf16 grouped GEMM on the weights widened beforehand: what every tile should
     give, up to the order of the K sums."""
-    out = torch.empty(a.shape[0] * row_div, w.shape[1], device="cuda", dtype=torch.bfloat16)
-    return grouped_gemm(a, dequantize_mxfp4(w, s, torch.bfloat16), out, align_by_expert(ids, E, 64), row_div,
-                        (64, 64, 64, 4, 4))
+    out = torch.empty(a.shape[0] * row_div, widened.shape[1], device="cuda", dtype=torch.bfloat16)
+    return grouped_gemm(a, widened, out, align_by_expert(ids, E, 64), row_div, (64, 64, 64, 4, 4))
 
 
 def main() -> None:
@@ -76,21 +75,23 @@ def main() -> None:
     args = parser.parse_args()
     kernels = {path: load_kernel(path, i) for i, path in enumerate(args.kernels.split(","))}
     w13, w2, s13, s2, *_ = experts("mxfp4", E, H, I)
-    projections = {"gate_up": (w13, s13), "down": (w2, s2)}
     layouts = args.layouts.split(",")
+    projections = {}  # name -> (weights by byte order, exponents, the bf16 weights, packed bytes an expert holds)
+    for name, packed, s in (("gate_up", w13, s13), ("down", w2, s2)):
+        stored = {layout: to_kernel_layout(packed) if layout == "kernel" else packed for layout in layouts}
+        projections[name] = (stored, s, dequantize_mxfp4(packed, s, torch.bfloat16), packed[0].numel() + s[0].numel())
     results = {}
     for tokens, tiles in parse_plan(args.plan).items():
         torch.manual_seed(tokens)
         x = torch.randn(tokens, H, device="cuda", dtype=torch.bfloat16)
         _, ids = route_softmax_topk(torch.randn(tokens, E, device="cuda"), TOP_K, True)
         hit = torch.unique(ids).numel()
-        for name, (packed, s) in projections.items():
+        for name, (stored, s, widened, expert_bytes) in projections.items():
             a = x if name == "gate_up" else torch.randn(tokens * TOP_K, I, device="cuda", dtype=torch.bfloat16)
             row_div = TOP_K if name == "gate_up" else 1
-            want = reference(a, packed, s, ids, row_div).float()
-            read = hit * (packed[0].numel() + s[0].numel())
-            for layout in layouts:
-                w = to_kernel_layout(packed) if layout == "kernel" else packed
+            want = reference(a, widened, ids, row_div).float()
+            read = hit * expert_bytes
+            for layout, w in stored.items():
                 in_kernel_order = layout == "kernel"
                 for tile in tiles:
                     routing = align_by_expert(ids, E, tile[0])

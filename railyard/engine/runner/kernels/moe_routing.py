@@ -27,9 +27,8 @@ def _route_kernel(logits_ptr, weights_ptr, ids_ptr, num_tokens, stride_t, NUM_EX
     x = tl.where(rows[:, None], x, 0.0)  # rows past the end: finite, never stored
     if SOFTMAX_FIRST:
         p = tl.exp(x - tl.max(x, 1)[:, None])
-        work = tl.where((e < NUM_EXPERTS)[None, :], p / tl.sum(p, 1)[:, None], -1.0)  # picked ones become -1
-    else:
-        work = tl.where((e < NUM_EXPERTS)[None, :], x, float("-inf"))  # picked ones become -inf
+        x = p / tl.sum(p, 1)[:, None]
+    work = tl.where((e < NUM_EXPERTS)[None, :], x, float("-inf"))  # the experts still to pick from
     j = tl.arange(0, K_PAD)
     top_w = tl.zeros((BLOCK_T, K_PAD), dtype=tl.float32)
     top_i = tl.zeros((BLOCK_T, K_PAD), dtype=tl.int32)
@@ -38,7 +37,7 @@ def _route_kernel(logits_ptr, weights_ptr, ids_ptr, num_tokens, stride_t, NUM_EX
         pick = tl.min(tl.where(work == best[:, None], e[None, :], E_PAD), 1)
         top_w = tl.where(j[None, :] == k, best[:, None], top_w)
         top_i = tl.where(j[None, :] == k, pick[:, None], top_i)
-        work = tl.where(e[None, :] == pick[:, None], -1.0 if SOFTMAX_FIRST else float("-inf"), work)
+        work = tl.where(e[None, :] == pick[:, None], float("-inf"), work)
     if not SOFTMAX_FIRST:  # top_w holds the k logits, the largest first
         top_w = tl.where((j < TOP_K)[None, :], top_w, float("-inf"))
         top_w = tl.exp(top_w - tl.max(top_w, 1)[:, None])

@@ -189,13 +189,10 @@ class RowParallelLinear(_QuantizableWeight, nn.Module):
         where nothing (all-reduce, bias add, an adapter's sum) stands between the GEMM and the norm."""
         if defer_scales and self.takes_quantized_input and self.ps.world_size == 1 and self.bias is None:
             return fp8_linear(x, self.weight, self.weight_scale, None, self.fp8_gemm, defer_scales=True)
-        if self.ps.world_size == 1:  # the bias in the GEMM's epilogue (as nn.Linear adds it), not a pass of its own
-            y = self._matmul(x, self.bias)
-            if self.lora is not None:
-                self.lora.add_to(x, y)
-            return y
-        y = self._matmul(x, None)
+        # One rank: the bias in the GEMM's epilogue (as nn.Linear adds it); across ranks once, after the all-reduce.
+        fused_bias = self.bias if self.ps.world_size == 1 else None
+        y = self._matmul(x, fused_bias)
         if self.lora is not None:
             self.lora.add_to(x, y)
         y = self.ps.all_reduce(y)
-        return y if self.bias is None else y + self.bias  # once, after the partial sums are added
+        return y if self.bias is None or fused_bias is not None else y + self.bias

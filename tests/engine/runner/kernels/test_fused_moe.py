@@ -44,8 +44,8 @@ def _align_by_hand(ids: torch.Tensor, experts: int, block: int) -> list[int]:
     return out
 
 
-@pytest.mark.parametrize(("tokens", "top_k", "hidden", "dtype"), [(5, 4, 2880, torch.bfloat16), (3, 8, 64, torch.float32),
-                                                                   (1, 1, 1500, torch.float16)])
+@pytest.mark.parametrize(("tokens", "top_k", "hidden", "dtype"), [
+    (5, 4, 2880, torch.bfloat16), (3, 8, 64, torch.float32), (1, 1, 1500, torch.float16)])
 def test_each_tokens_slots_are_summed_in_float32_and_rounded_once(tokens, top_k, hidden, dtype):
     """Bit for bit on the GPU; Triton's CPU interpreter narrows float32 by truncation, so there within one unit of
     the last place."""
