@@ -28,16 +28,19 @@ def _route_kernel(logits_ptr, weights_ptr, ids_ptr, num_tokens, stride_t, NUM_EX
     if SOFTMAX_FIRST:
         p = tl.exp(x - tl.max(x, 1)[:, None])
         x = p / tl.sum(p, 1)[:, None]
-    work = tl.where((e < NUM_EXPERTS)[None, :], x, float("-inf"))  # the experts still to pick from
+    # NaN scores (a row of garbage, such as a graph's padding) count as -inf, and what is still to pick is a mask of
+    # its own: every pick is then a real expert not picked before, whatever the scores hold
+    work = tl.where(x == x, x, float("-inf"))
+    left = (e < NUM_EXPERTS)[None, :] & rows[:, None]  # the experts still to pick from
     j = tl.arange(0, K_PAD)
     top_w = tl.zeros((BLOCK_T, K_PAD), dtype=tl.float32)
     top_i = tl.zeros((BLOCK_T, K_PAD), dtype=tl.int32)
     for k in tl.static_range(TOP_K):
-        best = tl.max(work, 1)
-        pick = tl.min(tl.where(work == best[:, None], e[None, :], E_PAD), 1)
+        best = tl.max(tl.where(left, work, float("-inf")), 1)
+        pick = tl.min(tl.where(left & (work == best[:, None]), e[None, :], E_PAD), 1)
         top_w = tl.where(j[None, :] == k, best[:, None], top_w)
         top_i = tl.where(j[None, :] == k, pick[:, None], top_i)
-        work = tl.where(e[None, :] == pick[:, None], float("-inf"), work)
+        left = left & (e[None, :] != pick[:, None])
     if not SOFTMAX_FIRST:  # top_w holds the k logits, the largest first
         top_w = tl.where((j < TOP_K)[None, :], top_w, float("-inf"))
         top_w = tl.exp(top_w - tl.max(top_w, 1)[:, None])

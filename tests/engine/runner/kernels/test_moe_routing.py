@@ -51,3 +51,22 @@ def test_the_gpt_oss_router_takes_equal_logits_lowest_expert_first_and_any_logit
     assert ids.cpu().tolist() == [[1, 2, 4], [1, 3, 0]]
     want = torch.softmax(torch.tensor([[2.0, 2.0, 2.0], [-200.0, -201.0, -300.0]]), dim=-1)
     torch.testing.assert_close(weights.cpu(), want)
+
+
+@pytest.mark.parametrize("order", ["softmax-first", "top-k-first"])
+@pytest.mark.parametrize("experts", [8, 6])
+def test_rows_of_nan_or_inf_scores_still_pick_k_distinct_real_experts(order, experts):
+    # a CUDA graph's padding rows may hold garbage: their ids index the experts' weights, so they must stay in range
+    logits = torch.randn(4, experts)
+    logits[0] = float("nan")
+    logits[1, ::2] = float("nan")
+    logits[2] = float("-inf")
+    logits[3, 1] = float("inf")
+    route = (lambda x: fused_route(x, 4, True)) if order == "softmax-first" else (lambda x: fused_topk_softmax(x, 4))
+    _, ids = route(logits.to(DEVICE))
+    for row in ids.cpu().tolist():
+        assert len(set(row)) == 4 and all(0 <= i < experts for i in row)
+    if order == "top-k-first":  # logits that are numbers are picked before NaNs (a softmax spreads a NaN over its row)
+        real = list(range(1, experts, 2))
+        assert set(ids[1, :len(real)].cpu().tolist()) == set(real)
+        assert ids[3, 0].item() == 1
