@@ -2,8 +2,8 @@
 # BENCHMARKS.md "Engine: mixtures of experts", one device call: the MoE GPU tests; the offline workload (256 prompts
 # of 100-1024 tokens -> 256, EOS ignored, max_num_batched_tokens 16384) on gpt-oss-20b (ROUNDS times, for the
 # spread) and qwen3-30b-a3b; gpt-oss-120b started by `railyard serve` and asked one chat completion, then the same
-# workload (on a card with room for its 65 GB); HF transformers on gpt-oss-20b (the peer), its static batch the
-# first of HF_BATCHES that fits the card's memory.
+# workload (on a card with room for its 65 GB); HF transformers (the peer) on HF_SHAPES, its static batch the first
+# of HF_BATCHES that fits the card's memory.
 #
 # Prints the section's JSON on stdout; logs, raw JSON and the HF log go to $OUT.
 #   bash scripts/bench/moe.sh                           # carry .whl and .peers (a copy of shared/peers/hf_baseline.py)
@@ -11,7 +11,8 @@
 #   PHASES="offline" SHAPES=gpt-oss-20b BASELINE=.baseline/tree_COMMIT bash scripts/bench/moe.sh   # carry that too
 #   DRY_RUN=1 SKIP_WHEELS=1 bash scripts/bench/moe.sh   # prints what it would run (no GPU needed)
 # env: CALL_S (seconds this call may use, default 560), PHASES (default "tests offline serve120b hf"), SHAPES (default
-#      "gpt-oss-20b qwen3-30b-a3b"), ROUNDS (gpt-oss-20b's runs, default 2), HF_BATCHES (default "256 64"),
+#      "gpt-oss-20b qwen3-30b-a3b"), ROUNDS (gpt-oss-20b's runs, default 2), HF_BATCHES (default "256 64"), HF_SHAPES
+#      (the shapes HF runs, default gpt-oss-20b: qwen3-30b-a3b's HF run takes ~250 s on an H200, a call of its own),
 #      HF_BUDGET_S (default 300), TESTS_S (the GPU tests' limit, default 320: on a fresh machine they compile every
 #      kernel variant, both MXFP4 byte orders among them, and take over 3 minutes; then run "tests" and "offline" in
 #      separate calls), BASELINE (a directory holding another checkout's railyard/: each offline run is followed by
@@ -21,7 +22,8 @@ source "$(dirname "$0")/common.sh"
 carried_wheels .whl > "$OUT/pip.txt" 2>&1 || { tail -n 3 "$OUT/pip.txt"; log "wheel install failed"; exit 1; }
 CALL_S=${CALL_S:-560}; PHASES=${PHASES:-"tests offline serve120b hf"}
 SHAPES=${SHAPES:-"gpt-oss-20b qwen3-30b-a3b"}; ROUNDS=${ROUNDS:-2}
-HF_BATCHES=${HF_BATCHES:-"256 64"}; HF_BUDGET_S=${HF_BUDGET_S:-300}; TESTS_S=${TESTS_S:-320}
+HF_BATCHES=${HF_BATCHES:-"256 64"}; HF_SHAPES=${HF_SHAPES:-gpt-oss-20b}
+HF_BUDGET_S=${HF_BUDGET_S:-300}; TESTS_S=${TESTS_S:-320}
 WORK="--num-prompts 256 --input-len 100-1024 --output-len 256 --max-num-batched-tokens 16384"
 PEER=$(ls .peers/hf_baseline.py shared/peers/hf_baseline.py 2>/dev/null | head -n 1)
 left() { echo $((CALL_S - SECONDS)); }
@@ -89,18 +91,20 @@ fi
 
 if [ -n "$PEER" ]; then
   # The peer's static batch is 256; where that runs out of memory, a copy with the next of HF_BATCHES runs
-  for batch in $HF_BATCHES; do
-    want hf 120 || break
-    sed "s/for batch in (256,):/for batch in ($batch,):/" "$PEER" > "$OUT/hf_baseline_b$batch.py"
-    budget=$(($(left) - 30 < HF_BUDGET_S ? $(left) - 30 : HF_BUDGET_S))
-    log "HF transformers gpt-oss-20b, static batch $batch (budget $budget s)"
-    SHAPES=gpt-oss-20b OUT="$OUT" BUDGET_S=$budget run timeout $((budget + 30)) \
-      python3 "$OUT/hf_baseline_b$batch.py" > "$OUT/hf_baseline_b$batch.log" 2>&1
-    rc=$?
-    [ -f "$OUT/hf_baseline.json" ] && mv "$OUT/hf_baseline.json" "$OUT/hf_baseline_b$batch.json"
-    log "rc=$rc $(grep -h '^{' "$OUT/hf_baseline_b$batch.log" 2>/dev/null | cut -c1-200 | head -n 1)"
-    ARGS+=("hf.b$batch@=$OUT/hf_baseline_b$batch.json")
-    grep -q "\"hf_static_b$batch\"" "$OUT/hf_baseline_b$batch.json" 2>/dev/null && break
+  for hf_shape in $HF_SHAPES; do
+    for batch in $HF_BATCHES; do
+      want hf 120 || break
+      sed "s/for batch in (256,):/for batch in ($batch,):/" "$PEER" > "$OUT/hf_baseline_b$batch.py"
+      budget=$(($(left) - 30 < HF_BUDGET_S ? $(left) - 30 : HF_BUDGET_S))
+      log "HF transformers $hf_shape, static batch $batch (budget $budget s)"
+      SHAPES=$hf_shape OUT="$OUT" BUDGET_S=$budget run timeout $((budget + 30)) \
+        python3 "$OUT/hf_baseline_b$batch.py" > "$OUT/hf_${hf_shape}_b$batch.log" 2>&1
+      rc=$?
+      [ -f "$OUT/hf_baseline.json" ] && mv "$OUT/hf_baseline.json" "$OUT/hf_${hf_shape}_b$batch.json"
+      log "rc=$rc $(grep -h '^{' "$OUT/hf_${hf_shape}_b$batch.log" 2>/dev/null | cut -c1-200 | head -n 1)"
+      ARGS+=("hf.$hf_shape.b$batch@=$OUT/hf_${hf_shape}_b$batch.json")
+      grep -q "\"hf_static_b$batch\"" "$OUT/hf_${hf_shape}_b$batch.json" 2>/dev/null && break
+    done
   done
 fi
 
