@@ -145,8 +145,10 @@ class FusedMoE(nn.Module):
                                                torch.float32)
         self.w13_bias = self._param((num_experts, 2 * self.inter), dtype) if bias else None
         self.w2_bias = self._param((num_experts, hidden_size), dtype) if bias else None
-        # MXFP4: the packed bytes in the fused kernel's order (layers/mxfp4.py), set once the weights are filled
-        self.kernel_layout = False
+        # MXFP4 on a GPU with the fused kernel: the packed bytes go into its order (layers/mxfp4.py) once filled.
+        # Decided here, not when filled: graphs captured while the checkpoint loads beside them bake the flag into
+        # their kernels, and it must be the order the weights end in.
+        self.kernel_layout = quant == "mxfp4" and self.w13_weight.is_cuda and moe_ops() is not None
         self.clear_padding()
 
     def _param(self, shape: tuple[int, ...], dtype: torch.dtype | None) -> nn.Parameter:
@@ -208,12 +210,11 @@ class FusedMoE(nn.Module):
         """Called each time the weights have been written in checkpoint order (a load, random weights, a level-2
         wake-up's reload): MXFP4 experts on a GPU with the fused kernel go into its byte order, expert by expert (a
         transient copy of one expert's projection at a time)."""
-        if self.quant != "mxfp4" or not self.w13_weight.is_cuda or moe_ops() is None:
+        if not self.kernel_layout:
             return
         for param in (self.w13_weight, self.w2_weight):
             for expert in range(param.shape[0]):
                 param.data[expert].copy_(to_kernel_layout(param.data[expert]))
-        self.kernel_layout = True
 
     # -- forward -------------------------------------------------------------------------------------------
     def forward(self, x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor,

@@ -186,6 +186,20 @@ def test_mxfp4_experts_in_the_kernels_byte_order_give_the_same_output():
     torch.testing.assert_close(moe(x, weights, ids), want, rtol=0, atol=0)
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the fused kernel's byte order is the GPU's")
+def test_mxfp4_experts_on_a_gpu_take_the_kernels_byte_order_from_the_start():
+    """Graphs captured while the checkpoint loads beside them bake the layer's byte order into their kernels: it is
+    the order the weights end in before any weight is filled, and filling converts the bytes, not the flag."""
+    ckpt = _mxfp4_checkpoint(64, seed=8)
+    with torch.device("cuda"):
+        moe = FusedMoE(E, H, 64, bias=True, activation=functools.partial(clamped_swiglu, alpha=1.702, limit=7.0),
+                       quant="mxfp4")
+    assert moe.kernel_layout
+    _load_mxfp4(moe, {name: t.cuda() for name, t in ckpt.items()})
+    moe.weights_filled()
+    assert moe.kernel_layout and torch.equal(moe.w2_weight.data.cpu(), to_kernel_layout(ckpt["w2_weight"]))
+
+
 def test_mxfp4_checkpoint_of_another_width_is_refused_with_its_shape():
     moe = FusedMoE(E, H, 64, ParallelState(1, 2), bias=True, quant="mxfp4")
     with pytest.raises(ValueError, match=r"expert 0 down: checkpoint shape \(64, 48\) does not hold"):
