@@ -36,7 +36,7 @@ log "commit $COMMIT; $(cat "$OUT/gpu.txt" 2>/dev/null)"
 if want tests 150; then
   run timeout "$TESTS_S" python3 -m pytest -q -p no:cacheprovider tests/engine/runner/kernels/test_fused_moe.py \
     tests/engine/runner/kernels/test_mxfp4_widen.py tests/engine/runner/kernels/test_moe_routing.py \
-    tests/engine/test_gpt_oss.py > "$OUT/tests.txt" 2>&1
+    tests/engine/runner/layers/test_moe.py tests/engine/test_gpt_oss.py > "$OUT/tests.txt" 2>&1
   log "tests rc=$? $(tail -n 1 "$OUT/tests.txt" 2>/dev/null)"
   tail -n 1 "$OUT/tests.txt" > "$OUT/tests_summary.txt" 2>/dev/null
   ARGS+=("tests#=$OUT/tests_summary.txt")
