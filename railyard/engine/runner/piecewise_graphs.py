@@ -76,7 +76,8 @@ class PiecewiseGraphs:
         # Another thread may fill the weights meanwhile (model_runner): its copies and allocations are CUDA calls
         # that torch's default "global" capture mode forbids any thread while a graph is captured; "thread_local"
         # forbids them to the capturing thread only. (The pieces read the weights' addresses, never their values:
-        # the one eager warm-up computes garbage, which nothing keeps.)
+        # the one eager warm-up computes garbage, which nothing keeps; so a kernel that indexes memory by a computed
+        # value, as the MoE router's expert ids, must stay in range whatever the weights hold.)
         self.capture_error_mode = "thread_local" if beside_load else "global"
         if capture:
             self._capture()
