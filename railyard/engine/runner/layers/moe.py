@@ -69,6 +69,14 @@ def route_topk_softmax(logits: torch.Tensor, top_k: int) -> tuple[torch.Tensor, 
     return torch.softmax(top, dim=-1), ids
 
 
+def on_device(route: Callable[..., tuple[torch.Tensor, torch.Tensor]],
+              logits: torch.Tensor) -> Callable[..., tuple[torch.Tensor, torch.Tensor]]:
+    """One of this module's routing functions as logits' device runs it: the fused kernel of the same name on the GPU
+    (kernels/moe_routing.py, one launch), else the torch definition itself."""
+    ops = moe_ops() if logits.is_cuda else None
+    return route if ops is None else getattr(ops, route.__name__)
+
+
 def experts_reference(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
                       topk_ids: torch.Tensor, activation: Activation = silu_and_mul,
                       w13_bias: torch.Tensor | None = None, w2_bias: torch.Tensor | None = None) -> torch.Tensor:

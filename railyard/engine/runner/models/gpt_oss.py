@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from railyard.engine.runner.layers.activation import clamped_swiglu
-from railyard.engine.runner.layers.moe import FusedMoE, moe_ops, route_topk_softmax
+from railyard.engine.runner.layers.moe import FusedMoE, on_device, route_topk_softmax
 from railyard.engine.runner.layers.parallel import ParallelState
 from railyard.model.spec import ModelSpec
 
@@ -56,9 +56,8 @@ class GptOssMLP(nn.Module):
 
     def forward(self, x: torch.Tensor, defer_scales: bool = False) -> torch.Tensor:
         """x [T, H] -> [T, H] (defer_scales: the dense MLP's option; experts always apply their scales)."""
-        ops = moe_ops() if x.is_cuda else None  # on the GPU one fused launch (kernels/moe_routing.py)
-        route = route_topk_softmax if ops is None else ops.route_topk_softmax
-        weights, ids = route(F.linear(x, self.router.weight, self.router.bias), self.top_k)
+        logits = F.linear(x, self.router.weight, self.router.bias)
+        weights, ids = on_device(route_topk_softmax, logits)(logits, self.top_k)
         return self.experts(x, weights, ids)
 
     def _load_stacked(self, param: nn.Parameter, loaded: torch.Tensor, shard: tuple[str, str]) -> None:

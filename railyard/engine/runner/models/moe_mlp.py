@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from railyard.engine.runner.layers.moe import FusedMoE, moe_ops, route_softmax_topk
+from railyard.engine.runner.layers.moe import FusedMoE, on_device, route_softmax_topk
 from railyard.engine.runner.layers.parallel import ParallelState
 from railyard.model.spec import ModelSpec
 
@@ -46,7 +46,6 @@ class MoEMLP(nn.Module):
 
     def forward(self, x: torch.Tensor, defer_scales: bool = False) -> torch.Tensor:
         """x [T, H] -> [T, H] (defer_scales: the dense MLP's option; experts always apply their scales)."""
-        ops = moe_ops() if x.is_cuda else None  # on the GPU one fused launch (kernels/moe_routing.py)
-        route = route_softmax_topk if ops is None else ops.route_softmax_topk
-        weights, ids = route(F.linear(x, self.gate.weight), self.top_k, self.renormalize)
+        logits = F.linear(x, self.gate.weight)
+        weights, ids = on_device(route_softmax_topk, logits)(logits, self.top_k, self.renormalize)
         return self.experts(x, weights, ids)

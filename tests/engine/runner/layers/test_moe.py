@@ -12,7 +12,8 @@ import torch.nn.functional as F
 import transformers
 
 from railyard.engine.runner.layers.activation import silu_and_mul_native
-from railyard.engine.runner.layers.moe import FusedMoE, experts_reference, route_softmax_topk
+from railyard.engine.runner.layers.moe import (FusedMoE, experts_reference, on_device, route_softmax_topk,
+                                              route_topk_softmax)
 from railyard.engine.runner.layers.mxfp4 import quantize_mxfp4, to_kernel_layout
 from railyard.engine.runner.layers.parallel import ParallelState
 from railyard.engine.runner.layers.activation import clamped_swiglu
@@ -53,6 +54,14 @@ def test_routing_is_hf_softmax_then_top_k_renormalised_when_asked(norm_topk_prob
     torch.testing.assert_close(weights, hf_weights, rtol=0, atol=0)
     if norm_topk_prob:
         torch.testing.assert_close(weights.sum(-1), torch.ones(len(x)))
+
+
+@pytest.mark.parametrize("route", [route_softmax_topk, route_topk_softmax])
+def test_each_router_runs_as_its_torch_definition_off_the_gpu_and_as_the_fused_kernel_on_it(route):
+    assert on_device(route, torch.zeros(2, E)) is route
+    if torch.cuda.is_available():
+        from railyard.engine.runner.kernels import moe_routing
+        assert on_device(route, torch.zeros(2, E, device="cuda")) is getattr(moe_routing, route.__name__)
 
 
 def test_reference_experts_give_hfs_block_output():
