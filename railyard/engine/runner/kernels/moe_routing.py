@@ -24,12 +24,12 @@ def _route_kernel(logits_ptr, weights_ptr, ids_ptr, num_tokens, stride_t, NUM_EX
     rows = t < num_tokens
     x = tl.load(logits_ptr + t.to(tl.int64)[:, None] * stride_t + e[None, :],
                 mask=rows[:, None] & (e < NUM_EXPERTS)[None, :], other=float("-inf")).to(tl.float32)
-    x = tl.where(rows[:, None], x, 0.0)  # rows past the end: finite, never stored
     if SOFTMAX_FIRST:
         p = tl.exp(x - tl.max(x, 1)[:, None])
         x = p / tl.sum(p, 1)[:, None]
-    # NaN scores (a row of garbage, such as a graph's padding) count as -inf, and what is still to pick is a mask of
-    # its own: every pick is then a real expert not picked before, whatever the scores hold
+    # NaN scores (garbage rows, as the graphs' warm-up on weights still loading computes) count as -inf, and what is
+    # still to pick is a mask of its own: every pick is then a real expert not picked before, whatever the scores
+    # hold (rows past the end pick nothing and are never stored)
     work = tl.where(x == x, x, float("-inf"))
     left = (e < NUM_EXPERTS)[None, :] & rows[:, None]  # the experts still to pick from
     j = tl.arange(0, K_PAD)

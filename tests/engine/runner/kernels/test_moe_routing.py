@@ -56,7 +56,7 @@ def test_the_gpt_oss_router_takes_equal_logits_lowest_expert_first_and_any_logit
 @pytest.mark.parametrize("order", ["softmax-first", "top-k-first"])
 @pytest.mark.parametrize("experts", [8, 6])
 def test_rows_of_nan_or_inf_scores_still_pick_k_distinct_real_experts(order, experts):
-    # a CUDA graph's padding rows may hold garbage: their ids index the experts' weights, so they must stay in range
+    # the graphs' warm-up runs on weights still loading (garbage): its ids index the experts' weights, so stay in range
     logits = torch.randn(4, experts)
     logits[0] = float("nan")
     logits[1, ::2] = float("nan")
