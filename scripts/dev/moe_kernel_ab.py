@@ -64,6 +64,38 @@ def reference(a: torch.Tensor, widened: torch.Tensor, ids: torch.Tensor, row_div
     return grouped_gemm(a, widened, out, align_by_expert(ids, E, 64), row_div, (64, 64, 64, 4, 4))
 
 
+def ab_tile(kernels: dict, a: torch.Tensor, w: torch.Tensor, s: torch.Tensor, routing, row_div: int, tile: tuple,
+            in_kernel_order: bool, rounds: int, want: torch.Tensor, read: int) -> dict[str, dict]:
+    """One projection at one tile through every kernel file: its timings (rounds interleaved, alternating order), the
+    packed bytes it reads per microsecond, and its output against the first file's and against the reference."""
+    outs = {}
+    for path, module in kernels.items():
+        out = torch.zeros(a.shape[0] * row_div, w.shape[1], device="cuda", dtype=torch.bfloat16)
+        try:
+            module.grouped_gemm(a, w, out, routing, row_div, tile, w_scale=s, kernel_layout=in_kernel_order)
+        except Exception as exc:  # a file whose grouped_gemm does not take this tile
+            print(f"{path} {tile}: {type(exc).__name__}: {str(exc)[:120]}", flush=True)
+            continue
+        torch.cuda.synchronize()
+        outs[path] = out
+    times = {path: [] for path in outs}
+    for r in range(rounds):
+        for path in (list(outs) if r % 2 == 0 else list(outs)[::-1]):
+            module, out = kernels[path], outs[path]
+            times[path].append(do_bench_cudagraph(lambda: module.grouped_gemm(
+                a, w, out, routing, row_div, tile, w_scale=s, kernel_layout=in_kernel_order)) * 1e3)
+    first = next(iter(outs.values()), None)
+    row = {}
+    for path, ts in times.items():
+        got = outs[path].float()
+        median = statistics.median(ts)
+        row[path] = {"us_median": round(median, 1), "us": [round(t, 1) for t in ts],
+                     "packed_GBps": round(read / median / 1e3),
+                     "max_abs_diff_vs_first": float((got - first.float()).abs().max()),
+                     "rel_err_vs_widened": round(((got - want).norm() / want.norm()).item(), 5)}
+    return row
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--kernels", default=DEFAULT_KERNEL,
@@ -92,36 +124,9 @@ def main() -> None:
             want = reference(a, widened, ids, row_div).float()
             read = hit * expert_bytes
             for layout, w in stored.items():
-                in_kernel_order = layout == "kernel"
                 for tile in tiles:
-                    routing = align_by_expert(ids, E, tile[0])
-                    outs = {}
-                    for path, module in kernels.items():
-                        out = torch.zeros(tokens * TOP_K, w.shape[1], device="cuda", dtype=torch.bfloat16)
-                        try:
-                            module.grouped_gemm(a, w, out, routing, row_div, tile, w_scale=s,
-                                                kernel_layout=in_kernel_order)
-                        except Exception as exc:  # a file whose grouped_gemm does not take this tile
-                            print(f"{path} {tile}: {type(exc).__name__}: {str(exc)[:120]}", flush=True)
-                            continue
-                        torch.cuda.synchronize()
-                        outs[path] = out
-                    times = {path: [] for path in outs}
-                    for r in range(args.rounds):
-                        order = list(outs) if r % 2 == 0 else list(outs)[::-1]
-                        for path in order:
-                            module, out = kernels[path], outs[path]
-                            times[path].append(do_bench_cudagraph(lambda: module.grouped_gemm(
-                                a, w, out, routing, row_div, tile, w_scale=s, kernel_layout=in_kernel_order)) * 1e3)
-                    first = next(iter(outs.values()), None)
-                    row = {}
-                    for path, ts in times.items():
-                        got = outs[path].float()
-                        median = statistics.median(ts)
-                        row[path] = {"us_median": round(median, 1), "us": [round(t, 1) for t in ts],
-                                     "packed_GBps": round(read / median / 1e3),
-                                     "max_abs_diff_vs_first": float((got - first.float()).abs().max()),
-                                     "rel_err_vs_widened": round(((got - want).norm() / want.norm()).item(), 5)}
+                    row = ab_tile(kernels, a, w, s, align_by_expert(ids, E, tile[0]), row_div, tile,
+                                  layout == "kernel", args.rounds, want, read)
                     key = f"T={tokens} {name} {tile}" + (f" {layout} order" if len(layouts) > 1 else "")
                     results[key] = row
                     summary = {path: (r["us_median"], r["max_abs_diff_vs_first"]) for path, r in row.items()}
