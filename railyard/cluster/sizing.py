@@ -136,8 +136,8 @@ def size_kv_cache(
         bytes_per_block=gpu.block_bytes * tp,
         num_blocks=blocks,
         tokens=blocks * block_size,
-        max_seqs_at_max_len=blocks // spec.kv_blocks_per_sequence(
-            max_model_len, block_size),  # (sliding layers: window)
+        # (sliding layers: their window)
+        max_seqs_at_max_len=blocks // spec.kv_blocks_per_sequence(max_model_len, block_size),
         per_gpu=gpu,
     )
 

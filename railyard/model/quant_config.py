@@ -10,9 +10,8 @@ with `weight_scale_inv` tensors, as Qwen3-30B-A3B-FP8 and DeepSeek-V3 ship; comp
 with `block_structure: [128, 128]`): experts keep them as shipped (layers/fp8_block.py), other layers' weights are
 converted to per-channel scales as they load. Other block sizes are refused.
 Static activation scales (`input_scale`) are not used: activations are always quantized per token on the
-fly, which is at least as accurate. Every non-FP8 scheme is refused with a clear error.
-Torch-free: ModelSpec.from_hf_config calls it, so the
-planner refuses what the engine refuses.
+fly, which is at least as accurate. Every non-FP8 scheme is refused with a clear error. Torch-free:
+ModelSpec.from_hf_config calls it, so the planner refuses what the engine refuses.
 """
 
 from __future__ import annotations

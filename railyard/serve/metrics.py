@@ -73,8 +73,8 @@ class ReplicaWatcher:
                 if app is not None:
                     self.observe({name: {str(getattr(s, "value", s)): n for s, n in d.replica_states.items()}
                                   for name, d in app.deployments.items() if name in self.deployments})
-            except Exception as exc:  # noqa: BLE001 -- the controller may be restarting;
-                # metrics never take the ingress down
+            # the controller may be restarting; metrics never take the ingress down
+            except Exception as exc:  # noqa: BLE001
                 log.debug("replica watcher: %s", exc)
             await asyncio.sleep(self.period_s)
 

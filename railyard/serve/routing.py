@@ -68,10 +68,9 @@ def rank(loads: list[ReplicaLoad], options: RoutingOptions = RoutingOptions(),
          rng: random.Random | None = None, prefix_key: int | None = None, adapter_key: int | None = None) -> Decision:
     """Affine replicas within the load bound first (longest match, then least pending); for a LoRA adapter's request
     (adapter_key: its lora_int_id, the same in every ingress process) next the replicas holding the adapter within that
-    bound, or, where none holds it, the
-    adapter's rendezvous replica; else, for a prompt with a prefix key, the rendezvous replica among those within
-    rendezvous_slack of the least loaded; then the rest by least pending, most free KV blocks; exact ties are broken
-    at random so idle replicas share work evenly."""
+    bound, or, where none holds it, the adapter's rendezvous replica; else, for a prompt with a prefix key, the
+    rendezvous replica among those within rendezvous_slack of the least loaded; then the rest by least pending, most
+    free KV blocks; exact ties are broken at random so idle replicas share work evenly."""
     if not loads:
         return Decision([], "least_pending")
     rng = rng or random

@@ -8,9 +8,8 @@ Optional extras, for running without a stack file: per pool `num_replicas`, `aut
 `max_ongoing_requests`; top level `router` (name and options), `replica` (the stack's lifecycle options and
 max_waiting_requests) and the ingress's `name`. A model's `lora: {"adapters": [{"name", "path"}]}` serves LoRA
 adapters from the start (and turns its engines' enable_lora on); the ingress's `lora_runtime_updates` lets
-/v1/load_lora_adapter and /v1/unload_lora_adapter change them.
-Every default is the stack schema's (railyard.stack), or the engine's
-(EngineConfig) for engine options, whether a stack file wrote the args or not.
+/v1/load_lora_adapter and /v1/unload_lora_adapter change them. Every default is the stack schema's (railyard.stack),
+or the engine's (EngineConfig) for engine options, whether a stack file wrote the args or not.
 """
 
 from __future__ import annotations

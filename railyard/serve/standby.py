@@ -2,14 +2,13 @@
 
 A new engine replica spends most of its start before it serves anything: a process, torch's imports, the CUDA context,
 the weights, the KV profile, graph capture, the front's tokenizer. `StandbyPool` keeps engine cores of one
-deployment's exact EngineConfig started and asleep (engine sleep mode: no KV cache, weights in pinned host memory,
-the CUDA context, the CUDA graphs and the compiled kernels kept) on one node's GPU.
-Every replica of the deployment there takes
-its engine from the pool (`claim`: a sleeping one if there is one, which the replica wakes; else one started now for
-it, awake, which the replica waits for as for a start of its own: one start-up, not a start, a sleep and a wake-up),
-connects to it (EngineProcessClient's handoff) and serves; when the replica leaves, its engine goes back to sleep
-into the pool (`give_back`). Once a replica's engine serves (`serving`), the pool refills in the background while the
-GPU has room: after, not during, that engine's start or wake-up, which a standby's start would slow.
+deployment's exact EngineConfig started and asleep (engine sleep mode: no KV cache, weights in pinned host memory, the
+CUDA context, the CUDA graphs and the compiled kernels kept) on one node's GPU. Every replica of the deployment there
+takes its engine from the pool (`claim`: a sleeping one if there is one, which the replica wakes; else one started now
+for it, awake, which the replica waits for as for a start of its own: one start-up, not a start, a sleep and a wake-up),
+connects to it (EngineProcessClient's handoff) and serves; when the replica leaves, its engine goes back to sleep into
+the pool (`give_back`). Once a replica's engine serves (`serving`), the pool refills in the background while the GPU has
+room: after, not during, that engine's start or wake-up, which a standby's start would slow.
 
 The pool's process is every core's parent (engine cores exit when their parent dies), so the pool is a detached Ray
 actor per deployment, node, GPU and engine options (`pool_for`); it stops its cores and itself once no replica has
