@@ -12,14 +12,22 @@ what binds (scripts/dev/mxfp4_moe_gluon.py times the same GEMM without its widen
 wgmma before the next instead of keeping them in flight beside the widening (the 4-warp 64-row MXFP4 tiles, whose
 warpgroups hold two accumulators, get it with the exponents loaded a step ahead).
 
+"MMA overlap" is how many instructions a thread issues between each wgmma and the wait for it (the fewest and the
+median over the kernel's wgmmas): near 0, the tensor cores' latency is the thread's; ~30, the next fragment's
+widening runs while the MMA does.
+
 Usage: python3 scripts/dev/moe_kernel_resources.py   (one line per tile of fused_moe.py's tables; triton, no GPU;
        KERNEL_LAYOUT=0: MXFP4 bytes in checkpoint order rather than the kernel's, layers/mxfp4.py)
+       python3 scripts/dev/moe_kernel_resources.py --tiles "64,128,64,8,4;64,128,64,8,4,80"   (MXFP4 tiles by
+       hand; a sixth number caps the registers a thread may hold)
 """
 
 from __future__ import annotations
 
+import argparse
 import collections
 import os
+import statistics
 import re
 import subprocess
 import sys
@@ -67,8 +75,8 @@ def k_loop(sass: str) -> collections.Counter:
     return collections.Counter(m.group(1) for line in body if (m := OPCODE.search(line)))
 
 
-def compile_gemm(mxfp4: bool, tile: tuple[int, int, int, int, int]):
-    bm, bn, bk, warps, stages = tile
+def compile_gemm(mxfp4: bool, tile: tuple[int, ...]):
+    bm, bn, bk, warps, stages, *cap = tile
     weight = "*u8" if mxfp4 else "*bf16"
     pointers = {"b_ptr": weight, "b_scale_ptr": weight, "sorted_ptr": "*i32", "block_expert_ptr": "*i32",
                 "padded_len_ptr": "*i32"}
@@ -82,7 +90,8 @@ def compile_gemm(mxfp4: bool, tile: tuple[int, int, int, int, int]):
     signature.update({name: "constexpr" for name in constexprs})
     attrs = {(i,): [["tt.divisibility", 16]] for i, a in enumerate(ARGS) if a.endswith("_ptr") or a in DIVISIBLE}
     source = ASTSource(fn=fused_moe._grouped_gemm_kernel, signature=signature, constexprs=constexprs, attrs=attrs)
-    return triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps, "num_stages": stages})
+    options = {"num_warps": warps, "num_stages": stages, **({"maxnreg": cap[0]} if cap else {})}
+    return triton.compile(source, target=GPUTarget("cuda", 90, 32), options=options)
 
 
 def mmas_serialized(kernel) -> bool:
@@ -96,6 +105,20 @@ def mmas_serialized(kernel) -> bool:
     return "C7515" in run.stdout + run.stderr
 
 
+def mma_overlap(sass: str) -> list[int]:
+    """For each wgmma (HGMMA) in program order, the instructions issued before the next wait on the wgmma group
+    (WARPGROUP.DEPBAR) or the next wgmma."""
+    ops = [m.group(1) for line in sass.splitlines() if (m := OPCODE.search(line))]
+    gaps = []
+    for i, op in enumerate(ops):
+        if op.startswith("HGMMA"):
+            j = i + 1
+            while j < len(ops) and not ops[j].startswith(("WARPGROUP.DEPBAR", "HGMMA")):
+                j += 1
+            gaps.append(j - i - 1)
+    return gaps
+
+
 def resources(kernel) -> tuple[int, int, dict[str, int], dict[str, int], collections.Counter]:
     """(registers per thread, local-memory spill instructions, global load instructions by kind, shared-memory and
     tensor-core instructions by kind, the K loop's instructions by opcode) from the cubin."""
@@ -106,16 +129,24 @@ def resources(kernel) -> tuple[int, int, dict[str, int], dict[str, int], collect
 
 
 def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--tiles", help="MXFP4 tiles instead of the tables: BLOCK_M,BLOCK_N,BLOCK_K,warps,stages"
+                        "[,max registers];...")
+    args = parser.parse_args()
     tables = {False: fused_moe.TILES + ((None, fused_moe.LARGE),),
               True: fused_moe.MXFP4_TILES + ((None, fused_moe.MXFP4_LARGE),)}
+    if args.tiles:
+        tables = {True: tuple((None, tuple(int(x) for x in t.split(","))) for t in args.tiles.split(";"))}
     for mxfp4, table in tables.items():
         for _, tile in table:
             kernel = compile_gemm(mxfp4, tile)
             regs, spills, loads, shared, loop = resources(kernel)
             weights = tile[1] * tile[2] // (32 * tile[3])  # a thread's share of a K step's weight tile
             serialized = "MMAs serialized, " if mmas_serialized(kernel) else ""
+            gaps = mma_overlap(decode_kernel_resources.cubin_dump(kernel)[1])
+            overlap = f"MMA overlap {min(gaps)} / {statistics.median(gaps):g}, " if gaps else ""
             print(f"{'mxfp4' if mxfp4 else 'bf16 '} tile {tile}: {regs:3d} registers, {spills} spill instructions, "
-                  f"{serialized}"
+                  f"{serialized}{overlap}"
                   f"{kernel.metadata.shared:6d} B shared, loads {loads}, shared/MMA {shared}; K loop "
                   f"{sum(loop.values())} instructions a thread for {weights} weights, most "
                   f"{dict(loop.most_common(6))}", flush=True)
