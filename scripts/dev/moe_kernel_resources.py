@@ -27,8 +27,8 @@ from __future__ import annotations
 import argparse
 import collections
 import os
-import statistics
 import re
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -119,13 +119,13 @@ def mma_overlap(sass: str) -> list[int]:
     return gaps
 
 
-def resources(kernel) -> tuple[int, int, dict[str, int], dict[str, int], collections.Counter]:
+def resources(kernel) -> tuple[int, int, dict[str, int], dict[str, int], collections.Counter, list[int]]:
     """(registers per thread, local-memory spill instructions, global load instructions by kind, shared-memory and
-    tensor-core instructions by kind, the K loop's instructions by opcode) from the cubin."""
+    tensor-core instructions by kind, the K loop's instructions by opcode, each wgmma's overlap) from the cubin."""
     registers, spills = decode_kernel_resources.resources(kernel)
     sass = decode_kernel_resources.cubin_dump(kernel)[1]
     return registers, spills, dict(collections.Counter(LOADS.findall(sass))), dict(collections.Counter(
-        SHARED.findall(sass))), k_loop(sass)
+        SHARED.findall(sass))), k_loop(sass), mma_overlap(sass)
 
 
 def main() -> None:
@@ -140,10 +140,9 @@ def main() -> None:
     for mxfp4, table in tables.items():
         for _, tile in table:
             kernel = compile_gemm(mxfp4, tile)
-            regs, spills, loads, shared, loop = resources(kernel)
+            regs, spills, loads, shared, loop, gaps = resources(kernel)
             weights = tile[1] * tile[2] // (32 * tile[3])  # a thread's share of a K step's weight tile
             serialized = "MMAs serialized, " if mmas_serialized(kernel) else ""
-            gaps = mma_overlap(decode_kernel_resources.cubin_dump(kernel)[1])
             overlap = f"MMA overlap {min(gaps)} / {statistics.median(gaps):g}, " if gaps else ""
             print(f"{'mxfp4' if mxfp4 else 'bf16 '} tile {tile}: {regs:3d} registers, {spills} spill instructions, "
                   f"{serialized}{overlap}"
