@@ -61,6 +61,11 @@ OPCODE = re.compile(r"\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9]*(?:\.[A-Z0-9_]+)*)")
 BACK_BRANCH = re.compile(r"\bBRA (?:`\()?0x([0-9a-f]+)")
 
 
+def opcodes(lines: list[str]) -> list[str]:
+    """The opcodes of the SASS lines that hold an instruction, in order."""
+    return [m.group(1) for line in lines if (m := OPCODE.search(line))]
+
+
 def k_loop(sass: str) -> collections.Counter:
     """The instructions of the K loop (the body of the first backward branch) by opcode: what a thread issues per K
     step, widening included."""
@@ -72,7 +77,7 @@ def k_loop(sass: str) -> collections.Counter:
     else:
         return collections.Counter()
     body = [line for line in sass.splitlines() if (at := ADDRESS.search(line)) and start <= int(at.group(1), 16) <= end]
-    return collections.Counter(m.group(1) for line in body if (m := OPCODE.search(line)))
+    return collections.Counter(opcodes(body))
 
 
 def compile_gemm(mxfp4: bool, tile: tuple[int, ...]):
@@ -108,7 +113,7 @@ def mmas_serialized(kernel) -> bool:
 def mma_overlap(sass: str) -> list[int]:
     """For each wgmma (HGMMA) in program order, the instructions issued before the next wait on the wgmma group
     (WARPGROUP.DEPBAR) or the next wgmma."""
-    ops = [m.group(1) for line in sass.splitlines() if (m := OPCODE.search(line))]
+    ops = opcodes(sass.splitlines())
     gaps = []
     for i, op in enumerate(ops):
         if op.startswith("HGMMA"):
@@ -128,15 +133,31 @@ def resources(kernel) -> tuple[int, int, dict[str, int], dict[str, int], collect
         SHARED.findall(sass))), k_loop(sass), mma_overlap(sass)
 
 
+def parse_tiles(text: str) -> tuple[tuple[int, ...], ...]:
+    """--tiles' "a,b,c,w,s[,maxnreg];..." as tiles of five or six positive integers."""
+    tiles = []
+    for part in text.split(";"):
+        try:
+            tile = tuple(int(x) for x in part.split(","))
+        except ValueError:
+            tile = ()
+        if len(tile) not in (5, 6) or min(tile) < 1:
+            raise argparse.ArgumentTypeError(f"tile {part!r} is not BLOCK_M,BLOCK_N,BLOCK_K,warps,stages"
+                                             "[,max registers] in positive integers")
+        tiles.append(tile)
+    return tuple(tiles)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--tiles", help="MXFP4 tiles instead of the tables: BLOCK_M,BLOCK_N,BLOCK_K,warps,stages"
-                        "[,max registers];...")
+    parser.add_argument("--tiles", type=parse_tiles,
+                        help="MXFP4 tiles instead of the tables: "
+                             "BLOCK_M,BLOCK_N,BLOCK_K,warps,stages[,max registers];...")
     args = parser.parse_args()
     tables = {False: fused_moe.TILES + ((None, fused_moe.LARGE),),
               True: fused_moe.MXFP4_TILES + ((None, fused_moe.MXFP4_LARGE),)}
     if args.tiles:
-        tables = {True: tuple((None, tuple(int(x) for x in t.split(","))) for t in args.tiles.split(";"))}
+        tables = {True: tuple((None, tile) for tile in args.tiles)}
     for mxfp4, table in tables.items():
         for _, tile in table:
             kernel = compile_gemm(mxfp4, tile)
