@@ -8,9 +8,9 @@ few is that regression. Shapes: gpt-oss's gate/up GEMM (N 5760, K 2880).
 
 The K loop's instruction count per thread is the widening's cost in an MXFP4 tile: issued per weight, it caps how
 fast a tile can read the packed weights while the experts stream (decode); at the engine's tiles the cap is not
-what binds (scripts/dev/mxfp4_moe_gluon.py times the same GEMM without its widening). "MMAs serialized" is ptxas's C7515 note: it waits for each
-wgmma before the next instead of keeping them in flight beside the widening (the 4-warp 64-row MXFP4 tiles, whose
-warpgroups hold two accumulators, get it with the exponents loaded a step ahead).
+what binds (scripts/dev/mxfp4_moe_gluon.py times the same GEMM without its widening). "MMAs serialized" is ptxas's
+C7515 note: it waits for each wgmma before the next instead of keeping them in flight beside the widening (the
+4-warp 64-row MXFP4 tiles, whose warpgroups hold two accumulators, get it with the exponents loaded a step ahead).
 
 "MMA overlap" is how many instructions a thread issues between each wgmma and the wait for it (the fewest and the
 median over the kernel's wgmmas): near 0, the tensor cores' latency is the thread's; ~30, the next fragment's
