@@ -33,6 +33,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import torch  # noqa: E402
 from triton.testing import do_bench_cudagraph  # noqa: E402
 
+from moe_kernel_resources import parse_tiles  # noqa: E402
 from moe_sweep import experts  # noqa: E402 (the sweep's random packed experts)
 from railyard.engine.runner.kernels.fused_moe import grouped_gemm  # noqa: E402
 from railyard.engine.runner.kernels.moe_align import align_by_expert  # noqa: E402
@@ -43,10 +44,10 @@ E, TOP_K, H, I = 32, 4, 2880, 2880
 DEFAULT_KERNEL = os.path.join(__file__.rsplit("/scripts/", 1)[0], "railyard/engine/runner/kernels/fused_moe.py")
 
 
-def parse_plan(text: str) -> dict[int, list[tuple[int, ...]]]:
-    """'256:64,128,64,4,4;64,64,64,4,4|512:...' -> {256: [(64, 128, 64, 4, 4), (64, 64, 64, 4, 4)], 512: [...]}."""
-    return {int(tokens): [tuple(int(x) for x in tile.split(",")) for tile in tiles.split(";")]
-            for tokens, tiles in (part.split(":") for part in text.split("|"))}
+def parse_plan(text: str) -> dict[int, tuple[tuple[int, ...], ...]]:
+    """'256:64,128,64,4,4;64,64,64,4,4|512:...' -> {256: ((64, 128, 64, 4, 4), (64, 64, 64, 4, 4)), 512: (...)}; the
+    tiles as moe_kernel_resources.py's --tiles reads them."""
+    return {int(tokens): parse_tiles(tiles) for tokens, tiles in (part.split(":") for part in text.split("|"))}
 
 
 def load_kernel(path: str, index: int):
@@ -100,7 +101,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--kernels", default=DEFAULT_KERNEL,
                         help="comma-separated kernel files (copies of fused_moe.py)")
-    parser.add_argument("--plan", default="256:64,128,64,4,4|512:128,128,64,8,3")
+    parser.add_argument("--plan", type=parse_plan, default="256:64,128,64,4,4|512:128,128,64,8,3")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--layouts", default="kernel", help="comma-separated byte orders of the packed weights: "
                         "kernel (as the engine holds them), checkpoint")
@@ -113,7 +114,7 @@ def main() -> None:
         stored = {layout: to_kernel_layout(packed) if layout == "kernel" else packed for layout in layouts}
         projections[name] = (stored, s, dequantize_mxfp4(packed, s, torch.bfloat16), packed[0].numel() + s[0].numel())
     results = {}
-    for tokens, tiles in parse_plan(args.plan).items():
+    for tokens, tiles in args.plan.items():
         torch.manual_seed(tokens)
         x = torch.randn(tokens, H, device="cuda", dtype=torch.bfloat16)
         _, ids = route_softmax_topk(torch.randn(tokens, E, device="cuda"), TOP_K, True)
