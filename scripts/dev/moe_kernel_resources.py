@@ -17,7 +17,8 @@ median over the kernel's wgmmas): near 0, the tensor cores' latency is the threa
 widening runs while the MMA does.
 
 Usage: python3 scripts/dev/moe_kernel_resources.py   (one line per tile of fused_moe.py's tables; triton, no GPU;
-       KERNEL_LAYOUT=0: MXFP4 bytes in checkpoint order rather than the kernel's, layers/mxfp4.py)
+       KERNEL_LAYOUT=0: MXFP4 bytes in checkpoint order rather than the kernel's, layers/mxfp4.py;
+       HALF_ROWS=0: without the half-height path of row blocks filled at most halfway)
        python3 scripts/dev/moe_kernel_resources.py --tiles "64,128,64,8,4;64,128,64,8,4,80"   (MXFP4 tiles by
        hand; a sixth number caps the registers a thread may hold)
 """
@@ -55,6 +56,7 @@ LOADS = re.compile(r"\b(LDG(?:STS)?[.\w]*)")
 # shared-memory traffic and the tensor-core instructions (the widened MXFP4 tile is stored to shared memory, where the
 # MMA reads its right operand)
 KERNEL_LAYOUT = os.environ.get("KERNEL_LAYOUT", "1") == "1"  # 0: MXFP4 bytes in checkpoint order
+HALF_ROWS = os.environ.get("HALF_ROWS", "1") == "1"  # 0: MXFP4 row blocks always multiply all their rows
 SHARED = re.compile(r"\b(STS|LDS|LDSM|HGMMA|HMMA)[.\w]*")
 ADDRESS = re.compile(r"/\*([0-9a-f]{4,})\*/")
 OPCODE = re.compile(r"\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9]*(?:\.[A-Z0-9_]+)*)")
@@ -92,6 +94,8 @@ def compile_gemm(mxfp4: bool, tile: tuple[int, ...]):
         constexprs["EVEN_K"] = True  # gpt-oss's K (2880) is whole K steps
     if "KERNEL_LAYOUT" in fused_moe._grouped_gemm_kernel.arg_names:
         constexprs["KERNEL_LAYOUT"] = mxfp4 and KERNEL_LAYOUT  # the bytes as the engine holds them
+    if "HALF_ROWS" in fused_moe._grouped_gemm_kernel.arg_names:
+        constexprs["HALF_ROWS"] = mxfp4 and bm >= 32 and HALF_ROWS  # as grouped_gemm passes it
     signature.update({name: "constexpr" for name in constexprs})
     attrs = {(i,): [["tt.divisibility", 16]] for i, a in enumerate(ARGS) if a.endswith("_ptr") or a in DIVISIBLE}
     source = ASTSource(fn=fused_moe._grouped_gemm_kernel, signature=signature, constexprs=constexprs, attrs=attrs)

@@ -28,7 +28,10 @@ widening or waits for each depends on the tile: scripts/dev/moe_kernel_resources
 (float32 in tests, fp16) widen the tile to float32 from the codes' bits and take tl.dot. That widening is paid per
 weight and per output tile, so a step with MXFP4_WIDEN_SLOTS_PER_EXPERT slots or more per expert (a long prefill)
 widens each projection's experts once into a transient buffer (kernels/mxfp4_widen.py) and takes the dense-weight
-GEMM instead; the model keeps no widened copy.
+GEMM instead; the model keeps no widened copy. The MMAs' width is the row block's (the tokens are the MMA's N
+dimension), and a block is sized for the experts that get more than the average: a block whose slots end by its middle
+row (an expert's slots come first in its run) multiplies only that half, so an expert with fewer slots than the block
+pays half the tensor-core work without being read or widened twice.
 """
 
 from __future__ import annotations
@@ -73,7 +76,7 @@ SHARED_MEMORY_BUDGET = 200 * 1024
 def fit_shared_memory(tile: tuple[int, int, int, int, int], element_bytes: int,
                       budget: int = SHARED_MEMORY_BUDGET) -> tuple[int, int, int, int, int]:
     """The tile with as many stages and as long a K step as its operand tiles of `element_bytes` allow."""
-    bm, bn, bk, warps, stages = tile
+    bm, bn, bk, warps, stages, *cap = tile
     while stages * (bm * bk + bk * bn) * element_bytes > budget:
         if stages > 2:
             stages -= 1
@@ -81,7 +84,7 @@ def fit_shared_memory(tile: tuple[int, int, int, int, int], element_bytes: int,
             bk //= 2
         else:
             break
-    return bm, bn, bk, warps, stages
+    return bm, bn, bk, warps, stages, *cap
 
 
 def pick_config(slots: int, num_experts: int, fp8: bool, mxfp4: bool = False,
@@ -119,68 +122,111 @@ def program_block(pid, num_programs, N, BLOCK_N: tl.constexpr, GROUP_M: tl.const
     return first_m + (pid % group) % size_m, (pid % group) // size_m
 
 
+@triton.jit
+def _store_rows(acc, c_ptr, slot, valid, rn, N, expert, bias_ptr, stride_biase, weights_ptr, stride_cm,
+                HAS_BIAS: tl.constexpr, MUL_WEIGHT: tl.constexpr):
+    """The epilogue: the expert's bias, the slot's routing weight, the rows stored at their slots."""
+    if HAS_BIAS:
+        acc += tl.load(bias_ptr + expert * stride_biase + rn, mask=rn < N, other=0.0).to(tl.float32)[None, :]
+    if MUL_WEIGHT:
+        acc = acc * tl.load(weights_ptr + slot, mask=valid, other=0.0).to(tl.float32)[:, None]
+    c_ptrs = c_ptr + slot[:, None].to(tl.int64) * stride_cm + rn[None, :]
+    tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=valid[:, None] & (rn[None, :] < N))
+
+
+@triton.jit
+def _mxfp4_rows(a_ptr, b_ptr, c_ptr, b_scale_ptr, bias_ptr, weights_ptr, sorted_ptr, first, expert, rn, N, K,
+                num_slots, stride_am, stride_be, stride_bn, stride_cm, stride_bse, stride_bsn, stride_biase,
+                A_ROW_DIV: tl.constexpr, HAS_BIAS: tl.constexpr, MUL_WEIGHT: tl.constexpr, DOT_PRECISION: tl.constexpr,
+                EVEN_K: tl.constexpr, KERNEL_LAYOUT: tl.constexpr, ROWS: tl.constexpr, BLOCK_N: tl.constexpr,
+                BLOCK_K: tl.constexpr, GROUP: tl.constexpr):
+    """ROWS rows of the sorted list from `first` times the expert's packed MXFP4 tile [BLOCK_N, K], stored.
+    B^T tile [K / 2, N] of packed bytes (byte j of a group: weights 2j, 2j + 1), exponents [N, K / 32]. In the kernel
+    layout (layers/mxfp4.py) the tile is read as stored, [N, K / 2], and its groups' bytes put back in K order in
+    registers, where the MMA's fragments find each thread's bytes side by side."""
+    slot = tl.load(sorted_ptr + first + tl.arange(0, ROWS))
+    valid = slot < num_slots
+    row = (slot // A_ROW_DIV).to(tl.int64)
+    acc = tl.zeros((ROWS, BLOCK_N), dtype=tl.float32)
+    rk = tl.arange(0, BLOCK_K)
+    rj = tl.arange(0, BLOCK_K // 2)
+    rg = tl.arange(0, BLOCK_K // GROUP)
+    a_ptrs = a_ptr + row[:, None] * stride_am + rk[None, :]
+    n_in = rn < N
+    if KERNEL_LAYOUT:  # the packed tile's rows and byte columns, [N, K / 2] as stored or [K / 2, N]
+        b_n, b_j = rn[:, None], rj[None, :]
+        b_n_in = n_in[:, None]
+    else:
+        b_n, b_j = rn[None, :], rj[:, None]
+        b_n_in = n_in[None, :]
+    b_ptrs = b_ptr + expert * stride_be + b_n.to(tl.int64) * stride_bn + b_j
+    # The exponents are a byte a thread, too narrow for the pipeline's asynchronous copies: each K step loads
+    # the next step's, so that their latency passes under this step's work rather than before it.
+    s_ptrs = b_scale_ptr + expert * stride_bse + rn[:, None].to(tl.int64) * stride_bsn + rg[None, :]
+    exponents = tl.load(s_ptrs, mask=n_in[:, None] & (rg[None, :] * GROUP < K), other=0)
+    for k in range(0, tl.cdiv(K, BLOCK_K)):
+        s_ptrs += BLOCK_K // GROUP
+        upcoming = tl.load(s_ptrs, mask=n_in[:, None] & (rg[None, :] * GROUP < K - (k + 1) * BLOCK_K), other=0)
+        if EVEN_K:
+            a = tl.load(a_ptrs, mask=valid[:, None], other=0.0)
+            packed = tl.load(b_ptrs, mask=b_n_in, other=0)
+        else:  # K ends inside this tile, on a whole group (a permuted group is whole too)
+            k_left = tl.multiple_of(K - k * BLOCK_K, GROUP)
+            a = tl.load(a_ptrs, mask=valid[:, None] & (rk[None, :] < k_left), other=0.0)
+            packed = tl.load(b_ptrs, mask=b_n_in & (b_j < k_left // 2), other=0)
+        if KERNEL_LAYOUT:  # [N, groups, c, i] holds byte 4i + c of its group -> [K / 2, N] in K order
+            packed = tl.trans(tl.reshape(tl.permute(tl.reshape(packed, (BLOCK_N, BLOCK_K // GROUP, 4, 4)),
+                                                    (0, 1, 3, 2)), (BLOCK_N, BLOCK_K // 2)))
+        if a_ptr.dtype.element_ty == tl.bfloat16:
+            acc = tl.dot_scaled(a, None, "bf16", packed, exponents, "e2m1", acc, fast_math=True)
+        else:
+            acc = tl.dot(a, _mxfp4_widened(packed, exponents, BLOCK_K, BLOCK_N, GROUP).to(a.dtype), acc,
+                         input_precision=DOT_PRECISION)
+        a_ptrs += BLOCK_K
+        b_ptrs += BLOCK_K // 2
+        exponents = upcoming
+    _store_rows(acc, c_ptr, slot, valid, rn, N, expert, bias_ptr, stride_biase, weights_ptr, stride_cm, HAS_BIAS,
+                MUL_WEIGHT)
+
+
 @triton.jit(do_not_specialize=["num_slots"])  # one compiled kernel for every token count
 def _grouped_gemm_kernel(a_ptr, b_ptr, c_ptr, a_scale_ptr, b_scale_ptr, bias_ptr, weights_ptr, sorted_ptr,
                          block_expert_ptr, padded_len_ptr, N, K, num_slots, stride_am, stride_be, stride_bn,
                          stride_cm, stride_asm, stride_bse, stride_bsn, stride_biase, SPLIT_N, SPLIT_BLOCKS,
                          A_ROW_DIV: tl.constexpr, FP8: tl.constexpr, MXFP4: tl.constexpr, HAS_BIAS: tl.constexpr,
                          MUL_WEIGHT: tl.constexpr, DOT_PRECISION: tl.constexpr, EVEN_K: tl.constexpr,
-                         KERNEL_LAYOUT: tl.constexpr,
+                         KERNEL_LAYOUT: tl.constexpr, HALF_ROWS: tl.constexpr,
                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SCALE_N: tl.constexpr,
                          GROUP_M: tl.constexpr, GROUP: tl.constexpr):
     """C[slot, n] = (sum_k A[slot // A_ROW_DIV, k] * B[expert(slot), n, k] (+ bias[expert, n])) (* weight[slot]).
-    MXFP4: B is packed, [E, N, K / 2] bytes, with exponents [E, N, K / 32] at b_scale_ptr."""
+    MXFP4: B is packed, [E, N, K / 2] bytes, with exponents [E, N, K / 32] at b_scale_ptr; with HALF_ROWS a block
+    whose slots fit its first BLOCK_M / 2 rows (an expert's slots come first in its run) multiplies only those."""
     pid_m, pid_n = program_block(tl.program_id(0), tl.num_programs(0), N, BLOCK_N, GROUP_M)
     if pid_m * BLOCK_M >= tl.load(padded_len_ptr):
         return
-    slot = tl.load(sorted_ptr + pid_m * BLOCK_M + tl.arange(0, BLOCK_M))
-    valid = slot < num_slots
     expert = tl.load(block_expert_ptr + pid_m).to(tl.int64)
-    row = (slot // A_ROW_DIV).to(tl.int64)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     if MXFP4:
-        # B^T tile [K / 2, N] of packed bytes (byte j of a group: weights 2j, 2j + 1), exponents [N, K / 32]. In the
-        # kernel layout (layers/mxfp4.py) the tile is read as stored, [N, K / 2], and its groups' bytes put back in
-        # K order in registers, where the MMA's fragments find each thread's bytes side by side.
-        rk = tl.arange(0, BLOCK_K)
-        rj = tl.arange(0, BLOCK_K // 2)
-        rg = tl.arange(0, BLOCK_K // GROUP)
-        a_ptrs = a_ptr + row[:, None] * stride_am + rk[None, :]
-        n_in = rn < N
-        if KERNEL_LAYOUT:  # the packed tile's rows and byte columns, [N, K / 2] as stored or [K / 2, N]
-            b_n, b_j = rn[:, None], rj[None, :]
-            b_n_in = n_in[:, None]
+        first = pid_m * BLOCK_M
+        if HALF_ROWS:
+            half = tl.load(sorted_ptr + first + BLOCK_M // 2) >= num_slots
         else:
-            b_n, b_j = rn[None, :], rj[:, None]
-            b_n_in = n_in[None, :]
-        b_ptrs = b_ptr + expert * stride_be + b_n.to(tl.int64) * stride_bn + b_j
-        # The exponents are a byte a thread, too narrow for the pipeline's asynchronous copies: each K step loads
-        # the next step's, so that their latency passes under this step's work rather than before it.
-        s_ptrs = b_scale_ptr + expert * stride_bse + rn[:, None].to(tl.int64) * stride_bsn + rg[None, :]
-        exponents = tl.load(s_ptrs, mask=n_in[:, None] & (rg[None, :] * GROUP < K), other=0)
-        for k in range(0, tl.cdiv(K, BLOCK_K)):
-            s_ptrs += BLOCK_K // GROUP
-            upcoming = tl.load(s_ptrs, mask=n_in[:, None] & (rg[None, :] * GROUP < K - (k + 1) * BLOCK_K), other=0)
-            if EVEN_K:
-                a = tl.load(a_ptrs, mask=valid[:, None], other=0.0)
-                packed = tl.load(b_ptrs, mask=b_n_in, other=0)
-            else:  # K ends inside this tile, on a whole group (a permuted group is whole too)
-                k_left = tl.multiple_of(K - k * BLOCK_K, GROUP)
-                a = tl.load(a_ptrs, mask=valid[:, None] & (rk[None, :] < k_left), other=0.0)
-                packed = tl.load(b_ptrs, mask=b_n_in & (b_j < k_left // 2), other=0)
-            if KERNEL_LAYOUT:  # [N, groups, c, i] holds byte 4i + c of its group -> [K / 2, N] in K order
-                packed = tl.trans(tl.reshape(tl.permute(tl.reshape(packed, (BLOCK_N, BLOCK_K // GROUP, 4, 4)),
-                                                        (0, 1, 3, 2)), (BLOCK_N, BLOCK_K // 2)))
-            if a_ptr.dtype.element_ty == tl.bfloat16:
-                acc = tl.dot_scaled(a, None, "bf16", packed, exponents, "e2m1", acc, fast_math=True)
-            else:
-                acc = tl.dot(a, _mxfp4_widened(packed, exponents, BLOCK_K, BLOCK_N, GROUP).to(a.dtype), acc,
-                             input_precision=DOT_PRECISION)
-            a_ptrs += BLOCK_K
-            b_ptrs += BLOCK_K // 2
-            exponents = upcoming
+            half = False
+        if half:
+            _mxfp4_rows(a_ptr, b_ptr, c_ptr, b_scale_ptr, bias_ptr, weights_ptr, sorted_ptr, first, expert, rn, N,
+                        K, num_slots, stride_am, stride_be, stride_bn, stride_cm, stride_bse, stride_bsn,
+                        stride_biase, A_ROW_DIV, HAS_BIAS, MUL_WEIGHT, DOT_PRECISION, EVEN_K, KERNEL_LAYOUT,
+                        BLOCK_M // 2, BLOCK_N, BLOCK_K, GROUP)
+        else:
+            _mxfp4_rows(a_ptr, b_ptr, c_ptr, b_scale_ptr, bias_ptr, weights_ptr, sorted_ptr, first, expert, rn, N,
+                        K, num_slots, stride_am, stride_be, stride_bn, stride_cm, stride_bse, stride_bsn,
+                        stride_biase, A_ROW_DIV, HAS_BIAS, MUL_WEIGHT, DOT_PRECISION, EVEN_K, KERNEL_LAYOUT,
+                        BLOCK_M, BLOCK_N, BLOCK_K, GROUP)
     else:
+        slot = tl.load(sorted_ptr + pid_m * BLOCK_M + tl.arange(0, BLOCK_M))
+        valid = slot < num_slots
+        row = (slot // A_ROW_DIV).to(tl.int64)
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         rk = tl.arange(0, BLOCK_K)
         a_ptrs = a_ptr + row[:, None] * stride_am + rk[None, :]
         b_ptrs = b_ptr + expert * stride_be + rn[None, :].to(tl.int64) * stride_bn + rk[:, None]  # B^T tile [K, N]
@@ -200,12 +246,8 @@ def _grouped_gemm_kernel(a_ptr, b_ptr, c_ptr, a_scale_ptr, b_scale_ptr, bias_ptr
                 acc = tl.dot(a, b, acc, input_precision=DOT_PRECISION)
             a_ptrs += BLOCK_K
             b_ptrs += BLOCK_K
-    if HAS_BIAS:
-        acc += tl.load(bias_ptr + expert * stride_biase + rn, mask=rn < N, other=0.0).to(tl.float32)[None, :]
-    if MUL_WEIGHT:
-        acc = acc * tl.load(weights_ptr + slot, mask=valid, other=0.0).to(tl.float32)[:, None]
-    c_ptrs = c_ptr + slot[:, None].to(tl.int64) * stride_cm + rn[None, :]
-    tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=valid[:, None] & (rn[None, :] < N))
+        _store_rows(acc, c_ptr, slot, valid, rn, N, expert, bias_ptr, stride_biase, weights_ptr, stride_cm, HAS_BIAS,
+                    MUL_WEIGHT)
 
 
 @triton.jit  # hidden is the model's: specialized on its divisibility, the loads are vectors
@@ -234,14 +276,14 @@ def grouped_gemm(a: torch.Tensor, w: torch.Tensor, out: torch.Tensor, routing, a
                  config: tuple[int, int, int, int, int], bias: torch.Tensor | None = None,
                  weights: torch.Tensor | None = None, a_scale: torch.Tensor | None = None,
                  w_scale: torch.Tensor | None = None, split_n: int | None = None,
-                 kernel_layout: bool = False) -> torch.Tensor:
+                 kernel_layout: bool = False, half_rows: bool | None = None) -> torch.Tensor:
     """out[slot] = A[slot // a_row_div] @ w[expert(slot)]^T (+ bias[expert]) (* weights[slot]) for every slot of
     `routing` (align_by_expert's output). FP8: a and w e4m3 with a_scale [rows, K/128] and w_scale [E, nb, kb]
     (split_n: the rows of each projection stacked in w, whose scale rows restart at each). MXFP4: w uint8 [E, N,
     K/2] (two e2m1 codes a byte; kernel_layout: in layers/mxfp4.py's to_kernel_layout order, else the
     checkpoint's) with w_scale uint8 [E, N, K/32] (e8m0 exponents); a in the model's dtype."""
     sorted_slots, block_experts, padded_len = routing
-    bm, bn, bk, warps, stages = config
+    bm, bn, bk, warps, stages, *cap = config
     mxfp4 = w.dtype == torch.uint8
     n, k = w.shape[1], w.shape[2] * (2 if mxfp4 else 1)
     if a.stride(-1) != 1 or w.stride(-1) != 1 or out.stride(-1) != 1:
@@ -264,8 +306,9 @@ def grouped_gemm(a: torch.Tensor, w: torch.Tensor, out: torch.Tensor, routing, a
         A_ROW_DIV=a_row_div, FP8=fp8, MXFP4=mxfp4, HAS_BIAS=bias is not None, MUL_WEIGHT=weights is not None,
         # float32 models multiply in float32 (Triton's default there is TF32), as the reference and HF do
         DOT_PRECISION="ieee" if a.dtype == torch.float32 else "tf32", EVEN_K=k % bk == 0,
-        KERNEL_LAYOUT=mxfp4 and kernel_layout, BLOCK_M=bm, BLOCK_N=bn,
-        BLOCK_K=bk, SCALE_N=EXPERT_BLOCK[0], GROUP_M=8, GROUP=MXFP4_GROUP, num_warps=warps, num_stages=stages)
+        KERNEL_LAYOUT=mxfp4 and kernel_layout, HALF_ROWS=mxfp4 and bm >= 32 and half_rows is not False, BLOCK_M=bm, BLOCK_N=bn,
+        BLOCK_K=bk, SCALE_N=EXPERT_BLOCK[0], GROUP_M=8, GROUP=MXFP4_GROUP, num_warps=warps, num_stages=stages,
+        **({"maxnreg": cap[0]} if cap else {}))
     return out
 
 

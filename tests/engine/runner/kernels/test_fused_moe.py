@@ -233,6 +233,27 @@ def test_mxfp4_fused_experts_read_the_packed_weights_and_give_the_widened_refere
     torch.testing.assert_close(got.cpu(), want, rtol=1e-4, atol=1e-4)  # K summed in another order: by halves
 
 
+@pytest.mark.parametrize(("block_m", "launch"), [(32, (4, 2)), (64, (8, 2, 80))], ids=["32-rows", "64-rows-capped"])
+def test_an_mxfp4_row_block_whose_slots_fill_at_most_half_of_it_multiplies_that_half_alone(block_m, launch):
+    """An expert's slots come first in its run, so a block whose slots end by its middle row takes a product half as
+    tall: experts of exactly half a block, one slot more, a block and a few (a second block mostly empty) and one
+    slot give each slot's row of the widened product, with the half-height path and without it (a tile may cap the
+    registers a thread holds: its sixth number)."""
+    experts, hidden, inter, half = 4, 64, 32, block_m // 2
+    (q13, s13, *_), (w13, _) = _mxfp4_experts(experts, hidden, inter, seed=block_m)
+    gen = torch.Generator().manual_seed(block_m)
+    counts = (half, half + 1, block_m + 3, 1)
+    ids = torch.cat([torch.full((c,), e) for e, c in enumerate(counts)])
+    ids = ids[torch.randperm(ids.numel(), generator=gen)][:, None]
+    x = torch.randn(ids.numel(), hidden, generator=gen)
+    want = torch.einsum("sk,snk->sn", x, w13[ids[:, 0]])
+    for half_rows in (True, False):
+        out = torch.full((ids.numel(), 2 * inter), float("nan"), device=DEVICE)
+        fused_moe.grouped_gemm(*_on(DEVICE, x, q13, out), align_by_expert(ids.to(DEVICE), experts, block_m), 1,
+                               (block_m, 32, 64, *launch), w_scale=s13.to(DEVICE), half_rows=half_rows)
+        torch.testing.assert_close(out.cpu(), want, rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize("kernel_layout", [False, True], ids=["checkpoint-order", "kernel-order"])
 def test_mxfp4_tiles_decode_every_e2m1_code_and_exponent_as_the_reference_table(kernel_layout):
     """One expert whose weights run through all 16 codes under exponents 2^-27, 2^-7, 2^0 and 2^10: the kernel's
