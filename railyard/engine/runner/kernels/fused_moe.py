@@ -60,12 +60,13 @@ FP8_TILES = ((8, (16, 128, 128, 4, 3)),)
 FP8_LARGE = (64, 128, 128, 4, 4)
 SMALL = TILES[0][1]
 # MXFP4 weights are widened in registers, a cost per weight and per thread: tiles whose widened weights fit beside
-# the accumulator without spilling (compiled for sm_90: scripts/dev/moe_kernel_resources.py), 8 warps for the tall
-# one; BLOCK_K whole 32-weight groups; picked by timing gpt-oss-20b's experts in CUDA graphs (scripts/dev/moe_sweep.py,
+# the accumulator without spilling (compiled for sm_90: scripts/dev/moe_kernel_resources.py), 8 warps for the two
+# largest, the 64-row one held to 80 registers a thread (Triton's maxnreg) so that three of its blocks share an SM;
+# BLOCK_K whole 32-weight groups; picked by timing gpt-oss-20b's experts in CUDA graphs (scripts/dev/moe_sweep.py,
 # moe_kernel_ab.py). Past 32 slots per expert the tall one serves (a 512-token step of gpt-oss-20b is
 # as fast on it as on the 64-row tiles, a 1,024-token one faster); from MXFP4_WIDEN_SLOTS_PER_EXPERT the experts are
 # widened.
-MXFP4_TILES = ((8, (16, 64, 128, 4, 3)), (16, (32, 64, 128, 4, 3)), (32, (64, 128, 64, 4, 4)))
+MXFP4_TILES = ((8, (16, 64, 128, 4, 3)), (16, (32, 64, 128, 4, 3)), (32, (64, 128, 64, 8, 4, 80)))
 MXFP4_LARGE = (128, 128, 64, 8, 3)
 # The tables are for 2-byte activations. A pipeline stage holds an A tile and a B tile in shared memory, so 4-byte
 # (float32) ones double it: past this budget (under Hopper's 227 KiB per block, with room for Triton's own) a tile
@@ -73,8 +74,8 @@ MXFP4_LARGE = (128, 128, 64, 8, 3)
 SHARED_MEMORY_BUDGET = 200 * 1024
 
 
-def fit_shared_memory(tile: tuple[int, int, int, int, int], element_bytes: int,
-                      budget: int = SHARED_MEMORY_BUDGET) -> tuple[int, int, int, int, int]:
+def fit_shared_memory(tile: tuple[int, ...], element_bytes: int,
+                      budget: int = SHARED_MEMORY_BUDGET) -> tuple[int, ...]:
     """The tile with as many stages and as long a K step as its operand tiles of `element_bytes` allow."""
     bm, bn, bk, warps, stages, *cap = tile
     while stages * (bm * bk + bk * bn) * element_bytes > budget:
@@ -88,7 +89,7 @@ def fit_shared_memory(tile: tuple[int, int, int, int, int], element_bytes: int,
 
 
 def pick_config(slots: int, num_experts: int, fp8: bool, mxfp4: bool = False,
-                element_bytes: int = 2) -> tuple[int, int, int, int, int]:
+                element_bytes: int = 2) -> tuple[int, ...]:
     """The tile for T * k = `slots` (token, expert) pairs over num_experts experts (the tables above), fitted to
     shared memory for activations of `element_bytes` (FP8's K step is its scale block's: its tiles stay)."""
     per_expert = slots / num_experts
@@ -306,8 +307,9 @@ def grouped_gemm(a: torch.Tensor, w: torch.Tensor, out: torch.Tensor, routing, a
         A_ROW_DIV=a_row_div, FP8=fp8, MXFP4=mxfp4, HAS_BIAS=bias is not None, MUL_WEIGHT=weights is not None,
         # float32 models multiply in float32 (Triton's default there is TF32), as the reference and HF do
         DOT_PRECISION="ieee" if a.dtype == torch.float32 else "tf32", EVEN_K=k % bk == 0,
-        KERNEL_LAYOUT=mxfp4 and kernel_layout, HALF_ROWS=mxfp4 and bm >= 32 and half_rows is not False, BLOCK_M=bm, BLOCK_N=bn,
-        BLOCK_K=bk, SCALE_N=EXPERT_BLOCK[0], GROUP_M=8, GROUP=MXFP4_GROUP, num_warps=warps, num_stages=stages,
+        KERNEL_LAYOUT=mxfp4 and kernel_layout, HALF_ROWS=mxfp4 and bm >= 32 and half_rows is not False,
+        BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, SCALE_N=EXPERT_BLOCK[0], GROUP_M=8, GROUP=MXFP4_GROUP, num_warps=warps,
+        num_stages=stages,
         **({"maxnreg": cap[0]} if cap else {}))
     return out
 

@@ -405,7 +405,7 @@ def test_a_captured_mxfp4_graph_replays_new_routing_on_gpu():
 
 
 def _shared_bytes(tile, element_bytes: int) -> int:
-    bm, bn, bk, _, stages = tile
+    bm, bn, bk, _, stages, *_cap = tile
     return stages * (bm * bk + bk * bn) * element_bytes
 
 
