@@ -183,16 +183,10 @@ def _silu_and_mul_kernel(x_ptr, out_ptr, x_stride, out_stride, N: tl.constexpr, 
 
 
 @triton.jit
-def _clamped_swiglu_kernel(x_ptr, out_ptr, x_stride, out_stride, alpha, limit, N: tl.constexpr,
-                           BLOCK: tl.constexpr):
-    """gpt-oss's activation of one row's columns, each torch op of layers/activation.py's native form rounded to
-    the model dtype in turn (the clamps are exact; NaN passes through them as torch.clamp passes it)."""
-    row = tl.program_id(0).to(tl.int64)
-    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
-    mask = cols < N
-    gate = tl.load(x_ptr + row * x_stride + cols, mask=mask, other=0.0)
-    up = tl.load(x_ptr + row * x_stride + N + cols, mask=mask, other=0.0)
-    dtype = gate.dtype
+def clamped_swiglu_values(gate, up, alpha, limit, dtype: tl.constexpr):
+    """gpt-oss's activation of gate and up (values of the model dtype `dtype`, in any float type), each torch op
+    of layers/activation.py's native form rounded to `dtype` in turn (the clamps are exact; NaN passes through them
+    as torch.clamp passes it), as float32."""
     g = gate.to(tl.float32)
     g = tl.where(g > limit, limit, g)
     u = up.to(tl.float32)
@@ -201,7 +195,20 @@ def _clamped_swiglu_kernel(x_ptr, out_ptr, x_stride, out_stride, alpha, limit, N
     b = (g * alpha).to(dtype).to(tl.float32)
     sig = (1.0 / (1.0 + tl.exp(-b))).to(dtype).to(tl.float32)
     c = (g * sig).to(dtype).to(tl.float32)
-    tl.store(out_ptr + row * out_stride + cols, (a * c).to(out_ptr.dtype.element_ty), mask=mask)
+    return (a * c).to(dtype).to(tl.float32)
+
+
+@triton.jit
+def _clamped_swiglu_kernel(x_ptr, out_ptr, x_stride, out_stride, alpha, limit, N: tl.constexpr,
+                           BLOCK: tl.constexpr):
+    """gpt-oss's activation of one row's columns (clamped_swiglu_values)."""
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    mask = cols < N
+    gate = tl.load(x_ptr + row * x_stride + cols, mask=mask, other=0.0)
+    up = tl.load(x_ptr + row * x_stride + N + cols, mask=mask, other=0.0)
+    out = clamped_swiglu_values(gate, up, alpha, limit, gate.dtype)
+    tl.store(out_ptr + row * out_stride + cols, out.to(out_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit

@@ -5,7 +5,9 @@ As vLLM's fused_moe (written here anew):
    run to a multiple of BLOCK_M with a sentinel slot, so every BLOCK_M rows of the sorted list belong to one expert;
 2. the gate/up GEMM: each program takes one BLOCK_M row block (one expert) and one BLOCK_N column block, gathers
    its tokens' rows of x, multiplies by that expert's w13 and writes the slots' rows [T * k, 2I];
-3. the activation (silu_and_mul, or the layer's own) -> [T * k, I];
+3. the activation (silu_and_mul, or the layer's own) -> [T * k, I]. gpt-oss's (layers/activation.py's
+   ClampedSwiGLU) runs in step 2's epilogue instead: each program's column block is BLOCK_N / 2 gate rows of w13
+   and the up rows of the same outputs, and it writes their activation, [T * k, I], never the [T * k, 2I] projection;
 4. the down GEMM the same way over w2, the routing weight of each slot multiplied in its epilogue -> [T * k, H];
 5. the k slots of each token summed -> [T, H] (sum_slots).
 No host sync and fixed shapes for a given T: the sorted list is sized for the worst case (each of the
@@ -40,10 +42,12 @@ import torch
 import triton
 import triton.language as tl
 
+from railyard.engine.runner.kernels.fused import clamped_swiglu_values
 from railyard.engine.runner.kernels.moe_align import align_by_expert
 # the GPU's routers, for moe_ops()
 from railyard.engine.runner.kernels.moe_routing import route_softmax_topk, route_topk_softmax  # noqa: F401
 from railyard.engine.runner.kernels.mxfp4_widen import e2m1_values, e8m0_values, widen_mxfp4
+from railyard.engine.runner.layers.activation import ClampedSwiGLU
 from railyard.engine.runner.layers.fp8_block import quantize_per_token_group
 from railyard.engine.runner.layers.mxfp4 import GROUP as MXFP4_GROUP
 from railyard.model.spec import EXPERT_BLOCK, widens_mxfp4
@@ -124,23 +128,46 @@ def program_block(pid, num_programs, N, BLOCK_N: tl.constexpr, GROUP_M: tl.const
 
 
 @triton.jit
-def _store_rows(acc, c_ptr, slot, valid, rn, N, expert, bias_ptr, stride_biase, weights_ptr, stride_cm,
-                HAS_BIAS: tl.constexpr, MUL_WEIGHT: tl.constexpr):
-    """The epilogue: the expert's bias, the slot's routing weight, the rows stored at their slots."""
+def _store_rows(acc, c_ptr, slot, valid, rn, N, expert, bias_ptr, stride_biase, weights_ptr, stride_cm, out_cols,
+                alpha, limit, HAS_BIAS: tl.constexpr, MUL_WEIGHT: tl.constexpr, GATED: tl.constexpr,
+                ROWS: tl.constexpr, BLOCK_N: tl.constexpr):
+    """The epilogue: the expert's bias, the slot's routing weight, the rows stored at their slots. GATED: the
+    tile's columns are gate rows then the matching up rows of w (gated_rows), and what is stored is gpt-oss's
+    clamped SwiGLU of them at output columns out_cols, from gate and up rounded to the output dtype first, as the
+    unfused activation reads them from the stored gate/up projection: the same numbers, one [slots, N / 2] write
+    instead of a [slots, N] write and its read back."""
     if HAS_BIAS:
         acc += tl.load(bias_ptr + expert * stride_biase + rn, mask=rn < N, other=0.0).to(tl.float32)[None, :]
     if MUL_WEIGHT:
         acc = acc * tl.load(weights_ptr + slot, mask=valid, other=0.0).to(tl.float32)[:, None]
-    c_ptrs = c_ptr + slot[:, None].to(tl.int64) * stride_cm + rn[None, :]
-    tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=valid[:, None] & (rn[None, :] < N))
+    dtype = c_ptr.dtype.element_ty
+    if GATED:
+        halves = tl.permute(tl.reshape(acc.to(dtype).to(tl.float32), (ROWS, 2, BLOCK_N // 2)), (0, 2, 1))
+        gate, up = tl.split(halves)
+        out = clamped_swiglu_values(gate, up, alpha, limit, dtype)
+        c_ptrs = c_ptr + slot[:, None].to(tl.int64) * stride_cm + out_cols[None, :]
+        tl.store(c_ptrs, out.to(dtype), mask=valid[:, None] & (out_cols[None, :] < N // 2))
+    else:
+        c_ptrs = c_ptr + slot[:, None].to(tl.int64) * stride_cm + rn[None, :]
+        tl.store(c_ptrs, acc.to(dtype), mask=valid[:, None] & (rn[None, :] < N))
+
+
+@triton.jit
+def gated_rows(pid_n, N, BLOCK_N: tl.constexpr):
+    """Column block pid_n of a gated projection (w's N rows: gate rows, then up rows) -> (the BLOCK_N rows of w it
+    multiplies: BLOCK_N / 2 gate rows and the up rows of the same outputs, the output columns they make)."""
+    HALF: tl.constexpr = BLOCK_N // 2
+    j = tl.arange(0, BLOCK_N)
+    out_cols = pid_n * HALF + tl.arange(0, HALF)
+    return pid_n * HALF + j % HALF + (j // HALF) * (N // 2), out_cols
 
 
 @triton.jit
 def _mxfp4_rows(a_ptr, b_ptr, c_ptr, b_scale_ptr, bias_ptr, weights_ptr, sorted_ptr, first, expert, rn, N, K,
-                num_slots, stride_am, stride_be, stride_bn, stride_cm, stride_bse, stride_bsn, stride_biase,
-                A_ROW_DIV: tl.constexpr, HAS_BIAS: tl.constexpr, MUL_WEIGHT: tl.constexpr, DOT_PRECISION: tl.constexpr,
-                EVEN_K: tl.constexpr, KERNEL_LAYOUT: tl.constexpr, ROWS: tl.constexpr, BLOCK_N: tl.constexpr,
-                BLOCK_K: tl.constexpr, GROUP: tl.constexpr):
+                num_slots, stride_am, stride_be, stride_bn, stride_cm, stride_bse, stride_bsn, stride_biase, out_cols,
+                alpha, limit, A_ROW_DIV: tl.constexpr, HAS_BIAS: tl.constexpr, MUL_WEIGHT: tl.constexpr,
+                DOT_PRECISION: tl.constexpr, EVEN_K: tl.constexpr, KERNEL_LAYOUT: tl.constexpr, GATED: tl.constexpr,
+                ROWS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP: tl.constexpr):
     """ROWS rows of the sorted list from `first` times the expert's packed MXFP4 tile [BLOCK_N, K], stored.
     B^T tile [K / 2, N] of packed bytes (byte j of a group: weights 2j, 2j + 1), exponents [N, K / 32]. In the kernel
     layout (layers/mxfp4.py) the tile is read as stored, [N, K / 2], and its groups' bytes put back in K order in
@@ -186,27 +213,34 @@ def _mxfp4_rows(a_ptr, b_ptr, c_ptr, b_scale_ptr, bias_ptr, weights_ptr, sorted_
         a_ptrs += BLOCK_K
         b_ptrs += BLOCK_K // 2
         exponents = upcoming
-    _store_rows(acc, c_ptr, slot, valid, rn, N, expert, bias_ptr, stride_biase, weights_ptr, stride_cm, HAS_BIAS,
-                MUL_WEIGHT)
+    _store_rows(acc, c_ptr, slot, valid, rn, N, expert, bias_ptr, stride_biase, weights_ptr, stride_cm, out_cols,
+                alpha, limit, HAS_BIAS, MUL_WEIGHT, GATED, ROWS, BLOCK_N)
 
 
 @triton.jit(do_not_specialize=["num_slots"])  # one compiled kernel for every token count
 def _grouped_gemm_kernel(a_ptr, b_ptr, c_ptr, a_scale_ptr, b_scale_ptr, bias_ptr, weights_ptr, sorted_ptr,
                          block_expert_ptr, padded_len_ptr, N, K, num_slots, stride_am, stride_be, stride_bn,
                          stride_cm, stride_asm, stride_bse, stride_bsn, stride_biase, SPLIT_N, SPLIT_BLOCKS,
+                         alpha, limit,
                          A_ROW_DIV: tl.constexpr, FP8: tl.constexpr, MXFP4: tl.constexpr, HAS_BIAS: tl.constexpr,
                          MUL_WEIGHT: tl.constexpr, DOT_PRECISION: tl.constexpr, EVEN_K: tl.constexpr,
-                         KERNEL_LAYOUT: tl.constexpr, HALF_ROWS: tl.constexpr,
+                         KERNEL_LAYOUT: tl.constexpr, HALF_ROWS: tl.constexpr, GATED: tl.constexpr,
                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SCALE_N: tl.constexpr,
                          GROUP_M: tl.constexpr, GROUP: tl.constexpr):
     """C[slot, n] = (sum_k A[slot // A_ROW_DIV, k] * B[expert(slot), n, k] (+ bias[expert, n])) (* weight[slot]).
     MXFP4: B is packed, [E, N, K / 2] bytes, with exponents [E, N, K / 32] at b_scale_ptr; with HALF_ROWS a block
-    whose slots fit its first BLOCK_M / 2 rows (an expert's slots come first in its run) multiplies only those."""
-    pid_m, pid_n = program_block(tl.program_id(0), tl.num_programs(0), N, BLOCK_N, GROUP_M)
+    whose slots fit its first BLOCK_M / 2 rows (an expert's slots come first in its run) multiplies only those.
+    GATED (not FP8): B's rows are gate rows then up rows, and C [slots, N / 2] is gpt-oss's clamped SwiGLU of them."""
+    if GATED:
+        pid_m, pid_n = program_block(tl.program_id(0), tl.num_programs(0), N // 2, BLOCK_N // 2, GROUP_M)
+        rn, out_cols = gated_rows(pid_n, N, BLOCK_N)
+    else:
+        pid_m, pid_n = program_block(tl.program_id(0), tl.num_programs(0), N, BLOCK_N, GROUP_M)
+        rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        out_cols = rn
     if pid_m * BLOCK_M >= tl.load(padded_len_ptr):
         return
     expert = tl.load(block_expert_ptr + pid_m).to(tl.int64)
-    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     if MXFP4:
         first = pid_m * BLOCK_M
         if HALF_ROWS:
@@ -216,13 +250,13 @@ def _grouped_gemm_kernel(a_ptr, b_ptr, c_ptr, a_scale_ptr, b_scale_ptr, bias_ptr
         if half:
             _mxfp4_rows(a_ptr, b_ptr, c_ptr, b_scale_ptr, bias_ptr, weights_ptr, sorted_ptr, first, expert, rn, N,
                         K, num_slots, stride_am, stride_be, stride_bn, stride_cm, stride_bse, stride_bsn,
-                        stride_biase, A_ROW_DIV, HAS_BIAS, MUL_WEIGHT, DOT_PRECISION, EVEN_K, KERNEL_LAYOUT,
-                        BLOCK_M // 2, BLOCK_N, BLOCK_K, GROUP)
+                        stride_biase, out_cols, alpha, limit, A_ROW_DIV, HAS_BIAS, MUL_WEIGHT, DOT_PRECISION, EVEN_K,
+                        KERNEL_LAYOUT, GATED, BLOCK_M // 2, BLOCK_N, BLOCK_K, GROUP)
         else:
             _mxfp4_rows(a_ptr, b_ptr, c_ptr, b_scale_ptr, bias_ptr, weights_ptr, sorted_ptr, first, expert, rn, N,
                         K, num_slots, stride_am, stride_be, stride_bn, stride_cm, stride_bse, stride_bsn,
-                        stride_biase, A_ROW_DIV, HAS_BIAS, MUL_WEIGHT, DOT_PRECISION, EVEN_K, KERNEL_LAYOUT,
-                        BLOCK_M, BLOCK_N, BLOCK_K, GROUP)
+                        stride_biase, out_cols, alpha, limit, A_ROW_DIV, HAS_BIAS, MUL_WEIGHT, DOT_PRECISION, EVEN_K,
+                        KERNEL_LAYOUT, GATED, BLOCK_M, BLOCK_N, BLOCK_K, GROUP)
     else:
         slot = tl.load(sorted_ptr + pid_m * BLOCK_M + tl.arange(0, BLOCK_M))
         valid = slot < num_slots
@@ -247,8 +281,8 @@ def _grouped_gemm_kernel(a_ptr, b_ptr, c_ptr, a_scale_ptr, b_scale_ptr, bias_ptr
                 acc = tl.dot(a, b, acc, input_precision=DOT_PRECISION)
             a_ptrs += BLOCK_K
             b_ptrs += BLOCK_K
-        _store_rows(acc, c_ptr, slot, valid, rn, N, expert, bias_ptr, stride_biase, weights_ptr, stride_cm, HAS_BIAS,
-                    MUL_WEIGHT)
+        _store_rows(acc, c_ptr, slot, valid, rn, N, expert, bias_ptr, stride_biase, weights_ptr, stride_cm, out_cols,
+                    alpha, limit, HAS_BIAS, MUL_WEIGHT, GATED, BLOCK_M, BLOCK_N)
 
 
 @triton.jit  # hidden is the model's: specialized on its divisibility, the loads are vectors
@@ -274,15 +308,18 @@ def sum_slots(slots: torch.Tensor, top_k: int) -> torch.Tensor:
 
 
 def grouped_gemm(a: torch.Tensor, w: torch.Tensor, out: torch.Tensor, routing, a_row_div: int,
-                 config: tuple[int, int, int, int, int], bias: torch.Tensor | None = None,
+                 config: tuple[int, ...], bias: torch.Tensor | None = None,
                  weights: torch.Tensor | None = None, a_scale: torch.Tensor | None = None,
                  w_scale: torch.Tensor | None = None, split_n: int | None = None,
-                 kernel_layout: bool = False, half_rows: bool | None = None) -> torch.Tensor:
+                 kernel_layout: bool = False, half_rows: bool | None = None,
+                 gated: tuple[float, float] | None = None) -> torch.Tensor:
     """out[slot] = A[slot // a_row_div] @ w[expert(slot)]^T (+ bias[expert]) (* weights[slot]) for every slot of
     `routing` (align_by_expert's output). FP8: a and w e4m3 with a_scale [rows, K/128] and w_scale [E, nb, kb]
     (split_n: the rows of each projection stacked in w, whose scale rows restart at each). MXFP4: w uint8 [E, N,
     K/2] (two e2m1 codes a byte; kernel_layout: in layers/mxfp4.py's to_kernel_layout order, else the
-    checkpoint's) with w_scale uint8 [E, N, K/32] (e8m0 exponents); a in the model's dtype."""
+    checkpoint's) with w_scale uint8 [E, N, K/32] (e8m0 exponents); a in the model's dtype. gated (alpha, limit;
+    not FP8): w's rows are gate rows then up rows, and out [slots, N / 2] is their clamped SwiGLU
+    (layers/activation.py's ClampedSwiGLU), made in the epilogue."""
     sorted_slots, block_experts, padded_len = routing
     bm, bn, bk, warps, stages, *cap = config
     mxfp4 = w.dtype == torch.uint8
@@ -295,19 +332,23 @@ def grouped_gemm(a: torch.Tensor, w: torch.Tensor, out: torch.Tensor, routing, a
     if mxfp4:
         assert w_scale is not None and w_scale.stride(-1) == 1 and k == w_scale.shape[2] * MXFP4_GROUP
         assert bk % MXFP4_GROUP == 0, "an MXFP4 K step covers whole 32-weight groups"
+    if gated is not None:
+        assert not fp8 and n % 2 == 0 and out.shape[1] == n // 2, "a gated projection is [gate | up] -> N / 2"
     split = split_n or n
-    grid = (block_experts.numel() * triton.cdiv(n, bn),)
+    grid = (block_experts.numel() * (triton.cdiv(n // 2, bn // 2) if gated else triton.cdiv(n, bn)),)
+    alpha, limit = gated or (0.0, 0.0)
     scaled = fp8 or mxfp4
     _grouped_gemm_kernel[grid](
         a, w, out, a_scale if fp8 else a, w_scale if scaled else w, bias if bias is not None else w,
         weights if weights is not None else w, sorted_slots, block_experts, padded_len, n, k, out.shape[0],
         a.stride(0), w.stride(0), w.stride(1), out.stride(0),
         a_scale.stride(0) if fp8 else 0, w_scale.stride(0) if scaled else 0, w_scale.stride(1) if scaled else 0,
-        bias.stride(0) if bias is not None else 0, split, -(-split // EXPERT_BLOCK[0]),
+        bias.stride(0) if bias is not None else 0, split, -(-split // EXPERT_BLOCK[0]), alpha, limit,
         A_ROW_DIV=a_row_div, FP8=fp8, MXFP4=mxfp4, HAS_BIAS=bias is not None, MUL_WEIGHT=weights is not None,
         # float32 models multiply in float32 (Triton's default there is TF32), as the reference and HF do
         DOT_PRECISION="ieee" if a.dtype == torch.float32 else "tf32", EVEN_K=k % bk == 0,
         KERNEL_LAYOUT=mxfp4 and kernel_layout, HALF_ROWS=mxfp4 and bm >= 32 and half_rows is not False,
+        GATED=gated is not None,
         BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, SCALE_N=EXPERT_BLOCK[0], GROUP_M=8, GROUP=MXFP4_GROUP, num_warps=warps,
         num_stages=stages,
         **({"maxnreg": cap[0]} if cap else {}))
@@ -318,7 +359,7 @@ def fused_experts(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_wei
                   topk_ids: torch.Tensor, activation, w13_bias: torch.Tensor | None = None,
                   w2_bias: torch.Tensor | None = None, w13_scale: torch.Tensor | None = None,
                   w2_scale: torch.Tensor | None = None,
-                  config: tuple[int, int, int, int, int] | None = None, widen: bool | None = None,
+                  config: tuple[int, ...] | None = None, widen: bool | None = None,
                   kernel_layout: bool = False) -> torch.Tensor:
     """layers/moe.py's experts contract on the GPU: x [T, H] -> [T, H], this rank's partial sums (the module
     docstring's five steps). FP8 when the weights are e4m3 (with their block scales); MXFP4 when they are packed
@@ -338,17 +379,19 @@ def fused_experts(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_wei
     elif not fp8:  # a tile asked for by name is fitted to these activations' shared memory as the tables' are
         config = fit_shared_memory(config, x.element_size())
     routing = align_by_expert(topk_ids, num_experts, config[0])
-    gate_up = torch.empty((slots, w13.shape[1]), dtype=x.dtype, device=x.device)
+    # gpt-oss's activation runs in the gate/up GEMM's epilogue; the others on the stored [slots, 2I] projection
+    gated = (activation.alpha, activation.limit) if isinstance(activation, ClampedSwiGLU) and not fp8 else None
+    gate_up = torch.empty((slots, w13.shape[1] // (2 if gated else 1)), dtype=x.dtype, device=x.device)
     if fp8:
         xq, xs = quantize_per_token_group(x)
         grouped_gemm(xq, w13, gate_up, routing, top_k, config, w13_bias, None, xs, w13_scale, w13.shape[1] // 2)
     elif widen:  # the widened projection is freed once its GEMM is queued (the allocator reuses it in stream order)
         grouped_gemm(x, widen_mxfp4(w13, w13_scale, x.dtype, kernel_layout), gate_up, routing, top_k, config,
-                     w13_bias)
+                     w13_bias, gated=gated)
     else:
         grouped_gemm(x, w13, gate_up, routing, top_k, config, w13_bias, w_scale=w13_scale,
-                     kernel_layout=kernel_layout)
-    h = activation(gate_up)
+                     kernel_layout=kernel_layout, gated=gated)
+    h = gate_up if gated else activation(gate_up)
     del gate_up
     down = torch.empty((slots, hidden), dtype=x.dtype, device=x.device)
     weights = topk_weights.reshape(-1)

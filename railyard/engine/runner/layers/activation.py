@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 
@@ -31,6 +33,19 @@ def clamped_swiglu(x: torch.Tensor, alpha: float, limit: float) -> torch.Tensor:
     if x.is_cuda and x.dim() == 2 and fused_ops() is not None:
         return fused_ops().clamped_swiglu(x, alpha, limit)
     return clamped_swiglu_native(x, alpha, limit)
+
+
+@dataclass(frozen=True)
+class ClampedSwiGLU:
+    """clamped_swiglu with gpt-oss's constants, as the activation a layer holds: the fused-MoE kernel recognises it
+    and applies it in the gate/up GEMM's epilogue (experts other than FP8: their [n, 2I] gate/up output is never
+    written)."""
+
+    alpha: float
+    limit: float
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return clamped_swiglu(x, self.alpha, self.limit)
 
 
 def clamped_swiglu_native(x: torch.Tensor, alpha: float, limit: float) -> torch.Tensor:

@@ -10,14 +10,13 @@ FusedMoE's loader, gate and up de-interleaved into its gate-then-up halves (whic
 
 from __future__ import annotations
 
-import functools
 import re
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from railyard.engine.runner.layers.activation import clamped_swiglu
+from railyard.engine.runner.layers.activation import ClampedSwiGLU
 from railyard.engine.runner.layers.moe import FusedMoE, on_device, route_topk_softmax
 from railyard.engine.runner.layers.parallel import ParallelState
 from railyard.model.spec import ModelSpec
@@ -49,7 +48,7 @@ class GptOssMLP(nn.Module):
         self.router.requires_grad_(False)
         alpha, limit = spec.swiglu
         self.experts = FusedMoE(spec.num_experts, spec.hidden_size, spec.moe_intermediate_size, ps, bias=True,
-                                activation=functools.partial(clamped_swiglu, alpha=alpha, limit=limit),
+                                activation=ClampedSwiGLU(alpha, limit),
                                 quant=spec.expert_quantization or spec.quantization)
         for param in self.experts.parameters():
             param.weight_loader = self._load_stacked

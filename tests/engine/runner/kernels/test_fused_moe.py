@@ -23,7 +23,7 @@ from railyard.engine.runner.layers.moe import (FusedMoE, experts_reference, expe
 from railyard.engine.runner.layers.fp8 import FP8  # noqa: E402
 from railyard.engine.runner.layers.mxfp4 import dequantize_mxfp4, quantize_mxfp4, to_kernel_layout  # noqa: E402
 from railyard.engine.runner.layers.parallel import ParallelState  # noqa: E402
-from railyard.engine.runner.layers.activation import clamped_swiglu  # noqa: E402
+from railyard.engine.runner.layers.activation import ClampedSwiGLU, clamped_swiglu  # noqa: E402
 from railyard.model.spec import MXFP4_WIDEN_SLOTS_PER_EXPERT  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -320,6 +320,51 @@ def test_mxfp4_experts_widened_for_a_large_step_give_what_the_packed_path_gives(
         assert ((widened - packed).norm() / packed.norm()).item() < 2e-2
 
 
+@pytest.mark.parametrize("widen", [False, True], ids=["packed", "widened"])
+@pytest.mark.parametrize("config", [fused_moe.MXFP4_TILES[-1][1], (16, 64, 128, 4, 3)], ids=["decode", "small"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_gpt_oss_activation_in_the_gate_up_epilogue_is_the_activation_of_the_stored_projection(dtype, config, widen):
+    """ClampedSwiGLU (the gpt-oss layer's activation) runs in the gate/up GEMM's epilogue: each tile multiplies gate
+    rows and the matching up rows, and stores their activation, rounded as the unfused kernel rounds the stored
+    projection. The same numbers as the activation given as a plain function (the gate/up projection stored, then
+    activated), with an intermediate size the half tiles do not divide (160: 64 + 64 + 32 columns), row blocks that
+    are full and ones filled at most halfway, packed and widened experts in the kernel's byte order. Bit for bit on
+    the GPU; Triton's CPU interpreter narrows bf16 differently in the two kernels, and an up value near -1 (the
+    activation's (up + 1)) turns a last-place difference into a large relative one, so there the two agree to within
+    a few units of the dtype's last place over the whole output."""
+    experts, hidden, inter, tokens = 4, 64, 160, 40
+    (q13, s13, q2, s2, b13, b2), _ = _mxfp4_experts(experts, hidden, inter, seed=31, bias=True)
+    x = torch.randn(tokens, hidden, generator=torch.Generator().manual_seed(31)).to(dtype)
+    weights, ids = _routing(tokens, experts, 2, seed=32)
+    ids[:4] = 0  # expert 0 gets more slots than a 32-row half block
+    args = (*_on(DEVICE, x, to_kernel_layout(q13), to_kernel_layout(q2), weights.to(dtype), ids),)
+    rest = dict(w13_bias=b13.to(dtype).to(DEVICE), w2_bias=b2.to(dtype).to(DEVICE), w13_scale=s13.to(DEVICE),
+                w2_scale=s2.to(DEVICE), config=config, widen=widen, kernel_layout=True)
+    fused = fused_experts(*args, ClampedSwiGLU(1.702, 7.0), **rest)
+    unfused = fused_experts(*args, functools.partial(clamped_swiglu, alpha=1.702, limit=7.0), **rest)
+    if CUDA:
+        torch.testing.assert_close(fused.cpu(), unfused.cpu(), rtol=0, atol=0)
+    else:
+        fused, unfused = fused.float(), unfused.float()
+        assert ((fused - unfused).norm() / unfused.norm()).item() < 4 * torch.finfo(dtype).eps
+
+
+def test_a_gated_projection_pairs_each_output_column_with_its_gate_and_up_rows():
+    """grouped_gemm with gated=(alpha, limit): out [slots, N / 2] is the clamped SwiGLU of the slots' gate/up
+    products, gate rows first in w; checked against the activation of the plain product in float32."""
+    experts, n, k, tokens = 2, 2 * 96, 64, 6
+    gen = torch.Generator().manual_seed(33)
+    w = torch.randn(experts, n, k, generator=gen) * 0.3
+    x = torch.randn(tokens, k, generator=gen)
+    _, ids = _routing(tokens, experts, 1, seed=34)
+    config = (16, 64, 32, 4, 2)
+    out = torch.full((tokens, n // 2), float("nan"), device=DEVICE)
+    fused_moe.grouped_gemm(*_on(DEVICE, x, w, out), align_by_expert(ids.to(DEVICE), experts, config[0]), 1, config,
+                           gated=(1.702, 7.0))
+    plain = torch.einsum("tk,tnk->tn", x, w[ids[:, 0]])
+    torch.testing.assert_close(out.cpu(), clamped_swiglu(plain, 1.702, 7.0), rtol=1e-5, atol=1e-5)
+
+
 def test_mxfp4_experts_are_widened_from_a_number_of_rows_per_expert():
     """Decode-sized calls read the packed bytes (they stream the weights); a call reaching
     MXFP4_WIDEN_SLOTS_PER_EXPERT slots per expert on average widens them."""
@@ -335,7 +380,7 @@ def test_mxfp4_fused_experts_on_a_padded_tensor_parallel_slice_with_gpt_oss_acti
     experts, hidden, inter = 8, 64, 160
     gen = torch.Generator().manual_seed(rank)
     moe = FusedMoE(experts, hidden, inter, ParallelState(rank, 4), bias=True, quant="mxfp4",
-                   activation=functools.partial(clamped_swiglu, alpha=1.702, limit=7.0))
+                   activation=ClampedSwiGLU(1.702, 7.0))  # as the gpt-oss layer holds it: run in the epilogue
     (q13, s13, q2, s2, b13, b2), _ = _mxfp4_experts(experts, hidden, inter, seed=rank, bias=True)
     for e in range(experts):
         for name, full in (("w13_weight", q13), ("w13_weight_scale", s13), ("w13_bias", b13)):
@@ -361,7 +406,7 @@ def test_mxfp4_fused_experts_on_gpt_oss_20b_shapes_in_bf16_on_gpu(tokens):
     torch.manual_seed(tokens)
     with torch.device("cuda"):
         moe = FusedMoE(experts, hidden, inter, ParallelState(3, 4), bias=True, quant="mxfp4", dtype=torch.bfloat16,
-                       activation=functools.partial(clamped_swiglu, alpha=1.702, limit=7.0))
+                       activation=ClampedSwiGLU(1.702, 7.0))
         for param in (moe.w13_weight, moe.w2_weight):
             param.data.copy_(torch.randint(0, 256, param.shape, dtype=torch.uint8))
         for param in (moe.w13_weight_scale, moe.w2_weight_scale):
