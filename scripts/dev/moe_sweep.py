@@ -20,7 +20,6 @@ it to $OUT/moe_sweep.json.
 from __future__ import annotations
 
 import argparse
-import functools
 import json
 import os
 import re
@@ -39,7 +38,7 @@ from railyard.engine.runner.layers.fp8_block import block_scale_shape  # noqa: E
 from railyard.engine.runner.layers.moe import (experts_reference, experts_reference_fp8,  # noqa: E402
                                                quantize_experts, route_softmax_topk)
 from railyard.engine.runner.layers.mxfp4 import dequantize_mxfp4, to_kernel_layout  # noqa: E402
-from railyard.engine.runner.layers.activation import clamped_swiglu  # noqa: E402
+from railyard.engine.runner.layers.activation import ClampedSwiGLU  # noqa: E402
 from railyard.model.spec import MXFP4_GROUP, MXFP4_WEIGHT_BYTES, expert_shard  # noqa: E402
 
 QWEN3 = dict(E=128, K=8, H=2048, I=768)
@@ -54,7 +53,7 @@ CONFIGS = {  # (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages); kernels/fused
     "16x64x64 w4 s3": (16, 64, 64, 4, 3), "16x128x64 w4 s3": (16, 128, 64, 4, 3),
     "64x128x64 w8 s3": (64, 128, 64, 8, 3),
 }
-GPT_OSS_ACT = functools.partial(clamped_swiglu, alpha=1.702, limit=7.0)
+GPT_OSS_ACT = ClampedSwiGLU(1.702, 7.0)  # as the gpt-oss layer holds it: run in the gate/up epilogue
 
 
 def experts(mode: str, E: int, H: int, I: int):  # noqa: E741 (the shape's names)
