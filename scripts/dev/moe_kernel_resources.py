@@ -18,7 +18,8 @@ widening runs while the MMA does.
 
 Usage: python3 scripts/dev/moe_kernel_resources.py   (one line per tile of fused_moe.py's tables; triton, no GPU;
        KERNEL_LAYOUT=0: MXFP4 bytes in checkpoint order rather than the kernel's, layers/mxfp4.py;
-       HALF_ROWS=0: without the half-height path of row blocks filled at most halfway)
+       HALF_ROWS=0: without the half-height path of row blocks filled at most halfway;
+       GATED=0: the MXFP4 gate/up GEMM storing its projection rather than gpt-oss's activation of it)
        python3 scripts/dev/moe_kernel_resources.py --tiles "64,128,64,8,4;64,128,64,8,4,80"   (MXFP4 tiles by
        hand; a sixth number caps the registers a thread may hold)
 """
@@ -45,11 +46,14 @@ from triton.backends.nvidia.compiler import get_ptxas  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
 from railyard.engine.runner.kernels import fused_moe  # noqa: E402
+from railyard.engine.runner.layers.activation import ClampedSwiGLU  # noqa: E402
 from railyard.engine.runner.layers.mxfp4 import GROUP  # noqa: E402
 
 ARGS = ("a_ptr", "b_ptr", "c_ptr", "a_scale_ptr", "b_scale_ptr", "bias_ptr", "weights_ptr", "sorted_ptr",
         "block_expert_ptr", "padded_len_ptr", "N", "K", "num_slots", "stride_am", "stride_be", "stride_bn",
-        "stride_cm", "stride_asm", "stride_bse", "stride_bsn", "stride_biase", "SPLIT_N", "SPLIT_BLOCKS")
+        "stride_cm", "stride_asm", "stride_bse", "stride_bsn", "stride_biase", "SPLIT_N", "SPLIT_BLOCKS", "alpha",
+        "limit")
+FLOATS = {"alpha", "limit"}  # the epilogue activation's constants
 # what Triton specialises as 16-divisible at run time for gpt-oss (the exponents' row stride, K / 32 = 90, is not)
 DIVISIBLE = {"N", "K", "stride_am", "stride_be", "stride_bn", "stride_cm"}
 LOADS = re.compile(r"\b(LDG(?:STS)?[.\w]*)")
@@ -57,6 +61,7 @@ LOADS = re.compile(r"\b(LDG(?:STS)?[.\w]*)")
 # MMA reads its right operand)
 KERNEL_LAYOUT = os.environ.get("KERNEL_LAYOUT", "1") == "1"  # 0: MXFP4 bytes in checkpoint order
 HALF_ROWS = os.environ.get("HALF_ROWS", "1") == "1"  # 0: MXFP4 row blocks always multiply all their rows
+GATED = os.environ.get("GATED", "1") == "1"  # 0: the MXFP4 gate/up GEMM without gpt-oss's activation in its epilogue
 SHARED = re.compile(r"\b(STS|LDS|LDSM|HGMMA|HMMA)[.\w]*")
 ADDRESS = re.compile(r"/\*([0-9a-f]{4,})\*/")
 OPCODE = re.compile(r"\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9]*(?:\.[A-Z0-9_]+)*)")
@@ -82,12 +87,20 @@ def k_loop(sass: str) -> collections.Counter:
     return collections.Counter(opcodes(body))
 
 
+def gated_kind():
+    """What grouped_gemm passes as GATED for gpt-oss's gate/up projection (its activation run in the epilogue)."""
+    if hasattr(fused_moe, "epilogue_activation"):
+        return fused_moe.epilogue_activation(ClampedSwiGLU(1.702, 7.0))[0]
+    return True
+
+
 def compile_gemm(mxfp4: bool, tile: tuple[int, ...]):
     bm, bn, bk, warps, stages, *cap = tile
     weight = "*u8" if mxfp4 else "*bf16"
     pointers = {"b_ptr": weight, "b_scale_ptr": weight, "sorted_ptr": "*i32", "block_expert_ptr": "*i32",
                 "padded_len_ptr": "*i32"}
-    signature = {a: pointers.get(a, "*bf16") if a.endswith("_ptr") else "i32" for a in ARGS}
+    signature = {a: pointers.get(a, "*bf16") if a.endswith("_ptr") else "fp32" if a in FLOATS else "i32"
+                 for a in ARGS if a in fused_moe._grouped_gemm_kernel.arg_names}
     constexprs = dict(A_ROW_DIV=4, FP8=False, MXFP4=mxfp4, HAS_BIAS=True, MUL_WEIGHT=False, DOT_PRECISION="tf32",
                       BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, SCALE_N=128, GROUP_M=8, GROUP=GROUP)
     if "EVEN_K" in fused_moe._grouped_gemm_kernel.arg_names:
@@ -96,8 +109,11 @@ def compile_gemm(mxfp4: bool, tile: tuple[int, ...]):
         constexprs["KERNEL_LAYOUT"] = mxfp4 and KERNEL_LAYOUT  # the bytes as the engine holds them
     if "HALF_ROWS" in fused_moe._grouped_gemm_kernel.arg_names:
         constexprs["HALF_ROWS"] = mxfp4 and bm >= 32 and HALF_ROWS  # as grouped_gemm passes it
+    if "GATED" in fused_moe._grouped_gemm_kernel.arg_names:  # gpt-oss's gate/up GEMM, as fused_experts runs it
+        constexprs["GATED"] = gated_kind() if mxfp4 and GATED else 0
     signature.update({name: "constexpr" for name in constexprs})
-    attrs = {(i,): [["tt.divisibility", 16]] for i, a in enumerate(ARGS) if a.endswith("_ptr") or a in DIVISIBLE}
+    names = [a for a in ARGS if a in signature]
+    attrs = {(i,): [["tt.divisibility", 16]] for i, a in enumerate(names) if a.endswith("_ptr") or a in DIVISIBLE}
     source = ASTSource(fn=fused_moe._grouped_gemm_kernel, signature=signature, constexprs=constexprs, attrs=attrs)
     options = {"num_warps": warps, "num_stages": stages, **({"maxnreg": cap[0]} if cap else {})}
     return triton.compile(source, target=GPUTarget("cuda", 90, 32), options=options)
