@@ -4,7 +4,8 @@ tile, bf16 and MXFP4 weights, compiled for sm_90 on a machine without a GPU (Tri
 Why: the MXFP4 tiles are widened in registers, so how they load decides what the kernel costs; masks that Triton
 cannot prove constant over 16 bytes turn the packed weights' loads into one byte-wise load per byte (LDG.E.U8)
 instead of pipelined 16-byte asynchronous copies (LDGSTS...128). A row with byte-wise loads beyond the exponents'
-few is that regression. Shapes: gpt-oss's gate/up GEMM (N 5760, K 2880).
+few is that regression. Shapes: gpt-oss's gate/up GEMM (N 5760, K 2880), or with --projection down its down GEMM
+(each slot's own activation row, the routing weight applied in the epilogue).
 
 The K loop's instruction count per thread is the widening's cost in an MXFP4 tile: issued per weight, it caps how
 fast a tile can read the packed weights while the experts stream (decode); at the engine's tiles the cap is not
@@ -21,7 +22,7 @@ Usage: python3 scripts/dev/moe_kernel_resources.py   (one line per tile of fused
        HALF_ROWS=0: without the half-height path of row blocks filled at most halfway;
        GATED=0: the MXFP4 gate/up GEMM storing its projection rather than gpt-oss's activation of it)
        python3 scripts/dev/moe_kernel_resources.py --tiles "64,128,64,8,4;64,128,64,8,4,80"   (MXFP4 tiles by
-       hand; a sixth number caps the registers a thread may hold)
+       hand; a sixth number caps the registers a thread may hold; --projection down: the down GEMM)
 """
 
 from __future__ import annotations
@@ -94,14 +95,15 @@ def gated_kind():
     return True
 
 
-def compile_gemm(mxfp4: bool, tile: tuple[int, ...]):
+def compile_gemm(mxfp4: bool, tile: tuple[int, ...], down: bool = False):
     bm, bn, bk, warps, stages, *cap = tile
     weight = "*u8" if mxfp4 else "*bf16"
     pointers = {"b_ptr": weight, "b_scale_ptr": weight, "sorted_ptr": "*i32", "block_expert_ptr": "*i32",
                 "padded_len_ptr": "*i32"}
     signature = {a: pointers.get(a, "*bf16") if a.endswith("_ptr") else "fp32" if a in FLOATS else "i32"
                  for a in ARGS if a in fused_moe._grouped_gemm_kernel.arg_names}
-    constexprs = dict(A_ROW_DIV=4, FP8=False, MXFP4=mxfp4, HAS_BIAS=True, MUL_WEIGHT=False, DOT_PRECISION="tf32",
+    constexprs = dict(A_ROW_DIV=1 if down else 4, FP8=False, MXFP4=mxfp4, HAS_BIAS=True, MUL_WEIGHT=down,
+                      DOT_PRECISION="tf32",
                       BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, SCALE_N=128, GROUP_M=8, GROUP=GROUP)
     if "EVEN_K" in fused_moe._grouped_gemm_kernel.arg_names:
         constexprs["EVEN_K"] = True  # gpt-oss's K (2880) is whole K steps
@@ -110,7 +112,7 @@ def compile_gemm(mxfp4: bool, tile: tuple[int, ...]):
     if "HALF_ROWS" in fused_moe._grouped_gemm_kernel.arg_names:
         constexprs["HALF_ROWS"] = mxfp4 and bm >= 32 and HALF_ROWS  # as grouped_gemm passes it
     if "GATED" in fused_moe._grouped_gemm_kernel.arg_names:  # gpt-oss's gate/up GEMM, as fused_experts runs it
-        constexprs["GATED"] = gated_kind() if mxfp4 and GATED else 0
+        constexprs["GATED"] = gated_kind() if mxfp4 and GATED and not down else 0
     signature.update({name: "constexpr" for name in constexprs})
     names = [a for a in ARGS if a in signature]
     attrs = {(i,): [["tt.divisibility", 16]] for i, a in enumerate(names) if a.endswith("_ptr") or a in DIVISIBLE}
@@ -173,6 +175,8 @@ def main() -> None:
     parser.add_argument("--tiles", type=parse_tiles,
                         help="MXFP4 tiles instead of the tables: "
                              "BLOCK_M,BLOCK_N,BLOCK_K,warps,stages[,max registers];...")
+    parser.add_argument("--projection", choices=("gate_up", "down"), default="gate_up",
+                        help="the GEMM compiled, as fused_experts launches it")
     args = parser.parse_args()
     tables = {False: fused_moe.TILES + ((None, fused_moe.LARGE),),
               True: fused_moe.MXFP4_TILES + ((None, fused_moe.MXFP4_LARGE),)}
@@ -180,7 +184,7 @@ def main() -> None:
         tables = {True: tuple((None, tile) for tile in args.tiles)}
     for mxfp4, table in tables.items():
         for _, tile in table:
-            kernel = compile_gemm(mxfp4, tile)
+            kernel = compile_gemm(mxfp4, tile, args.projection == "down")
             regs, spills, loads, shared, loop, gaps = resources(kernel)
             weights = tile[1] * tile[2] // (32 * tile[3])  # a thread's share of a K step's weight tile
             serialized = "MMAs serialized, " if mmas_serialized(kernel) else ""
