@@ -38,20 +38,28 @@ def e8m0_values(exponents):
 def _widen_kernel(packed_ptr, exponents_ptr, out_ptr, rows, K, BLOCK_ROWS: tl.constexpr, BLOCK_BYTES: tl.constexpr,
                   GROUP: tl.constexpr, KERNEL_LAYOUT: tl.constexpr):
     """out[r, 2j] / out[r, 2j + 1] = the low / high nibble of packed[r, j] times 2^(exponent[r, 2j / GROUP] - 127)
-    (KERNEL_LAYOUT: byte j of a group stored at (j % 4) * 4 + j // 4, layers/mxfp4.py's to_kernel_layout)."""
+    (KERNEL_LAYOUT: byte j of a group stored at (j % 4) * 4 + j // 4, layers/mxfp4.py's to_kernel_layout). The bytes
+    are loaded as they lie, in 16-byte runs, and a group's put back in K order in registers (a 4 x 4 transpose), as
+    the fused GEMM does; each group's exponent is loaded once and broadcast over its bytes."""
+    GROUPS: tl.constexpr = BLOCK_BYTES // (GROUP // 2)
     rr = tl.program_id(0) * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
     rj = tl.program_id(1) * BLOCK_BYTES + tl.arange(0, BLOCK_BYTES)
+    rg = tl.program_id(1) * GROUPS + tl.arange(0, GROUPS)
     row = rr.to(tl.int64)[:, None]
-    in_bytes = (rr[:, None] < rows) & (rj[None, :] < K // 2)
-    at = rj - rj % (GROUP // 2) + (rj % 4) * 4 + (rj % (GROUP // 2)) // 4 if KERNEL_LAYOUT else rj
-    codes = tl.load(packed_ptr + row * (K // 2) + at[None, :], mask=in_bytes, other=0).to(tl.uint32)
-    exponents = tl.load(exponents_ptr + row * (K // GROUP) + (rj // (GROUP // 2))[None, :], mask=in_bytes, other=127)
-    scale = e8m0_values(exponents.to(tl.uint32))
+    row_in = rr[:, None] < rows
+    codes = tl.load(packed_ptr + row * (K // 2) + rj[None, :], mask=row_in & (rj[None, :] < K // 2), other=0)
+    if KERNEL_LAYOUT:  # [rows, groups, c, i] holds byte 4i + c of its group -> K order
+        codes = tl.reshape(tl.permute(tl.reshape(codes, (BLOCK_ROWS, GROUPS, 4, 4)), (0, 1, 3, 2)),
+                           (BLOCK_ROWS, BLOCK_BYTES))
+    codes = codes.to(tl.uint32)
+    exponents = tl.load(exponents_ptr + row * (K // GROUP) + rg[None, :], mask=row_in & (rg[None, :] < K // GROUP),
+                        other=127)
+    scale = tl.reshape(tl.broadcast_to(e8m0_values(exponents.to(tl.uint32))[:, :, None],
+                                       (BLOCK_ROWS, GROUPS, GROUP // 2)), (BLOCK_ROWS, BLOCK_BYTES))
     pairs = tl.join(e2m1_values(codes & 15) * scale, e2m1_values(codes >> 4) * scale)  # [rows, bytes, 2]
     values = tl.reshape(pairs, (BLOCK_ROWS, 2 * BLOCK_BYTES))
     rk = tl.program_id(1) * 2 * BLOCK_BYTES + tl.arange(0, 2 * BLOCK_BYTES)
-    tl.store(out_ptr + row * K + rk[None, :], values.to(out_ptr.dtype.element_ty),
-             mask=(rr[:, None] < rows) & (rk[None, :] < K))
+    tl.store(out_ptr + row * K + rk[None, :], values.to(out_ptr.dtype.element_ty), mask=row_in & (rk[None, :] < K))
 
 
 def widen_mxfp4(packed: torch.Tensor, exponents: torch.Tensor, dtype: torch.dtype,
