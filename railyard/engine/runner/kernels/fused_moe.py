@@ -5,9 +5,10 @@ As vLLM's fused_moe (written here anew):
    run to a multiple of BLOCK_M with a sentinel slot, so every BLOCK_M rows of the sorted list belong to one expert;
 2. the gate/up GEMM: each program takes one BLOCK_M row block (one expert) and one BLOCK_N column block, gathers
    its tokens' rows of x, multiplies by that expert's w13 and writes the slots' rows [T * k, 2I];
-3. the activation (silu_and_mul, or the layer's own) -> [T * k, I]. gpt-oss's (layers/activation.py's
-   ClampedSwiGLU) runs in step 2's epilogue instead: each program's column block is BLOCK_N / 2 gate rows of w13
-   and the up rows of the same outputs, and it writes their activation, [T * k, I], never the [T * k, 2I] projection;
+3. the activation (silu_and_mul, or the layer's own) -> [T * k, I]. The layers' gated ones (SiLU-and-mul,
+   gpt-oss's ClampedSwiGLU: epilogue_activation) run in step 2's epilogue instead: each program's column block is
+   BLOCK_N / 2 gate rows of w13 and the up rows of the same outputs, and it writes their activation, [T * k, I],
+   never the [T * k, 2I] projection (FP8 experts quantize the activation for the down GEMM: theirs runs apart);
 4. the down GEMM the same way over w2, the routing weight of each slot multiplied in its epilogue -> [T * k, H];
 5. the k slots of each token summed -> [T, H] (sum_slots).
 No host sync and fixed shapes for a given T: the sorted list is sized for the worst case (each of the
@@ -42,12 +43,12 @@ import torch
 import triton
 import triton.language as tl
 
-from railyard.engine.runner.kernels.fused import clamped_swiglu_values
+from railyard.engine.runner.kernels.fused import clamped_swiglu_values, silu_mul_values
 from railyard.engine.runner.kernels.moe_align import align_by_expert
 # the GPU's routers, for moe_ops()
 from railyard.engine.runner.kernels.moe_routing import route_softmax_topk, route_topk_softmax  # noqa: F401
 from railyard.engine.runner.kernels.mxfp4_widen import e2m1_values, e8m0_values, widen_mxfp4
-from railyard.engine.runner.layers.activation import ClampedSwiGLU
+from railyard.engine.runner.layers.activation import ClampedSwiGLU, silu_and_mul
 from railyard.engine.runner.layers.fp8_block import quantize_per_token_group
 from railyard.engine.runner.layers.mxfp4 import GROUP as MXFP4_GROUP
 from railyard.model.spec import EXPERT_BLOCK, widens_mxfp4
@@ -127,24 +128,42 @@ def program_block(pid, num_programs, N, BLOCK_N: tl.constexpr, GROUP_M: tl.const
     return first_m + (pid % group) % size_m, (pid % group) // size_m
 
 
+# The activations the gate/up GEMM's epilogue applies (grouped_gemm's `gated`)
+SILU_AND_MUL: tl.constexpr = tl.constexpr(1)
+CLAMPED_SWIGLU: tl.constexpr = tl.constexpr(2)
+
+
+def epilogue_activation(activation) -> tuple[int, float, float] | None:
+    """A layer's activation -> grouped_gemm's `gated` (kind, alpha, limit), or None for one it does not know (run on
+    the stored projection): SiLU-and-mul (the MoE layer's default) and gpt-oss's ClampedSwiGLU."""
+    if isinstance(activation, ClampedSwiGLU):
+        return CLAMPED_SWIGLU.value, activation.alpha, activation.limit
+    if activation is silu_and_mul:
+        return SILU_AND_MUL.value, 0.0, 0.0
+    return None
+
+
 @triton.jit
 def _store_rows(acc, c_ptr, slot, valid, rn, N, expert, bias_ptr, stride_biase, weights_ptr, stride_cm, out_cols,
                 alpha, limit, HAS_BIAS: tl.constexpr, MUL_WEIGHT: tl.constexpr, GATED: tl.constexpr,
                 ROWS: tl.constexpr, BLOCK_N: tl.constexpr):
-    """The epilogue: the expert's bias, the slot's routing weight, the rows stored at their slots. GATED: the
-    tile's columns are gate rows then the matching up rows of w (gated_rows), and what is stored is gpt-oss's
-    clamped SwiGLU of them at output columns out_cols, from gate and up rounded to the output dtype first, as the
-    unfused activation reads them from the stored gate/up projection: the same numbers, one [slots, N / 2] write
-    instead of a [slots, N] write and its read back."""
+    """The epilogue: the expert's bias, the slot's routing weight, the rows stored at their slots. GATED (an
+    activation kind, epilogue_activation's): the tile's columns are gate rows then the matching up rows of w
+    (gated_rows), and what is stored is their activation (SiLU-and-mul, or gpt-oss's clamped SwiGLU with alpha and
+    limit) at output columns out_cols, from gate and up rounded to the output dtype first, as the unfused
+    activation reads them from the stored gate/up projection: the same numbers, one [slots, N / 2] write instead of
+    a [slots, N] write and its read back."""
     if HAS_BIAS:
         acc += tl.load(bias_ptr + expert * stride_biase + rn, mask=rn < N, other=0.0).to(tl.float32)[None, :]
     if MUL_WEIGHT:
         acc = acc * tl.load(weights_ptr + slot, mask=valid, other=0.0).to(tl.float32)[:, None]
     dtype = c_ptr.dtype.element_ty
     if GATED:
-        halves = tl.permute(tl.reshape(acc.to(dtype).to(tl.float32), (ROWS, 2, BLOCK_N // 2)), (0, 2, 1))
-        gate, up = tl.split(halves)
-        out = clamped_swiglu_values(gate, up, alpha, limit, dtype)
+        gate, up = tl.split(tl.permute(tl.reshape(acc.to(dtype), (ROWS, 2, BLOCK_N // 2)), (0, 2, 1)))
+        if GATED == CLAMPED_SWIGLU:
+            out = clamped_swiglu_values(gate, up, alpha, limit, dtype)
+        else:
+            out = silu_mul_values(gate, up)
         c_ptrs = c_ptr + slot[:, None].to(tl.int64) * stride_cm + out_cols[None, :]
         tl.store(c_ptrs, out.to(dtype), mask=valid[:, None] & (out_cols[None, :] < N // 2))
     else:
@@ -230,7 +249,7 @@ def _grouped_gemm_kernel(a_ptr, b_ptr, c_ptr, a_scale_ptr, b_scale_ptr, bias_ptr
     """C[slot, n] = (sum_k A[slot // A_ROW_DIV, k] * B[expert(slot), n, k] (+ bias[expert, n])) (* weight[slot]).
     MXFP4: B is packed, [E, N, K / 2] bytes, with exponents [E, N, K / 32] at b_scale_ptr; with HALF_ROWS a block
     whose slots fit its first BLOCK_M / 2 rows (an expert's slots come first in its run) multiplies only those.
-    GATED (not FP8): B's rows are gate rows then up rows, and C [slots, N / 2] is gpt-oss's clamped SwiGLU of them."""
+    GATED (not FP8): B's rows are gate rows then up rows, and C [slots, N / 2] is their activation (_store_rows)."""
     if GATED:
         pid_m, pid_n = program_block(tl.program_id(0), tl.num_programs(0), N // 2, BLOCK_N // 2, GROUP_M)
         rn, out_cols = gated_rows(pid_n, N, BLOCK_N)
@@ -312,14 +331,14 @@ def grouped_gemm(a: torch.Tensor, w: torch.Tensor, out: torch.Tensor, routing, a
                  weights: torch.Tensor | None = None, a_scale: torch.Tensor | None = None,
                  w_scale: torch.Tensor | None = None, split_n: int | None = None,
                  kernel_layout: bool = False, half_rows: bool | None = None,
-                 gated: tuple[float, float] | None = None) -> torch.Tensor:
+                 gated: tuple[int, float, float] | None = None) -> torch.Tensor:
     """out[slot] = A[slot // a_row_div] @ w[expert(slot)]^T (+ bias[expert]) (* weights[slot]) for every slot of
     `routing` (align_by_expert's output). FP8: a and w e4m3 with a_scale [rows, K/128] and w_scale [E, nb, kb]
     (split_n: the rows of each projection stacked in w, whose scale rows restart at each). MXFP4: w uint8 [E, N,
     K/2] (two e2m1 codes a byte; kernel_layout: in layers/mxfp4.py's to_kernel_layout order, else the
-    checkpoint's) with w_scale uint8 [E, N, K/32] (e8m0 exponents); a in the model's dtype. gated (alpha, limit;
-    not FP8): w's rows are gate rows then up rows, and out [slots, N / 2] is their clamped SwiGLU
-    (layers/activation.py's ClampedSwiGLU), made in the epilogue."""
+    checkpoint's) with w_scale uint8 [E, N, K/32] (e8m0 exponents); a in the model's dtype. gated (not FP8;
+    epilogue_activation's (kind, alpha, limit)): w's rows are gate rows then up rows, and out [slots, N / 2] is their
+    activation, made in the epilogue."""
     sorted_slots, block_experts, padded_len = routing
     bm, bn, bk, warps, stages, *cap = config
     mxfp4 = w.dtype == torch.uint8
@@ -336,7 +355,7 @@ def grouped_gemm(a: torch.Tensor, w: torch.Tensor, out: torch.Tensor, routing, a
         assert not fp8 and n % 2 == 0 and out.shape[1] == n // 2, "a gated projection is [gate | up] -> N / 2"
     split = split_n or n
     grid = (block_experts.numel() * (triton.cdiv(n // 2, bn // 2) if gated else triton.cdiv(n, bn)),)
-    alpha, limit = gated or (0.0, 0.0)
+    kind, alpha, limit = gated or (0, 0.0, 0.0)
     scaled = fp8 or mxfp4
     _grouped_gemm_kernel[grid](
         a, w, out, a_scale if fp8 else a, w_scale if scaled else w, bias if bias is not None else w,
@@ -348,7 +367,7 @@ def grouped_gemm(a: torch.Tensor, w: torch.Tensor, out: torch.Tensor, routing, a
         # float32 models multiply in float32 (Triton's default there is TF32), as the reference and HF do
         DOT_PRECISION="ieee" if a.dtype == torch.float32 else "tf32", EVEN_K=k % bk == 0,
         KERNEL_LAYOUT=mxfp4 and kernel_layout, HALF_ROWS=mxfp4 and bm >= 32 and half_rows is not False,
-        GATED=gated is not None,
+        GATED=kind,
         BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, SCALE_N=EXPERT_BLOCK[0], GROUP_M=8, GROUP=MXFP4_GROUP, num_warps=warps,
         num_stages=stages,
         **({"maxnreg": cap[0]} if cap else {}))
@@ -379,8 +398,8 @@ def fused_experts(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_wei
     elif not fp8:  # a tile asked for by name is fitted to these activations' shared memory as the tables' are
         config = fit_shared_memory(config, x.element_size())
     routing = align_by_expert(topk_ids, num_experts, config[0])
-    # gpt-oss's activation runs in the gate/up GEMM's epilogue; the others on the stored [slots, 2I] projection
-    gated = (activation.alpha, activation.limit) if isinstance(activation, ClampedSwiGLU) and not fp8 else None
+    # the gated activations run in the gate/up GEMM's epilogue (FP8's quantizes its output: it runs on its own)
+    gated = None if fp8 else epilogue_activation(activation)
     gate_up = torch.empty((slots, w13.shape[1] // (2 if gated else 1)), dtype=x.dtype, device=x.device)
     if fp8:
         xq, xs = quantize_per_token_group(x)

@@ -23,7 +23,7 @@ from railyard.engine.runner.layers.moe import (FusedMoE, experts_reference, expe
 from railyard.engine.runner.layers.fp8 import FP8  # noqa: E402
 from railyard.engine.runner.layers.mxfp4 import dequantize_mxfp4, quantize_mxfp4, to_kernel_layout  # noqa: E402
 from railyard.engine.runner.layers.parallel import ParallelState  # noqa: E402
-from railyard.engine.runner.layers.activation import ClampedSwiGLU, clamped_swiglu  # noqa: E402
+from railyard.engine.runner.layers.activation import ClampedSwiGLU, clamped_swiglu, silu_and_mul  # noqa: E402
 from railyard.model.spec import MXFP4_WIDEN_SLOTS_PER_EXPERT  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -320,18 +320,27 @@ def test_mxfp4_experts_widened_for_a_large_step_give_what_the_packed_path_gives(
         assert ((widened - packed).norm() / packed.norm()).item() < 2e-2
 
 
+_EPILOGUE_ACTIVATIONS = {  # the layers' activations, and the same function as one the kernel does not know
+    "clamped-swiglu": (ClampedSwiGLU(1.702, 7.0), functools.partial(clamped_swiglu, alpha=1.702, limit=7.0)),
+    "silu-and-mul": (silu_and_mul, lambda h: silu_and_mul(h))}
+
+
+@pytest.mark.parametrize("activation", list(_EPILOGUE_ACTIVATIONS))
 @pytest.mark.parametrize("widen", [False, True], ids=["packed", "widened"])
 @pytest.mark.parametrize("config", [fused_moe.MXFP4_TILES[-1][1], (16, 64, 128, 4, 3)], ids=["decode", "small"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_gpt_oss_activation_in_the_gate_up_epilogue_is_the_activation_of_the_stored_projection(dtype, config, widen):
-    """ClampedSwiGLU (the gpt-oss layer's activation) runs in the gate/up GEMM's epilogue: each tile multiplies gate
-    rows and the matching up rows, and stores their activation, rounded as the unfused kernel rounds the stored
-    projection. The same numbers as the activation given as a plain function (the gate/up projection stored, then
-    activated), with an intermediate size the half tiles do not divide (160: 64 + 64 + 32 columns), row blocks that
-    are full and ones filled at most halfway, packed and widened experts in the kernel's byte order. Bit for bit on
-    the GPU; Triton's CPU interpreter narrows bf16 differently in the two kernels, and an up value near -1 (the
-    activation's (up + 1)) turns a last-place difference into a large relative one, so there the two agree to within
-    a few units of the dtype's last place over the whole output."""
+def test_the_activation_in_the_gate_up_epilogue_is_the_activation_of_the_stored_projection(dtype, config, widen,
+                                                                                          activation):
+    """The layers' gated activations (gpt-oss's ClampedSwiGLU, SiLU-and-mul) run in the gate/up GEMM's epilogue:
+    each tile multiplies gate rows and the matching up rows, and stores their activation, rounded as the unfused
+    kernel rounds the stored projection. The same numbers as the activation given as a function the kernel does not
+    know (the gate/up projection stored, then activated), with an intermediate size the half tiles do not divide
+    (160: 64 + 64 + 32 columns), row blocks that are full and ones filled at most halfway, packed and widened
+    experts in the kernel's byte order. Bit for bit on the GPU; Triton's CPU interpreter narrows bf16 differently in
+    the two kernels (and on the CPU the unfused SiLU-and-mul is torch's), and an up value near -1 (the clamped
+    SwiGLU's (up + 1)) turns a last-place difference into a large relative one, so there the two agree to within a
+    few units of the dtype's last place over the whole output."""
+    fused_act, unfused_act = _EPILOGUE_ACTIVATIONS[activation]
     experts, hidden, inter, tokens = 4, 64, 160, 40
     (q13, s13, q2, s2, b13, b2), _ = _mxfp4_experts(experts, hidden, inter, seed=31, bias=True)
     x = torch.randn(tokens, hidden, generator=torch.Generator().manual_seed(31)).to(dtype)
@@ -340,8 +349,8 @@ def test_gpt_oss_activation_in_the_gate_up_epilogue_is_the_activation_of_the_sto
     args = (*_on(DEVICE, x, to_kernel_layout(q13), to_kernel_layout(q2), weights.to(dtype), ids),)
     rest = dict(w13_bias=b13.to(dtype).to(DEVICE), w2_bias=b2.to(dtype).to(DEVICE), w13_scale=s13.to(DEVICE),
                 w2_scale=s2.to(DEVICE), config=config, widen=widen, kernel_layout=True)
-    fused = fused_experts(*args, ClampedSwiGLU(1.702, 7.0), **rest)
-    unfused = fused_experts(*args, functools.partial(clamped_swiglu, alpha=1.702, limit=7.0), **rest)
+    fused = fused_experts(*args, fused_act, **rest)
+    unfused = fused_experts(*args, unfused_act, **rest)
     if CUDA:
         torch.testing.assert_close(fused.cpu(), unfused.cpu(), rtol=0, atol=0)
     else:
@@ -360,9 +369,16 @@ def test_a_gated_projection_pairs_each_output_column_with_its_gate_and_up_rows()
     config = (16, 64, 32, 4, 2)
     out = torch.full((tokens, n // 2), float("nan"), device=DEVICE)
     fused_moe.grouped_gemm(*_on(DEVICE, x, w, out), align_by_expert(ids.to(DEVICE), experts, config[0]), 1, config,
-                           gated=(1.702, 7.0))
+                           gated=fused_moe.epilogue_activation(ClampedSwiGLU(1.702, 7.0)))
     plain = torch.einsum("tk,tnk->tn", x, w[ids[:, 0]])
     torch.testing.assert_close(out.cpu(), clamped_swiglu(plain, 1.702, 7.0), rtol=1e-5, atol=1e-5)
+
+
+def test_the_layers_gated_activations_are_known_to_the_epilogue_and_others_are_not():
+    assert fused_moe.epilogue_activation(ClampedSwiGLU(1.5, 6.0)) == (fused_moe.CLAMPED_SWIGLU.value, 1.5, 6.0)
+    assert fused_moe.epilogue_activation(silu_and_mul) == (fused_moe.SILU_AND_MUL.value, 0.0, 0.0)
+    assert fused_moe.epilogue_activation(silu_and_mul_native) is None
+    assert fused_moe.epilogue_activation(functools.partial(clamped_swiglu, alpha=1.5, limit=6.0)) is None
 
 
 def test_mxfp4_experts_are_widened_from_a_number_of_rows_per_expert():
