@@ -9,8 +9,9 @@ As vLLM's fused_moe (written here anew):
    gpt-oss's ClampedSwiGLU: epilogue_activation) run in step 2's epilogue instead: each program's column block is
    BLOCK_N / 2 gate rows of w13 and the up rows of the same outputs, and it writes their activation, [T * k, I],
    never the [T * k, 2I] projection (FP8 experts quantize the activation for the down GEMM: theirs runs apart);
-4. the down GEMM the same way over w2, the routing weight of each slot multiplied in its epilogue -> [T * k, H];
-5. the k slots of each token summed -> [T, H] (sum_slots).
+4. the down GEMM the same way over w2 -> [T * k, H];
+5. the k slots of each token weighted by their routing weights and summed -> [T, H] (sum_slots). (The weights in
+   the down GEMM's epilogue cost the register-capped decode tile spills.)
 No host sync and fixed shapes for a given T: the sorted list is sized for the worst case (each of the
 min(E, T * k) experts that can be hit padded by BLOCK_M - 1), the blocks past the real padded length (a device
 scalar) exit at once. So one captured CUDA graph per padded token count replays any routing.
@@ -305,24 +306,30 @@ def _grouped_gemm_kernel(a_ptr, b_ptr, c_ptr, a_scale_ptr, b_scale_ptr, bias_ptr
 
 
 @triton.jit  # hidden is the model's: specialized on its divisibility, the loads are vectors
-def _sum_slots_kernel(slots_ptr, out_ptr, hidden, TOP_K: tl.constexpr, BLOCK_H: tl.constexpr):
-    """out[t] = sum_j slots[t * TOP_K + j], in float32, rounded once (as torch's sum over the k slots)."""
+def _sum_slots_kernel(slots_ptr, weights_ptr, out_ptr, hidden, TOP_K: tl.constexpr, BLOCK_H: tl.constexpr,
+                      WEIGHTED: tl.constexpr):
+    """out[t] = sum_j slots[t * TOP_K + j] (* weights[t * TOP_K + j]), in float32, rounded once."""
     t = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     acc = tl.zeros((BLOCK_H,), dtype=tl.float32)
     for j in tl.static_range(TOP_K):
-        acc += tl.load(slots_ptr + (t * TOP_K + j) * hidden + h, mask=h < hidden, other=0.0).to(tl.float32)
+        slot = tl.load(slots_ptr + (t * TOP_K + j) * hidden + h, mask=h < hidden, other=0.0).to(tl.float32)
+        if WEIGHTED:
+            slot = slot * tl.load(weights_ptr + t * TOP_K + j).to(tl.float32)
+        acc += slot
     tl.store(out_ptr + t * hidden + h, acc.to(out_ptr.dtype.element_ty), mask=h < hidden)
 
 
-def sum_slots(slots: torch.Tensor, top_k: int) -> torch.Tensor:
-    """[T * k, H] -> [T, H], each token's k slots summed in one launch: a read of the slots and a write, in 16-byte
-    vectors where H allows (torch's sum over a middle dimension of k reads them less efficiently)."""
+def sum_slots(slots: torch.Tensor, top_k: int, weights: torch.Tensor | None = None) -> torch.Tensor:
+    """[T * k, H] -> [T, H], each token's k slots (times their routing weights [T * k], if given) summed in float32
+    and rounded once, in one launch: a read of the slots and a write, in 16-byte vectors where H allows (torch's sum
+    over a middle dimension of k reads them less efficiently)."""
     num_tokens, hidden = slots.shape[0] // top_k, slots.shape[1]
     out = torch.empty((num_tokens, hidden), dtype=slots.dtype, device=slots.device)
     block_h = min(1024, triton.next_power_of_2(hidden))
-    _sum_slots_kernel[(num_tokens, triton.cdiv(hidden, block_h))](slots, out, hidden, TOP_K=top_k, BLOCK_H=block_h,
-                                                                  num_warps=4)
+    _sum_slots_kernel[(num_tokens, triton.cdiv(hidden, block_h))](
+        slots, weights if weights is not None else slots, out, hidden, TOP_K=top_k, BLOCK_H=block_h,
+        WEIGHTED=weights is not None, num_warps=4, enable_fp_fusion=False)  # a product, then a sum: no FMA
     return out
 
 
@@ -416,10 +423,9 @@ def fused_experts(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_wei
     weights = topk_weights.reshape(-1)
     if fp8:
         hq, hs = quantize_per_token_group(h)
-        grouped_gemm(hq, w2, down, routing, 1, config, w2_bias, weights, hs, w2_scale)
+        grouped_gemm(hq, w2, down, routing, 1, config, w2_bias, None, hs, w2_scale)
     elif widen:
-        grouped_gemm(h, widen_mxfp4(w2, w2_scale, x.dtype, kernel_layout), down, routing, 1, config, w2_bias,
-                     weights)
+        grouped_gemm(h, widen_mxfp4(w2, w2_scale, x.dtype, kernel_layout), down, routing, 1, config, w2_bias)
     else:
-        grouped_gemm(h, w2, down, routing, 1, config, w2_bias, weights, w_scale=w2_scale, kernel_layout=kernel_layout)
-    return sum_slots(down, top_k)
+        grouped_gemm(h, w2, down, routing, 1, config, w2_bias, w_scale=w2_scale, kernel_layout=kernel_layout)
+    return sum_slots(down, top_k, weights)

@@ -44,14 +44,19 @@ def _align_by_hand(ids: torch.Tensor, experts: int, block: int) -> list[int]:
     return out
 
 
+@pytest.mark.parametrize("weighted", [False, True], ids=["plain", "weighted"])
 @pytest.mark.parametrize(("tokens", "top_k", "hidden", "dtype"), [
     (5, 4, 2880, torch.bfloat16), (3, 8, 64, torch.float32), (1, 1, 1500, torch.float16)])
-def test_each_tokens_slots_are_summed_in_float32_and_rounded_once(tokens, top_k, hidden, dtype):
-    """Bit for bit on the GPU; Triton's CPU interpreter narrows float32 by truncation, so there within one unit of
-    the last place."""
-    slots = (torch.randn(tokens * top_k, hidden, generator=torch.Generator().manual_seed(tokens)) * 4).to(dtype)
-    got = fused_moe.sum_slots(slots.to(DEVICE), top_k)
-    exact = slots.float().view(tokens, top_k, hidden).sum(dim=1)
+def test_each_tokens_slots_are_summed_in_float32_and_rounded_once(tokens, top_k, hidden, dtype, weighted):
+    """Each slot times its routing weight (the fused experts' last step), in float32, summed and rounded once. Bit
+    for bit on the GPU; Triton's CPU interpreter narrows float32 by truncation, so there within one unit of the last
+    place."""
+    gen = torch.Generator().manual_seed(tokens)
+    slots = (torch.randn(tokens * top_k, hidden, generator=gen) * 4).to(dtype)
+    weights = torch.rand(tokens * top_k, generator=gen).to(dtype) if weighted else None
+    got = fused_moe.sum_slots(slots.to(DEVICE), top_k, None if weights is None else weights.to(DEVICE))
+    scaled = slots.float() * (weights.float()[:, None] if weighted else 1.0)
+    exact = scaled.view(tokens, top_k, hidden).sum(dim=1)
     assert got.shape == (tokens, hidden) and got.dtype == dtype
     if CUDA:
         torch.testing.assert_close(got.cpu(), exact.to(dtype), rtol=0, atol=0)
