@@ -16,7 +16,7 @@ import triton.language as tl
 
 from railyard.model.spec import MXFP4_GROUP
 
-BLOCK_ROWS, BLOCK_BYTES = 16, 128  # a program: 16 weight rows of 256 weights (8 groups)
+BLOCK_ROWS, BLOCK_BYTES = 4, 512  # a program: 4 weight rows of 1,024 weights (32 groups)
 
 
 @triton.jit
