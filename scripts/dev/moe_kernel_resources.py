@@ -47,6 +47,7 @@ from triton.backends.nvidia.compiler import get_ptxas  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
 from railyard.engine.runner.kernels import fused_moe  # noqa: E402
+from railyard.engine.runner.layers.activation import ClampedSwiGLU  # noqa: E402
 from railyard.engine.runner.layers.mxfp4 import GROUP  # noqa: E402
 
 ARGS = ("a_ptr", "b_ptr", "c_ptr", "a_scale_ptr", "b_scale_ptr", "bias_ptr", "weights_ptr", "sorted_ptr",
@@ -104,7 +105,8 @@ def compile_gemm(mxfp4: bool, tile: tuple[int, ...], down: bool = False):
     if "HALF_ROWS" in fused_moe._grouped_gemm_kernel.arg_names:
         constexprs["HALF_ROWS"] = mxfp4 and bm >= 32 and HALF_ROWS  # as grouped_gemm passes it
     if "GATED" in fused_moe._grouped_gemm_kernel.arg_names:  # gpt-oss's gate/up GEMM, as fused_experts runs it
-        constexprs["GATED"] = mxfp4 and GATED and not down
+        kind = fused_moe.epilogue_activation(ClampedSwiGLU(1.702, 7.0))[0]  # gpt-oss's activation, as launched
+        constexprs["GATED"] = kind if mxfp4 and GATED and not down else 0
     signature.update({name: "constexpr" for name in constexprs})
     names = [a for a in ARGS if a in signature]
     attrs = {(i,): [["tt.divisibility", 16]] for i, a in enumerate(names) if a.endswith("_ptr") or a in DIVISIBLE}
