@@ -5,7 +5,7 @@ Why: the MXFP4 tiles are widened in registers, so how they load decides what the
 cannot prove constant over 16 bytes turn the packed weights' loads into one byte-wise load per byte (LDG.E.U8)
 instead of pipelined 16-byte asynchronous copies (LDGSTS...128). A row with byte-wise loads beyond the exponents'
 few is that regression. Shapes: gpt-oss's gate/up GEMM (N 5760, K 2880), or with --projection down its down GEMM
-(each slot's own activation row, the routing weight applied in the epilogue).
+(each slot's own activation row; fused_experts applies the routing weights in sum_slots, not in this epilogue).
 
 The K loop's instruction count per thread is the widening's cost in an MXFP4 tile: issued per weight, it caps how
 fast a tile can read the packed weights while the experts stream (decode); at the engine's tiles the cap is not
@@ -20,7 +20,8 @@ widening runs while the MMA does.
 Usage: python3 scripts/dev/moe_kernel_resources.py   (one line per tile of fused_moe.py's tables; triton, no GPU;
        KERNEL_LAYOUT=0: MXFP4 bytes in checkpoint order rather than the kernel's, layers/mxfp4.py;
        HALF_ROWS=0: without the half-height path of row blocks filled at most halfway;
-       GATED=0: the MXFP4 gate/up GEMM storing its projection rather than gpt-oss's activation of it)
+       GATED=0: the MXFP4 gate/up GEMM storing its projection rather than gpt-oss's activation of it;
+       MUL_WEIGHT=1: the routing weight multiplied in the epilogue, which grouped_gemm still offers)
        python3 scripts/dev/moe_kernel_resources.py --tiles "64,128,64,8,4;64,128,64,8,4,80"   (MXFP4 tiles by
        hand; a sixth number caps the registers a thread may hold; --projection down: the down GEMM)
 """
@@ -63,6 +64,7 @@ LOADS = re.compile(r"\b(LDG(?:STS)?[.\w]*)")
 KERNEL_LAYOUT = os.environ.get("KERNEL_LAYOUT", "1") == "1"  # 0: MXFP4 bytes in checkpoint order
 HALF_ROWS = os.environ.get("HALF_ROWS", "1") == "1"  # 0: MXFP4 row blocks always multiply all their rows
 GATED = os.environ.get("GATED", "1") == "1"  # 0: the MXFP4 gate/up GEMM without gpt-oss's activation in its epilogue
+MUL_WEIGHT = os.environ.get("MUL_WEIGHT", "0") == "1"  # 1: grouped_gemm's `weights`, which fused_experts leaves out
 SHARED = re.compile(r"\b(STS|LDS|LDSM|HGMMA|HMMA)[.\w]*")
 ADDRESS = re.compile(r"/\*([0-9a-f]{4,})\*/")
 OPCODE = re.compile(r"\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9]*(?:\.[A-Z0-9_]+)*)")
@@ -95,7 +97,7 @@ def compile_gemm(mxfp4: bool, tile: tuple[int, ...], down: bool = False):
                 "padded_len_ptr": "*i32"}
     signature = {a: pointers.get(a, "*bf16") if a.endswith("_ptr") else "fp32" if a in FLOATS else "i32"
                  for a in ARGS if a in fused_moe._grouped_gemm_kernel.arg_names}
-    constexprs = dict(A_ROW_DIV=1 if down else 4, FP8=False, MXFP4=mxfp4, HAS_BIAS=True, MUL_WEIGHT=down,
+    constexprs = dict(A_ROW_DIV=1 if down else 4, FP8=False, MXFP4=mxfp4, HAS_BIAS=True, MUL_WEIGHT=MUL_WEIGHT,
                       DOT_PRECISION="tf32",
                       BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, SCALE_N=128, GROUP_M=8, GROUP=GROUP)
     if "EVEN_K" in fused_moe._grouped_gemm_kernel.arg_names:
