@@ -6,26 +6,20 @@ program shapes (rows, bytes, warps). JSON lines on stdout.
     BASELINE=/path/to/other/checkout python3 scripts/dev/mxfp4_widen_kernel.py
     TILES=8x512x4,4x512x4 python3 scripts/dev/mxfp4_widen_kernel.py   # no BASELINE: this checkout against itself
 """
-import functools, importlib.util, json, os, sys
+import functools, json, os, sys
 import torch
 from triton.testing import do_bench_cudagraph
 
 ROOT = __file__.rsplit("/scripts/", 1)[0]
 sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from moe_kernel_ab import load_kernel  # noqa: E402 (a kernel file imported under its own name)
 KERNEL_FILE = "railyard/engine/runner/kernels/mxfp4_widen.py"
 TILES = os.environ.get("TILES", "8x512x4,8x512x8,4x1024x4,8x1024x4,8x1024x8,16x512x8,4x512x4,2x1024x4,4x2048x8,"
                                 "16x256x4")
 
-
-def load(path: str, name: str):
-    spec = importlib.util.spec_from_file_location(name, path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-old = load(os.path.join(os.environ.get("BASELINE", ROOT), KERNEL_FILE), "widen_baseline")
-new = load(os.path.join(ROOT, KERNEL_FILE), "widen_here")
+old = load_kernel(os.path.join(os.environ.get("BASELINE", ROOT), KERNEL_FILE), 0)
+new = load_kernel(os.path.join(ROOT, KERNEL_FILE), 1)
 default = (new.BLOCK_ROWS, new.BLOCK_BYTES)
 torch.manual_seed(0)
 E, H, I = 32, 2880, 2880
