@@ -364,8 +364,9 @@ def test_the_activation_in_the_gate_up_epilogue_is_the_activation_of_the_stored_
 
 
 def test_a_gated_projection_pairs_each_output_column_with_its_gate_and_up_rows():
-    """grouped_gemm with gated=(alpha, limit): out [slots, N / 2] is the clamped SwiGLU of the slots' gate/up
-    products, gate rows first in w; checked against the activation of the plain product in float32."""
+    """grouped_gemm with gated=epilogue_activation(ClampedSwiGLU(...)), (kind, alpha, limit): out [slots, N / 2] is
+    the clamped SwiGLU of the slots' gate/up products, gate rows first in w; checked against the activation of the
+    plain product in float32."""
     experts, n, k, tokens = 2, 2 * 96, 64, 6
     gen = torch.Generator().manual_seed(33)
     w = torch.randn(experts, n, k, generator=gen) * 0.3
