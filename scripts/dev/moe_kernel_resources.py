@@ -109,8 +109,16 @@ def compile_gemm(mxfp4: bool, tile: tuple[int, ...], down: bool = False):
     if "GATED" in fused_moe._grouped_gemm_kernel.arg_names:  # gpt-oss's gate/up GEMM, as fused_experts runs it
         kind = fused_moe.epilogue_activation(ClampedSwiGLU(1.702, 7.0))[0]  # gpt-oss's activation, as launched
         constexprs["GATED"] = kind if mxfp4 and GATED and not down else 0
+    if "b_desc" in fused_moe._grouped_gemm_kernel.arg_names:  # bf16 weights through a TMA descriptor, as launched
+        split = 2 if constexprs.get("GATED") else 1
+        tma = not mxfp4 and bm >= fused_moe.TMA_BLOCK_M
+        constexprs["B_TMA"] = tma
+        if tma:
+            signature["b_desc"] = f"tensordesc<bf16[1, {split}, {bn // split}, {bk}]>"
+        else:
+            constexprs["b_desc"] = None
     signature.update({name: "constexpr" for name in constexprs})
-    names = [a for a in ARGS if a in signature]
+    names = [a for a in fused_moe._grouped_gemm_kernel.arg_names if a in signature]
     attrs = {(i,): [["tt.divisibility", 16]] for i, a in enumerate(names) if a.endswith("_ptr") or a in DIVISIBLE}
     source = ASTSource(fn=fused_moe._grouped_gemm_kernel, signature=signature, constexprs=constexprs, attrs=attrs)
     options = {"num_warps": warps, "num_stages": stages, **({"maxnreg": cap[0]} if cap else {})}

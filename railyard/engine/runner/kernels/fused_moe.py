@@ -43,6 +43,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 from railyard.engine.runner.kernels.fused import clamped_swiglu_values, silu_mul_values
 from railyard.engine.runner.kernels.moe_align import align_by_expert
@@ -74,6 +75,9 @@ SMALL = TILES[0][1]
 # widened.
 MXFP4_TILES = ((8, (16, 64, 128, 4, 3)), (16, (32, 64, 128, 4, 3)), (32, (64, 128, 64, 8, 4, 80)))
 MXFP4_LARGE = (128, 128, 64, 8, 3)
+# Row blocks this tall (a long step's) read bf16 / fp16 weights through the tensor memory accelerator
+# (weight_descriptor)
+TMA_BLOCK_M = 128
 # The tables are for 2-byte activations. A pipeline stage holds an A tile and a B tile in shared memory, so 4-byte
 # (float32) ones double it: past this budget (under Hopper's 227 KiB per block, with room for Triton's own) a tile
 # loses pipeline stages, then halves BLOCK_K, until it fits.
@@ -239,18 +243,20 @@ def _mxfp4_rows(a_ptr, b_ptr, c_ptr, b_scale_ptr, bias_ptr, weights_ptr, sorted_
 
 @triton.jit(do_not_specialize=["num_slots"])  # one compiled kernel for every token count
 def _grouped_gemm_kernel(a_ptr, b_ptr, c_ptr, a_scale_ptr, b_scale_ptr, bias_ptr, weights_ptr, sorted_ptr,
-                         block_expert_ptr, padded_len_ptr, N, K, num_slots, stride_am, stride_be, stride_bn,
+                         block_expert_ptr, padded_len_ptr, b_desc, N, K, num_slots, stride_am, stride_be, stride_bn,
                          stride_cm, stride_asm, stride_bse, stride_bsn, stride_biase, SPLIT_N, SPLIT_BLOCKS,
                          alpha, limit,
                          A_ROW_DIV: tl.constexpr, FP8: tl.constexpr, MXFP4: tl.constexpr, HAS_BIAS: tl.constexpr,
                          MUL_WEIGHT: tl.constexpr, DOT_PRECISION: tl.constexpr, EVEN_K: tl.constexpr,
                          KERNEL_LAYOUT: tl.constexpr, HALF_ROWS: tl.constexpr, GATED: tl.constexpr,
                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SCALE_N: tl.constexpr,
-                         GROUP_M: tl.constexpr, GROUP: tl.constexpr):
+                         GROUP_M: tl.constexpr, GROUP: tl.constexpr, B_TMA: tl.constexpr):
     """C[slot, n] = (sum_k A[slot // A_ROW_DIV, k] * B[expert(slot), n, k] (+ bias[expert, n])) (* weight[slot]).
     MXFP4: B is packed, [E, N, K / 2] bytes, with exponents [E, N, K / 32] at b_scale_ptr; with HALF_ROWS a block
     whose slots fit its first BLOCK_M / 2 rows (an expert's slots come first in its run) multiplies only those.
-    GATED (not FP8): B's rows are gate rows then up rows, and C [slots, N / 2] is their activation (_store_rows)."""
+    GATED (not FP8): B's rows are gate rows then up rows, and C [slots, N / 2] is their activation (_store_rows).
+    B_TMA (bf16 / fp16 weights): B's tiles come by the tensor memory accelerator through b_desc, a descriptor of B
+    viewed [E, G, N / G, K] (G = 2 gated: a tile's gate rows and up rows, else 1), rather than by pointers."""
     if GATED:
         pid_m, pid_n = program_block(tl.program_id(0), tl.num_programs(0), N // 2, BLOCK_N // 2, GROUP_M)
         rn, out_cols = gated_rows(pid_n, N, BLOCK_N)
@@ -291,8 +297,16 @@ def _grouped_gemm_kernel(a_ptr, b_ptr, c_ptr, a_scale_ptr, b_scale_ptr, bias_ptr
             b_scale_ptrs = b_scale_ptr + expert * stride_bse + scale_row * stride_bsn
         for k in range(0, tl.cdiv(K, BLOCK_K)):
             k_left = K - k * BLOCK_K
-            a = tl.load(a_ptrs, mask=valid[:, None] & (rk[None, :] < k_left), other=0.0)
-            b = tl.load(b_ptrs, mask=(rn[None, :] < N) & (rk[:, None] < k_left), other=0.0)
+            if EVEN_K:
+                a = tl.load(a_ptrs, mask=valid[:, None], other=0.0)
+            else:
+                a = tl.load(a_ptrs, mask=valid[:, None] & (rk[None, :] < k_left), other=0.0)
+            if B_TMA:  # rows past the expert's N are another expert's (or zeros): their columns are not stored
+                SPLIT: tl.constexpr = 2 if GATED else 1
+                b = tl.trans(tl.reshape(b_desc.load([expert.to(tl.int32), 0, pid_n * (BLOCK_N // SPLIT),
+                                                     k * BLOCK_K]), (BLOCK_N, BLOCK_K)))
+            else:
+                b = tl.load(b_ptrs, mask=(rn[None, :] < N) & (rk[:, None] < k_left), other=0.0)
             if FP8:
                 a_s = tl.load(a_scale_ptrs + k, mask=valid, other=0.0)
                 b_s = tl.load(b_scale_ptrs + k, mask=rn < N, other=0.0)
@@ -333,6 +347,24 @@ def sum_slots(slots: torch.Tensor, top_k: int, weights: torch.Tensor | None = No
     return out
 
 
+def weight_descriptor(w: torch.Tensor, block_m: int, block_n: int, block_k: int,
+                      gated: bool) -> TensorDescriptor | None:
+    """A tensor-memory-accelerator descriptor of bf16 / fp16 expert weights [E, N, K] for the tall row blocks
+    (BLOCK_M >= TMA_BLOCK_M, a long step's, bound by the tensor cores: the copy engine's loads leave the warps
+    their issue slots and registers), viewed [E, G, N / G, K] with G = 2 gated (a tile's gate rows and up rows,
+    two boxes of one load); None where the pointer loads serve: shorter tiles, other dtypes, weights the copy
+    engine cannot address (rows not 16-byte multiples, K not whole tiles), GPUs before Hopper."""
+    if block_m < TMA_BLOCK_M or w.dtype not in (torch.bfloat16, torch.float16) or not w.is_contiguous():
+        return None
+    split = 2 if gated else 1
+    num_experts, n, k = w.shape
+    if (k % block_k or (k * w.element_size()) % 16 or w.data_ptr() % 16 or n % split or block_n % split
+            or (w.is_cuda and torch.cuda.get_device_capability(w.device) < (9, 0))):
+        return None
+    return TensorDescriptor.from_tensor(w.view(num_experts, split, n // split, k),
+                                        [1, split, block_n // split, block_k])
+
+
 def grouped_gemm(a: torch.Tensor, w: torch.Tensor, out: torch.Tensor, routing, a_row_div: int,
                  config: tuple[int, ...], bias: torch.Tensor | None = None,
                  weights: torch.Tensor | None = None, a_scale: torch.Tensor | None = None,
@@ -364,9 +396,10 @@ def grouped_gemm(a: torch.Tensor, w: torch.Tensor, out: torch.Tensor, routing, a
     grid = (block_experts.numel() * (triton.cdiv(n // 2, bn // 2) if gated else triton.cdiv(n, bn)),)
     kind, alpha, limit = gated or (0, 0.0, 0.0)
     scaled = fp8 or mxfp4
+    b_desc = weight_descriptor(w, bm, bn, bk, gated is not None) if not scaled else None
     _grouped_gemm_kernel[grid](
         a, w, out, a_scale if fp8 else a, w_scale if scaled else w, bias if bias is not None else w,
-        weights if weights is not None else w, sorted_slots, block_experts, padded_len, n, k, out.shape[0],
+        weights if weights is not None else w, sorted_slots, block_experts, padded_len, b_desc, n, k, out.shape[0],
         a.stride(0), w.stride(0), w.stride(1), out.stride(0),
         a_scale.stride(0) if fp8 else 0, w_scale.stride(0) if scaled else 0, w_scale.stride(1) if scaled else 0,
         bias.stride(0) if bias is not None else 0, split, -(-split // EXPERT_BLOCK[0]), alpha, limit,
@@ -376,7 +409,7 @@ def grouped_gemm(a: torch.Tensor, w: torch.Tensor, out: torch.Tensor, routing, a
         KERNEL_LAYOUT=mxfp4 and kernel_layout, HALF_ROWS=mxfp4 and bm >= 32 and half_rows is not False,
         GATED=kind,
         BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, SCALE_N=EXPERT_BLOCK[0], GROUP_M=8, GROUP=MXFP4_GROUP, num_warps=warps,
-        num_stages=stages,
+        num_stages=stages, B_TMA=b_desc is not None,
         **({"maxnreg": cap[0]} if cap else {}))
     return out
 

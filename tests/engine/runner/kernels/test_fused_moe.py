@@ -380,6 +380,41 @@ def test_a_gated_projection_pairs_each_output_column_with_its_gate_and_up_rows()
     torch.testing.assert_close(out.cpu(), clamped_swiglu(plain, 1.702, 7.0), rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("gated", [False, True], ids=["plain", "gated"])
+def test_tall_tiles_read_bf16_weights_through_a_descriptor_with_the_same_bits_as_pointer_loads(gated, monkeypatch):
+    """A tall row block (a long step's) loads bf16 weight tiles through a tensor-memory-accelerator descriptor of
+    w [E, G, N / G, K] (gated: a tile's gate rows and up rows as one load): the same numbers as the pointer loads,
+    with N not a whole number of column blocks (the rows past an expert's N are the next expert's, never stored)
+    and experts filling several row blocks, one block or none."""
+    experts, n, k, tokens = 3, 2 * 96, 128, 70
+    gen = torch.Generator().manual_seed(35)
+    w = (torch.randn(experts, n, k, generator=gen) * 0.3).to(torch.bfloat16)
+    x = torch.randn(tokens, k, generator=gen).to(torch.bfloat16)
+    _, ids = _routing(tokens, experts, 2, seed=36)
+    ids[:, 1] = torch.where(ids[:, 1] == 2, ids[:, 0], ids[:, 1])  # expert 2 gets fewer slots than one block
+    config = fused_moe.LARGE
+    assert fused_moe.weight_descriptor(w, *config[:3], gated) is not None
+    act = fused_moe.epilogue_activation(ClampedSwiGLU(1.702, 7.0)) if gated else None
+    routing = align_by_expert(ids.to(DEVICE), experts, config[0])
+    outs = []
+    for use_descriptor in (True, False):
+        if not use_descriptor:
+            monkeypatch.setattr(fused_moe, "weight_descriptor", lambda *args: None)
+        out = torch.full((tokens * 2, n // 2 if gated else n), float("nan"), dtype=torch.bfloat16, device=DEVICE)
+        fused_moe.grouped_gemm(*_on(DEVICE, x, w, out), routing, 2, config, gated=act)
+        outs.append(out.cpu())
+    torch.testing.assert_close(outs[0], outs[1], rtol=0, atol=0)
+
+
+def test_only_tall_tiles_of_bf16_weights_the_copy_engine_can_address_take_a_descriptor():
+    w = torch.zeros(2, 64, 128, dtype=torch.bfloat16)
+    assert fused_moe.weight_descriptor(w, fused_moe.TMA_BLOCK_M, 64, 64, gated=True) is not None
+    assert fused_moe.weight_descriptor(w, fused_moe.TMA_BLOCK_M // 2, 64, 64, gated=False) is None  # decode tiles
+    assert fused_moe.weight_descriptor(w.float(), fused_moe.TMA_BLOCK_M, 64, 64, gated=False) is None
+    assert fused_moe.weight_descriptor(w[:, :, :120], fused_moe.TMA_BLOCK_M, 64, 64, gated=False) is None
+    assert fused_moe.weight_descriptor(w[:, :, :96], fused_moe.TMA_BLOCK_M, 64, 64, gated=False) is None  # K % 64
+
+
 def test_the_layers_gated_activations_are_known_to_the_epilogue_and_others_are_not():
     assert fused_moe.epilogue_activation(ClampedSwiGLU(1.5, 6.0)) == (fused_moe.CLAMPED_SWIGLU.value, 1.5, 6.0)
     assert fused_moe.epilogue_activation(silu_and_mul) == (fused_moe.SILU_AND_MUL.value, 0.0, 0.0)
