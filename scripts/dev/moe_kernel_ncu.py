@@ -82,6 +82,9 @@ def summarize(raw_csv: str) -> list[dict]:
             out["duration_us"] = round(out["duration_us"] / 1e3, 1)  # base units: nanoseconds
         stalls = {m.removeprefix("smsp__pcsamp_warps_issue_stalled_"): number(v) for m, v in values.items()
                   if m.startswith("smsp__pcsamp_warps_issue_stalled_") and not m.endswith("_not_issued")}
+        if not stalls:  # no PC sampling on this profiler: the per-instruction stall cycles of WarpStateStats
+            stalls = {m.split("issue_stalled_")[1].split("_per_")[0]: number(v) for m, v in values.items()
+                      if m.startswith("smsp__average_warp_latency_issue_stalled_") and m.endswith(".ratio")}
         stalls = {k: v for k, v in stalls.items() if isinstance(v, float) and v > 0}
         total = sum(stalls.values())
         out["stall_share_pct"] = {k: round(100 * v / total, 1) for k, v in
@@ -96,11 +99,15 @@ def main() -> None:
         return
     ncu = os.environ.get("NCU") or shutil.which("ncu") or "/usr/local/cuda/bin/ncu"
     command = [ncu, "--kernel-name", "regex:_grouped_gemm_kernel", "--launch-skip", str(2 * WARM_CALLS),
-               "--launch-count", "2", "--page", "raw", "--csv", "--print-units", "base"]
+               "--launch-count", "2", "--clock-control", "none", "--page", "raw", "--csv", "--print-units", "base"]
     for section in SECTIONS:
         command += ["--section", section]
     command += [sys.executable, os.path.abspath(__file__), "--child"]
     done = subprocess.run(command, capture_output=True, text=True)
+    out_dir = os.environ.get("OUT")
+    if out_dir:  # the raw page, for the metrics this summary leaves out
+        with open(os.path.join(out_dir, f"ncu_{os.environ.get('TOKENS', '256')}.csv"), "w") as f:
+            f.write(done.stdout[-2_000_000:])
     if done.returncode != 0 or '"ID"' not in done.stdout:
         raise SystemExit(f"moe_kernel_ncu: ncu failed ({done.returncode}): {(done.stderr or done.stdout)[-600:]}")
     for launch, projection in zip(summarize(done.stdout), ("gate_up", "down")):
