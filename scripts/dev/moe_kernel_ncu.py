@@ -26,10 +26,11 @@ SECTIONS = ("SpeedOfLight", "Occupancy", "MemoryWorkloadAnalysis", "WarpStateSta
             "LaunchStats", "SourceCounters")
 KEPT = {  # raw metric -> name in the output
     "gpu__time_duration.sum": "duration_us",
-    "dram__throughput.avg.pct_of_peak_sustained_elapsed": "dram_pct_of_peak",
-    "dram__bytes_read.sum": "dram_read_bytes",
+    "gpu__dram_throughput.avg.pct_of_peak_sustained_elapsed": "dram_pct_of_peak",
+    "dram__bytes.sum.per_second": "dram_bytes_per_s",
     "lts__t_sector_hit_rate.pct": "l2_hit_pct",
-    "lts__t_bytes.sum": "l2_bytes",
+    "lts__throughput.avg.pct_of_peak_sustained_elapsed": "l2_pct_of_peak",
+    "sm__throughput.avg.pct_of_peak_sustained_elapsed": "sm_pct_of_peak",
     "sm__warps_active.avg.pct_of_peak_sustained_active": "achieved_occupancy_pct",
     "launch__occupancy_limit_registers": "blocks_per_sm_by_registers",
     "launch__occupancy_limit_shared_mem": "blocks_per_sm_by_shared_memory",
