@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import inspect
 import os
 import re
 import statistics
@@ -118,6 +119,10 @@ def compile_gemm(mxfp4: bool, tile: tuple[int, ...], down: bool = False):
         else:
             constexprs["b_desc"] = None
     signature.update({name: "constexpr" for name in constexprs})
+    missing = [p.name for p in fused_moe._grouped_gemm_kernel.params if p.name not in signature
+               and not (p.is_constexpr and p.default is not inspect.Parameter.empty)]
+    if missing:  # a kernel argument this script does not know would shift every later one
+        raise SystemExit(f"moe_kernel_resources: no signature for the kernel's {missing}")
     names = [a for a in fused_moe._grouped_gemm_kernel.arg_names if a in signature]
     attrs = {(i,): [["tt.divisibility", 16]] for i, a in enumerate(names) if a.endswith("_ptr") or a in DIVISIBLE}
     source = ASTSource(fn=fused_moe._grouped_gemm_kernel, signature=signature, constexprs=constexprs, attrs=attrs)
