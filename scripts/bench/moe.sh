@@ -16,7 +16,8 @@
 #      HF_BUDGET_S (default 300), TESTS_S (the GPU tests' limit, default 320: on a fresh machine they compile every
 #      kernel variant, both MXFP4 byte orders among them, and take over 3 minutes; then run "tests" and "offline" in
 #      separate calls), BASELINE (a directory holding another checkout's railyard/: each offline run is followed by
-#      the same run from it, the code before a change in the same call), COMMIT
+#      the same run from it, the code before a change in the same call), COMMIT (the label the log and JSON carry;
+#      pass it on the GPU machine, whose copy of the tree may carry another checkout's git metadata)
 source "$(dirname "$0")/common.sh"
 . scripts/device/wheels.sh
 carried_wheels .whl > "$OUT/pip.txt" 2>&1 || { tail -n 3 "$OUT/pip.txt"; log "wheel install failed"; exit 1; }
