@@ -49,7 +49,7 @@ from railyard.engine.runner.kernels.fused import clamped_swiglu_values, silu_mul
 from railyard.engine.runner.kernels.moe_align import align_by_expert
 # the GPU's routers, for moe_ops()
 from railyard.engine.runner.kernels.moe_routing import route_softmax_topk, route_topk_softmax  # noqa: F401
-from railyard.engine.runner.kernels.mxfp4_widen import e2m1_values, e8m0_values, widen_mxfp4
+from railyard.engine.runner.kernels.mxfp4_widen import e2m1_values, e8m0_values, in_k_order, widen_mxfp4
 from railyard.engine.runner.layers.activation import ClampedSwiGLU, silu_and_mul
 from railyard.engine.runner.layers.fp8_block import quantize_per_token_group
 from railyard.engine.runner.layers.mxfp4 import GROUP as MXFP4_GROUP
@@ -226,9 +226,8 @@ def _mxfp4_rows(a_ptr, b_ptr, c_ptr, b_scale_ptr, bias_ptr, weights_ptr, sorted_
             k_left = tl.multiple_of(K - k * BLOCK_K, GROUP)
             a = tl.load(a_ptrs, mask=valid[:, None] & (rk[None, :] < k_left), other=0.0)
             packed = tl.load(b_ptrs, mask=b_n_in & (b_j < k_left // 2), other=0)
-        if KERNEL_LAYOUT:  # [N, groups, c, i] holds byte 4i + c of its group -> [K / 2, N] in K order
-            packed = tl.trans(tl.reshape(tl.permute(tl.reshape(packed, (BLOCK_N, BLOCK_K // GROUP, 4, 4)),
-                                                    (0, 1, 3, 2)), (BLOCK_N, BLOCK_K // 2)))
+        if KERNEL_LAYOUT:  # [N, K / 2] as the engine holds it -> [K / 2, N] in K order
+            packed = tl.trans(in_k_order(packed, BLOCK_N, BLOCK_K // 2))
         if a_ptr.dtype.element_ty == tl.bfloat16:
             acc = tl.dot_scaled(a, None, "bf16", packed, exponents, "e2m1", acc, fast_math=True)
         else:

@@ -35,6 +35,14 @@ def e8m0_values(exponents):
 
 
 @triton.jit
+def in_k_order(codes, ROWS: tl.constexpr, BYTES: tl.constexpr):
+    """Packed bytes [ROWS, BYTES] as the engine holds them (layers/mxfp4.py's to_kernel_layout: a 16-byte group's
+    [c, i] holds its byte 4i + c) -> the same bytes in K order, a 4 x 4 transpose within each group in registers.
+    The widening kernel and the fused GEMM's packed tiles both read the bytes as they lie and turn them so."""
+    return tl.reshape(tl.permute(tl.reshape(codes, (ROWS, BYTES // 16, 4, 4)), (0, 1, 3, 2)), (ROWS, BYTES))
+
+
+@triton.jit
 def _widen_kernel(packed_ptr, exponents_ptr, out_ptr, rows, K, BLOCK_ROWS: tl.constexpr, BLOCK_BYTES: tl.constexpr,
                   GROUP: tl.constexpr, KERNEL_LAYOUT: tl.constexpr):
     """out[r, 2j] / out[r, 2j + 1] = the low / high nibble of packed[r, j] times 2^(exponent[r, 2j / GROUP] - 127)
@@ -48,9 +56,8 @@ def _widen_kernel(packed_ptr, exponents_ptr, out_ptr, rows, K, BLOCK_ROWS: tl.co
     row = rr.to(tl.int64)[:, None]
     row_in = rr[:, None] < rows
     codes = tl.load(packed_ptr + row * (K // 2) + rj[None, :], mask=row_in & (rj[None, :] < K // 2), other=0)
-    if KERNEL_LAYOUT:  # [rows, groups, c, i] holds byte 4i + c of its group -> K order
-        codes = tl.reshape(tl.permute(tl.reshape(codes, (BLOCK_ROWS, GROUPS, 4, 4)), (0, 1, 3, 2)),
-                           (BLOCK_ROWS, BLOCK_BYTES))
+    if KERNEL_LAYOUT:
+        codes = in_k_order(codes, BLOCK_ROWS, BLOCK_BYTES)
     codes = codes.to(tl.uint32)
     exponents = tl.load(exponents_ptr + row * (K // GROUP) + rg[None, :], mask=row_in & (rg[None, :] < K // GROUP),
                         other=127)
