@@ -48,8 +48,8 @@ from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.backends.nvidia.compiler import get_ptxas  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
+from moe_sweep import GPT_OSS_ACT  # noqa: E402 (gpt-oss's activation, as the sweeps run it)
 from railyard.engine.runner.kernels import fused_moe  # noqa: E402
-from railyard.engine.runner.layers.activation import ClampedSwiGLU  # noqa: E402
 from railyard.engine.runner.layers.mxfp4 import GROUP  # noqa: E402
 
 ARGS = ("a_ptr", "b_ptr", "c_ptr", "a_scale_ptr", "b_scale_ptr", "bias_ptr", "weights_ptr", "sorted_ptr",
@@ -108,7 +108,7 @@ def compile_gemm(mxfp4: bool, tile: tuple[int, ...], down: bool = False):
     if "HALF_ROWS" in fused_moe._grouped_gemm_kernel.arg_names:
         constexprs["HALF_ROWS"] = mxfp4 and bm >= 32 and HALF_ROWS  # as grouped_gemm passes it
     if "GATED" in fused_moe._grouped_gemm_kernel.arg_names:  # gpt-oss's gate/up GEMM, as fused_experts runs it
-        kind = fused_moe.epilogue_activation(ClampedSwiGLU(1.702, 7.0))[0]  # gpt-oss's activation, as launched
+        kind = fused_moe.epilogue_activation(GPT_OSS_ACT)[0]  # gpt-oss's activation, as launched
         constexprs["GATED"] = kind if mxfp4 and GATED and not down else 0
     if "b_desc" in fused_moe._grouped_gemm_kernel.arg_names:  # bf16 weights through a TMA descriptor, as launched
         split = 2 if constexprs.get("GATED") else 1
