@@ -10,6 +10,9 @@ are cut into chunks of CHUNK:
 3. _place_kernel (one program a chunk of slots and a tile of the list): each expert's padded start from the
    totals; a slot goes to start[e] + before[e, chunk] + its rank among its chunk's slots of e; the padding rows
    get the sentinel and each block its expert.
+A decode step's few slots (up to ONE_PROGRAM_SLOTS) take one launch instead, _one_program_kernel: one block
+sorts the slots by (expert, slot) in registers (tl.sort), counts each expert's slots (tl.histogram) and places
+them, so its three launches' fixed costs are paid once per layer.
 Shapes and launches depend on T only, never on the routing, and nothing waits for the host: one CUDA graph per
 token count replays any routing. (Plain torch took ~15 launches, and its scan over the [slots, E] one-hot matrix
 runs one thread per expert down all the slots.)
@@ -22,6 +25,8 @@ import triton
 import triton.language as tl
 
 CHUNK = 128  # slots per program: the rank within a chunk compares every pair of its slots
+ONE_PROGRAM_SLOTS = 4096  # at most this many slots are placed by one block (its registers hold them all)
+ONE_PROGRAM_MIN_PAD = 256  # the sorted width's floor: token counts below share one compiled kernel
 
 
 @triton.jit(do_not_specialize=["num_slots", "num_chunks"])
@@ -82,6 +87,34 @@ def _place_kernel(ids_ptr, before_ptr, totals_ptr, sorted_ptr, block_experts_ptr
     tl.store(block_experts_ptr + p // BLOCK_M, expert_c, mask=first)
 
 
+@triton.jit(do_not_specialize=["num_slots", "size"])
+def _one_program_kernel(ids_ptr, sorted_ptr, block_experts_ptr, padded_len_ptr, num_slots, size,
+                        NUM_EXPERTS: tl.constexpr, E_PAD: tl.constexpr, BLOCK_M: tl.constexpr,
+                        SLOTS_PAD: tl.constexpr, BLOCK_P: tl.constexpr):
+    s = tl.arange(0, SLOTS_PAD)
+    real = s < num_slots
+    ids = tl.load(ids_ptr + s, mask=real, other=0).to(tl.int32)
+    counts = tl.histogram(ids, E_PAD, mask=real)
+    padded = (counts + BLOCK_M - 1) // BLOCK_M * BLOCK_M
+    ends = tl.cumsum(padded, 0)
+    tl.store(padded_len_ptr, tl.sum(padded, 0))
+    # every row of the list a sentinel first, then the slots over them (the barrier orders the two for the block)
+    for p0 in range(0, size, BLOCK_P):
+        p = p0 + tl.arange(0, BLOCK_P)
+        tl.store(sorted_ptr + p, tl.full((BLOCK_P,), 0, tl.int32) + num_slots, mask=p < size)
+    tl.debug_barrier()
+    # sorted by (expert, slot): the i-th slot of the order sits i - (slots of earlier experts) into its expert's run
+    order = tl.sort(tl.where(real, ids, E_PAD) * SLOTS_PAD + s)
+    expert = tl.minimum(order // SLOTS_PAD, E_PAD - 1)
+    shift = tl.gather(ends - padded - (tl.cumsum(counts, 0) - counts), expert, 0)
+    tl.store(sorted_ptr + s + shift, order % SLOTS_PAD, mask=real)
+    # each block's expert: the run it falls in (the last expert's past the end)
+    for b0 in range(0, size // BLOCK_M, BLOCK_P):
+        b = b0 + tl.arange(0, BLOCK_P)
+        run = tl.sum((ends[None, :] <= (b * BLOCK_M)[:, None]).to(tl.int32), 1)
+        tl.store(block_experts_ptr + b, tl.minimum(run, NUM_EXPERTS - 1), mask=b < size // BLOCK_M)
+
+
 def align_by_expert(topk_ids: torch.Tensor, num_experts: int, block_m: int):
     """topk_ids [T, k] -> (sorted_slots [P] int32, block_experts [P / block_m] int32, padded_len [1] int32).
 
@@ -93,14 +126,20 @@ def align_by_expert(topk_ids: torch.Tensor, num_experts: int, block_m: int):
     device = topk_ids.device
     ids = topk_ids.reshape(-1)
     size = -(-(slots + min(num_experts, slots) * (block_m - 1)) // block_m) * block_m
-    chunks = triton.cdiv(slots, CHUNK)
     e_pad = triton.next_power_of_2(num_experts)
-    counts = torch.empty((num_experts, chunks), dtype=torch.int32, device=device)
-    before = torch.empty_like(counts)
-    totals = torch.empty(num_experts, dtype=torch.int32, device=device)
     sorted_slots = torch.empty(size, dtype=torch.int32, device=device)
     block_experts = torch.empty(size // block_m, dtype=torch.int32, device=device)
     padded_len = torch.empty(1, dtype=torch.int32, device=device)
+    if slots <= ONE_PROGRAM_SLOTS:
+        _one_program_kernel[(1,)](ids, sorted_slots, block_experts, padded_len, slots, size, NUM_EXPERTS=num_experts,
+                                  E_PAD=e_pad, BLOCK_M=block_m,
+                                  SLOTS_PAD=max(ONE_PROGRAM_MIN_PAD, triton.next_power_of_2(slots)), BLOCK_P=128,
+                                  num_warps=8)
+        return sorted_slots, block_experts, padded_len
+    chunks = triton.cdiv(slots, CHUNK)
+    counts = torch.empty((num_experts, chunks), dtype=torch.int32, device=device)
+    before = torch.empty_like(counts)
+    totals = torch.empty(num_experts, dtype=torch.int32, device=device)
     _count_kernel[(chunks,)](ids, counts, slots, chunks, NUM_EXPERTS=num_experts, E_PAD=e_pad, CHUNK=CHUNK, num_warps=4)
     _prefix_kernel[(num_experts,)](counts, before, totals, chunks, BLOCK_C=1024, num_warps=4)
     _place_kernel[(triton.cdiv(size, CHUNK),)](

@@ -1,8 +1,7 @@
-"""The fused-MoE Triton path against the layer's torch reference (layers/moe.py): the expert-sorted, block-padded
-slot list, both grouped GEMMs with biases and the routing weights in the epilogue, FP8 experts with block scales,
-MXFP4 experts read packed (tensor-parallel slices padded to whole groups too), and fixed shapes for a token count
-whatever the routing (what lets it run inside CUDA graphs). On the GPU when there is one, else in Triton's CPU
-interpreter."""
+"""The fused-MoE Triton path against the layer's torch reference (layers/moe.py): both grouped GEMMs with biases
+and the routing weights in the epilogue, FP8 experts with block scales, MXFP4 experts read packed (tensor-parallel
+slices padded to whole groups too). The slot list they read is test_moe_align.py's. On the GPU when there is one,
+else in Triton's CPU interpreter."""
 
 from __future__ import annotations
 
@@ -35,15 +34,6 @@ def _routing(tokens: int, experts: int, top_k: int, seed: int):
     return route_softmax_topk(torch.randn(tokens, experts, generator=gen) * 2, top_k, True)
 
 
-def _align_by_hand(ids: torch.Tensor, experts: int, block: int) -> list[int]:
-    """The definition: each expert's slots in order, padded with the sentinel to a multiple of block."""
-    flat, out = ids.reshape(-1).tolist(), []
-    for e in range(experts):
-        run = [s for s, x in enumerate(flat) if x == e]
-        out += run + [len(flat)] * (-len(run) % block)
-    return out
-
-
 @pytest.mark.parametrize("weighted", [False, True], ids=["plain", "weighted"])
 @pytest.mark.parametrize(("tokens", "top_k", "hidden", "dtype"), [
     (5, 4, 2880, torch.bfloat16), (3, 8, 64, torch.float32), (1, 1, 1500, torch.float16)])
@@ -62,33 +52,6 @@ def test_each_tokens_slots_are_summed_in_float32_and_rounded_once(tokens, top_k,
         torch.testing.assert_close(got.cpu(), exact.to(dtype), rtol=0, atol=0)
     else:
         torch.testing.assert_close(got.float(), exact, rtol=torch.finfo(dtype).eps, atol=1e-30)
-
-
-@pytest.mark.parametrize(("tokens", "experts", "top_k", "block"), [(1, 8, 2, 16), (37, 8, 2, 16), (70, 16, 4, 64),
-                                                                      (5, 128, 8, 16), (300, 128, 8, 64),
-                                                                      (100, 60, 4, 32)])
-def test_slots_are_grouped_by_expert_and_each_run_padded_to_whole_blocks(tokens, experts, top_k, block):
-    _, ids = _routing(tokens, experts, top_k, seed=tokens)
-    sorted_slots, block_experts, padded_len = align_by_expert(ids.to(DEVICE), experts, block)
-    want = _align_by_hand(ids, experts, block)
-    assert padded_len.item() == len(want)
-    assert sorted_slots[:len(want)].tolist() == want
-    assert (sorted_slots[len(want):] == tokens * top_k).all()  # the rest: sentinels
-    flat = ids.reshape(-1)
-    for b in range(len(want) // block):
-        real = [s for s in want[b * block:(b + 1) * block] if s < len(flat)]
-        assert real and all(flat[s] == block_experts[b].item() for s in real)
-
-
-def test_the_slot_lists_shapes_depend_on_the_token_count_only():
-    """Two routings of the same 24 tokens, one spread over all experts and one onto a single expert, give tensors of
-    the same shapes: a CUDA graph captured with one replays the other."""
-    spread = torch.arange(48).reshape(24, 2) % 16
-    same = torch.zeros(24, 2, dtype=torch.int64)
-    same[:, 1] = 1
-    a, b = align_by_expert(spread.to(DEVICE), 16, 16), align_by_expert(same.to(DEVICE), 16, 16)
-    assert [t.shape for t in a] == [t.shape for t in b]
-    assert a[2].item() == 16 * 16 and b[2].item() == 2 * 32  # 48 slots: 16 experts x 3 -> 16 rows each; 2 x 24 -> 32
 
 
 def _experts(experts: int, hidden: int, inter: int, seed: int, bias: bool = False):
