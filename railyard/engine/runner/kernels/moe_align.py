@@ -10,7 +10,7 @@ are cut into chunks of CHUNK:
 3. _place_kernel (one program a chunk of slots and a tile of the list): each expert's padded start from the
    totals; a slot goes to start[e] + before[e, chunk] + its rank among its chunk's slots of e; the padding rows
    get the sentinel and each block its expert.
-A decode step's few slots (up to ONE_PROGRAM_SLOTS) take one launch instead, _one_program_kernel: one block
+A small decode step's slots (up to ONE_PROGRAM_SLOTS) take one launch instead, _one_program_kernel: one block
 sorts the slots by (expert, slot) in registers (tl.sort), counts each expert's slots (tl.histogram) and places
 them, so its three launches' fixed costs are paid once per layer.
 Shapes and launches depend on T only, never on the routing, and nothing waits for the host: one CUDA graph per
@@ -25,7 +25,10 @@ import triton
 import triton.language as tl
 
 CHUNK = 128  # slots per program: the rank within a chunk compares every pair of its slots
-ONE_PROGRAM_SLOTS = 4096  # at most this many slots are placed by one block (its registers hold them all)
+# At most this many slots are placed by one block. Its sort grows as slots x log^2(slots) on one SM while the three
+# launches' cost stays flat: at 1,024 slots the two are even (scripts/dev/moe_align_ab.py), past it the one block
+# loses.
+ONE_PROGRAM_SLOTS = 512
 ONE_PROGRAM_MIN_PAD = 256  # the sorted width's floor: token counts below share one compiled kernel
 
 
