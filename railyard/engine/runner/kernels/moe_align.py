@@ -32,6 +32,20 @@ ONE_PROGRAM_SLOTS = 512
 ONE_PROGRAM_MIN_PAD = 256  # the sorted width's floor: token counts below share one compiled kernel
 
 
+@triton.jit
+def _padded_runs(counts, BLOCK_M: tl.constexpr):
+    """Each expert's slot count -> its run in the list, padded to whole row blocks, and where each run ends."""
+    padded = (counts + BLOCK_M - 1) // BLOCK_M * BLOCK_M
+    return padded, tl.cumsum(padded, 0)
+
+
+@triton.jit
+def _run_at(ends, rows):
+    """The run (expert) each of the list's `rows` falls in, from the runs' ends: the number of experts past the
+    end."""
+    return tl.sum((ends[None, :] <= rows[:, None]).to(tl.int32), 1)
+
+
 @triton.jit(do_not_specialize=["num_slots", "num_chunks"])
 def _count_kernel(ids_ptr, counts_ptr, num_slots, num_chunks, NUM_EXPERTS: tl.constexpr, E_PAD: tl.constexpr,
                   CHUNK: tl.constexpr):
@@ -63,8 +77,7 @@ def _place_kernel(ids_ptr, before_ptr, totals_ptr, sorted_ptr, block_experts_ptr
     i = tl.program_id(0)
     e = tl.arange(0, E_PAD)
     totals = tl.load(totals_ptr + e, mask=e < NUM_EXPERTS, other=0)
-    padded = (totals + BLOCK_M - 1) // BLOCK_M * BLOCK_M
-    ends = tl.cumsum(padded, 0)
+    padded, ends = _padded_runs(totals, BLOCK_M)
     if i == 0:
         tl.store(padded_len_ptr, tl.sum(padded, 0))
     # this chunk's slots to their rows
@@ -79,7 +92,7 @@ def _place_kernel(ids_ptr, before_ptr, totals_ptr, sorted_ptr, block_experts_ptr
         tl.store(sorted_ptr + row, s.to(tl.int32), mask=real)
     # this tile of the list: sentinels in the padding rows (and past the end), each block's expert
     p = i * CHUNK + tl.arange(0, CHUNK)
-    expert = tl.sum((ends[None, :] <= p[:, None]).to(tl.int32), 1)  # the run p falls in (E past the end)
+    expert = _run_at(ends, p)
     in_run = expert < NUM_EXPERTS
     expert_c = tl.minimum(expert, NUM_EXPERTS - 1)
     run_start = tl.sum(tl.where(e[None, :] < expert_c[:, None], padded[None, :], 0), 1)
@@ -98,8 +111,7 @@ def _one_program_kernel(ids_ptr, sorted_ptr, block_experts_ptr, padded_len_ptr, 
     real = s < num_slots
     ids = tl.load(ids_ptr + s, mask=real, other=0).to(tl.int32)
     counts = tl.histogram(ids, E_PAD, mask=real)
-    padded = (counts + BLOCK_M - 1) // BLOCK_M * BLOCK_M
-    ends = tl.cumsum(padded, 0)
+    padded, ends = _padded_runs(counts, BLOCK_M)
     tl.store(padded_len_ptr, tl.sum(padded, 0))
     # every row of the list a sentinel first, then the slots over them (the barrier orders the two for the block)
     for p0 in range(0, size, BLOCK_P):
@@ -114,8 +126,8 @@ def _one_program_kernel(ids_ptr, sorted_ptr, block_experts_ptr, padded_len_ptr, 
     # each block's expert: the run it falls in (the last expert's past the end)
     for b0 in range(0, size // BLOCK_M, BLOCK_P):
         b = b0 + tl.arange(0, BLOCK_P)
-        run = tl.sum((ends[None, :] <= (b * BLOCK_M)[:, None]).to(tl.int32), 1)
-        tl.store(block_experts_ptr + b, tl.minimum(run, NUM_EXPERTS - 1), mask=b < size // BLOCK_M)
+        tl.store(block_experts_ptr + b, tl.minimum(_run_at(ends, b * BLOCK_M), NUM_EXPERTS - 1),
+                 mask=b < size // BLOCK_M)
 
 
 def align_by_expert(topk_ids: torch.Tensor, num_experts: int, block_m: int):
