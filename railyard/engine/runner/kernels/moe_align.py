@@ -26,8 +26,8 @@ import triton.language as tl
 
 CHUNK = 128  # slots per program: the rank within a chunk compares every pair of its slots
 # At most this many slots are placed by one block. Its sort grows as slots x log^2(slots) on one SM while the three
-# launches' cost stays flat: at 1,024 slots the two are even (scripts/dev/moe_align_ab.py), past it the one block
-# loses.
+# launches' cost stays flat, so past a bound the three launches win (BENCHMARKS.md has where they cross, timed by
+# scripts/dev/moe_align_ab.py).
 ONE_PROGRAM_SLOTS = 512
 ONE_PROGRAM_MIN_PAD = 256  # the sorted width's floor: token counts below share one compiled kernel
 
