@@ -29,8 +29,13 @@ PATHS = {"one_program": 4096, "three_launches": 0}  # each path taken at every t
 
 
 def _align(ids: torch.Tensor, experts: int, block_m: int, bound: int) -> list[torch.Tensor]:
+    """align_by_expert with the one-block path's bound set to `bound` for this call, the module's put back after."""
+    engine_bound = moe_align.ONE_PROGRAM_SLOTS
     moe_align.ONE_PROGRAM_SLOTS = bound
-    return list(moe_align.align_by_expert(ids, experts, block_m))
+    try:
+        return list(moe_align.align_by_expert(ids, experts, block_m))
+    finally:
+        moe_align.ONE_PROGRAM_SLOTS = engine_bound
 
 
 def main() -> None:
