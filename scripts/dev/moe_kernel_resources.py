@@ -66,6 +66,7 @@ KERNEL_LAYOUT = os.environ.get("KERNEL_LAYOUT", "1") == "1"  # 0: MXFP4 bytes in
 HALF_ROWS = os.environ.get("HALF_ROWS", "1") == "1"  # 0: MXFP4 row blocks always multiply all their rows
 GATED = os.environ.get("GATED", "1") == "1"  # 0: the MXFP4 gate/up GEMM without gpt-oss's activation in its epilogue
 MUL_WEIGHT = os.environ.get("MUL_WEIGHT", "0") == "1"  # 1: grouped_gemm's `weights`, which fused_experts leaves out
+MXFP4_TMA = os.environ.get("MXFP4_TMA", "1") == "1"  # 0: packed MXFP4 tiles by pointers where the TMA serves
 SHARED = re.compile(r"\b(STS|LDS|LDSM|HGMMA|HMMA)[.\w]*")
 ADDRESS = re.compile(r"/\*([0-9a-f]{4,})\*/")
 OPCODE = re.compile(r"\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9]*(?:\.[A-Z0-9_]+)*)")
@@ -110,12 +111,17 @@ def compile_gemm(mxfp4: bool, tile: tuple[int, ...], down: bool = False):
     if "GATED" in fused_moe._grouped_gemm_kernel.arg_names:  # gpt-oss's gate/up GEMM, as fused_experts runs it
         kind = fused_moe.epilogue_activation(GPT_OSS_ACT)[0]  # gpt-oss's activation, as launched
         constexprs["GATED"] = kind if mxfp4 and GATED and not down else 0
-    if "b_desc" in fused_moe._grouped_gemm_kernel.arg_names:  # bf16 weights through a TMA descriptor, as launched
+    if "b_desc" in fused_moe._grouped_gemm_kernel.arg_names:  # weights through a TMA descriptor, as launched
         split = 2 if constexprs.get("GATED") else 1
-        tma = not mxfp4 and bm >= fused_moe.TMA_BLOCK_M
+        if mxfp4:  # packed bytes in the kernel layout, in short row blocks (MXFP4_TMA=0: by pointers)
+            tma = KERNEL_LAYOUT and MXFP4_TMA and bm <= getattr(fused_moe, "MXFP4_TMA_BLOCK_M", 0)
+            box = f"u8[1, {split}, {bn // split}, {bk // 2}]"
+        else:
+            tma = bm >= fused_moe.TMA_BLOCK_M
+            box = f"bf16[1, {split}, {bn // split}, {bk}]"
         constexprs["B_TMA"] = tma
         if tma:
-            signature["b_desc"] = f"tensordesc<bf16[1, {split}, {bn // split}, {bk}]>"
+            signature["b_desc"] = f"tensordesc<{box}>"
         else:
             constexprs["b_desc"] = None
     signature.update({name: "constexpr" for name in constexprs})

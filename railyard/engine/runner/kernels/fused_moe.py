@@ -78,6 +78,9 @@ MXFP4_LARGE = (128, 128, 64, 8, 3)
 # Row blocks this tall (a long step's) read bf16 / fp16 weights through the tensor memory accelerator
 # (weight_descriptor)
 TMA_BLOCK_M = 128
+# Packed MXFP4 weights in the kernel layout come through it in row blocks this short (mxfp4_descriptor), where the
+# warps' issue slots, not the tensor cores, bound the tile; taller ones read them by pointer copies, as fast there
+MXFP4_TMA_BLOCK_M = 32
 # The tables are for 2-byte activations. A pipeline stage holds an A tile and a B tile in shared memory, so 4-byte
 # (float32) ones double it: past this budget (under Hopper's 227 KiB per block, with room for Triton's own) a tile
 # loses pipeline stages, then halves BLOCK_K, until it fits.
@@ -187,15 +190,17 @@ def gated_rows(pid_n, N, BLOCK_N: tl.constexpr):
 
 
 @triton.jit
-def _mxfp4_rows(a_ptr, b_ptr, c_ptr, b_scale_ptr, bias_ptr, weights_ptr, sorted_ptr, first, expert, rn, N, K,
-                num_slots, stride_am, stride_be, stride_bn, stride_cm, stride_bse, stride_bsn, stride_biase, out_cols,
-                alpha, limit, A_ROW_DIV: tl.constexpr, HAS_BIAS: tl.constexpr, MUL_WEIGHT: tl.constexpr,
+def _mxfp4_rows(a_ptr, b_ptr, c_ptr, b_scale_ptr, bias_ptr, weights_ptr, sorted_ptr, b_desc, first, expert, pid_n, rn,
+                N, K, num_slots, stride_am, stride_be, stride_bn, stride_cm, stride_bse, stride_bsn, stride_biase,
+                out_cols, alpha, limit, A_ROW_DIV: tl.constexpr, HAS_BIAS: tl.constexpr, MUL_WEIGHT: tl.constexpr,
                 DOT_PRECISION: tl.constexpr, EVEN_K: tl.constexpr, KERNEL_LAYOUT: tl.constexpr, GATED: tl.constexpr,
-                ROWS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP: tl.constexpr):
+                B_TMA: tl.constexpr, ROWS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                GROUP: tl.constexpr):
     """ROWS rows of the sorted list from `first` times the expert's packed MXFP4 tile [BLOCK_N, K], stored.
     B^T tile [K / 2, N] of packed bytes (byte j of a group: weights 2j, 2j + 1), exponents [N, K / 32]. In the kernel
     layout (layers/mxfp4.py) the tile is read as stored, [N, K / 2], and its groups' bytes put back in K order in
-    registers, where the MMA's fragments find each thread's bytes side by side."""
+    registers, where the MMA's fragments find each thread's bytes side by side. B_TMA (kernel layout): the packed
+    tiles come by the tensor memory accelerator through b_desc (mxfp4_descriptor), zeros past K and N."""
     slot = tl.load(sorted_ptr + first + tl.arange(0, ROWS))
     valid = slot < num_slots
     row = (slot // A_ROW_DIV).to(tl.int64)
@@ -221,10 +226,16 @@ def _mxfp4_rows(a_ptr, b_ptr, c_ptr, b_scale_ptr, bias_ptr, weights_ptr, sorted_
         upcoming = tl.load(s_ptrs, mask=n_in[:, None] & (rg[None, :] * GROUP < K - (k + 1) * BLOCK_K), other=0)
         if EVEN_K:
             a = tl.load(a_ptrs, mask=valid[:, None], other=0.0)
-            packed = tl.load(b_ptrs, mask=b_n_in, other=0)
         else:  # K ends inside this tile, on a whole group (a permuted group is whole too)
             k_left = tl.multiple_of(K - k * BLOCK_K, GROUP)
             a = tl.load(a_ptrs, mask=valid[:, None] & (rk[None, :] < k_left), other=0.0)
+        if B_TMA:
+            SPLIT: tl.constexpr = 2 if GATED else 1
+            packed = tl.reshape(b_desc.load([expert.to(tl.int32), 0, pid_n * (BLOCK_N // SPLIT),
+                                             k * (BLOCK_K // 2)]), (BLOCK_N, BLOCK_K // 2))
+        elif EVEN_K:
+            packed = tl.load(b_ptrs, mask=b_n_in, other=0)
+        else:
             packed = tl.load(b_ptrs, mask=b_n_in & (b_j < k_left // 2), other=0)
         if KERNEL_LAYOUT:  # [N, K / 2] as the engine holds it -> [K / 2, N] in K order
             packed = tl.trans(in_k_order(packed, BLOCK_N, BLOCK_K // 2))
@@ -254,8 +265,9 @@ def _grouped_gemm_kernel(a_ptr, b_ptr, c_ptr, a_scale_ptr, b_scale_ptr, bias_ptr
     MXFP4: B is packed, [E, N, K / 2] bytes, with exponents [E, N, K / 32] at b_scale_ptr; with HALF_ROWS a block
     whose slots fit its first BLOCK_M / 2 rows (an expert's slots come first in its run) multiplies only those.
     GATED (not FP8): B's rows are gate rows then up rows, and C [slots, N / 2] is their activation (_store_rows).
-    B_TMA (bf16 / fp16 weights): B's tiles come by the tensor memory accelerator through b_desc, a descriptor of B
-    viewed [E, G, N / G, K] (G = 2 gated: a tile's gate rows and up rows, else 1), rather than by pointers."""
+    B_TMA: B's tiles come by the tensor memory accelerator through b_desc, a descriptor of B viewed [E, G, N / G, K]
+    (bf16 / fp16 weights; MXFP4 ones [E, G, N / G, K / 2] bytes in the kernel layout; G = 2 gated: a tile's gate rows
+    and up rows, else 1), rather than by pointers."""
     if GATED:
         pid_m, pid_n = program_block(tl.program_id(0), tl.num_programs(0), N // 2, BLOCK_N // 2, GROUP_M)
         rn, out_cols = gated_rows(pid_n, N, BLOCK_N)
@@ -273,15 +285,15 @@ def _grouped_gemm_kernel(a_ptr, b_ptr, c_ptr, a_scale_ptr, b_scale_ptr, bias_ptr
         else:
             half = False
         if half:
-            _mxfp4_rows(a_ptr, b_ptr, c_ptr, b_scale_ptr, bias_ptr, weights_ptr, sorted_ptr, first, expert, rn, N,
-                        K, num_slots, stride_am, stride_be, stride_bn, stride_cm, stride_bse, stride_bsn,
-                        stride_biase, out_cols, alpha, limit, A_ROW_DIV, HAS_BIAS, MUL_WEIGHT, DOT_PRECISION, EVEN_K,
-                        KERNEL_LAYOUT, GATED, BLOCK_M // 2, BLOCK_N, BLOCK_K, GROUP)
+            _mxfp4_rows(a_ptr, b_ptr, c_ptr, b_scale_ptr, bias_ptr, weights_ptr, sorted_ptr, b_desc, first, expert,
+                        pid_n, rn, N, K, num_slots, stride_am, stride_be, stride_bn, stride_cm, stride_bse,
+                        stride_bsn, stride_biase, out_cols, alpha, limit, A_ROW_DIV, HAS_BIAS, MUL_WEIGHT,
+                        DOT_PRECISION, EVEN_K, KERNEL_LAYOUT, GATED, B_TMA, BLOCK_M // 2, BLOCK_N, BLOCK_K, GROUP)
         else:
-            _mxfp4_rows(a_ptr, b_ptr, c_ptr, b_scale_ptr, bias_ptr, weights_ptr, sorted_ptr, first, expert, rn, N,
-                        K, num_slots, stride_am, stride_be, stride_bn, stride_cm, stride_bse, stride_bsn,
-                        stride_biase, out_cols, alpha, limit, A_ROW_DIV, HAS_BIAS, MUL_WEIGHT, DOT_PRECISION, EVEN_K,
-                        KERNEL_LAYOUT, GATED, BLOCK_M, BLOCK_N, BLOCK_K, GROUP)
+            _mxfp4_rows(a_ptr, b_ptr, c_ptr, b_scale_ptr, bias_ptr, weights_ptr, sorted_ptr, b_desc, first, expert,
+                        pid_n, rn, N, K, num_slots, stride_am, stride_be, stride_bn, stride_cm, stride_bse,
+                        stride_bsn, stride_biase, out_cols, alpha, limit, A_ROW_DIV, HAS_BIAS, MUL_WEIGHT,
+                        DOT_PRECISION, EVEN_K, KERNEL_LAYOUT, GATED, B_TMA, BLOCK_M, BLOCK_N, BLOCK_K, GROUP)
     else:
         slot = tl.load(sorted_ptr + pid_m * BLOCK_M + tl.arange(0, BLOCK_M))
         valid = slot < num_slots
@@ -364,6 +376,21 @@ def weight_descriptor(w: torch.Tensor, block_m: int, block_n: int, block_k: int,
                                         [1, split, block_n // split, block_k])
 
 
+def mxfp4_descriptor(w: torch.Tensor, block_n: int, block_k: int, gated: bool) -> TensorDescriptor | None:
+    """A tensor-memory-accelerator descriptor of packed MXFP4 expert weights [E, N, K / 2] held in the kernel layout,
+    viewed [E, G, N / G, K / 2] as weight_descriptor views bf16 ones, for the short row blocks (MXFP4_TMA_BLOCK_M):
+    the copy engine fetches a K step's packed bytes (zeros past the rows' ends) while the warps widen the step before,
+    where pointer copies cost them issue slots and registers. None where the copy engine cannot address them (a box row under 16 bytes, rows
+    not 16-byte multiples), or GPUs before Hopper."""
+    split = 2 if gated else 1
+    num_experts, n, row_bytes = w.shape
+    if (not w.is_contiguous() or (block_k // 2) % 16 or row_bytes % 16 or w.data_ptr() % 16 or n % split
+            or block_n % split or (w.is_cuda and torch.cuda.get_device_capability(w.device) < (9, 0))):
+        return None
+    return TensorDescriptor.from_tensor(w.view(num_experts, split, n // split, row_bytes),
+                                        [1, split, block_n // split, block_k // 2])
+
+
 def grouped_gemm(a: torch.Tensor, w: torch.Tensor, out: torch.Tensor, routing, a_row_div: int,
                  config: tuple[int, ...], bias: torch.Tensor | None = None,
                  weights: torch.Tensor | None = None, a_scale: torch.Tensor | None = None,
@@ -395,7 +422,11 @@ def grouped_gemm(a: torch.Tensor, w: torch.Tensor, out: torch.Tensor, routing, a
     grid = (block_experts.numel() * (triton.cdiv(n // 2, bn // 2) if gated else triton.cdiv(n, bn)),)
     kind, alpha, limit = gated or (0, 0.0, 0.0)
     scaled = fp8 or mxfp4
-    b_desc = weight_descriptor(w, bm, bn, bk, gated is not None) if not scaled else None
+    if mxfp4:
+        tma = kernel_layout and bm <= MXFP4_TMA_BLOCK_M
+        b_desc = mxfp4_descriptor(w, bn, bk, gated is not None) if tma else None
+    else:
+        b_desc = weight_descriptor(w, bm, bn, bk, gated is not None) if not fp8 else None
     _grouped_gemm_kernel[grid](
         a, w, out, a_scale if fp8 else a, w_scale if scaled else w, bias if bias is not None else w,
         weights if weights is not None else w, sorted_slots, block_experts, padded_len, b_desc, n, k, out.shape[0],

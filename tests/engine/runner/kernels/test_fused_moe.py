@@ -378,6 +378,45 @@ def test_only_tall_tiles_of_bf16_weights_the_copy_engine_can_address_take_a_desc
     assert fused_moe.weight_descriptor(w[:, :, :96], fused_moe.TMA_BLOCK_M, 64, 64, gated=False) is None  # K % 64
 
 
+@pytest.mark.parametrize("gated", [False, True], ids=["plain", "gated"])
+@pytest.mark.parametrize("config", [tile for _, tile in fused_moe.MXFP4_TILES if tile[0] <= fused_moe.MXFP4_TMA_BLOCK_M],
+                         ids=lambda tile: "x".join(map(str, tile[:3])))
+def test_short_mxfp4_row_blocks_read_packed_tiles_through_a_descriptor_with_the_pointer_loads_bits(config, gated,
+                                                                                                  monkeypatch):
+    """The short row blocks (decode at a few slots per expert) take the kernel layout's packed tiles from the copy
+    engine: the same products, bit for bit, as pointer loads of the same bytes; an intermediate of 160 puts the
+    last column block past N (the descriptor's zeros there are never stored)."""
+    experts, hidden, inter, tokens = 4, 128, 160, 9
+    (q13, s13, *_), _ = _mxfp4_experts(experts, hidden, inter, seed=41)
+    q13 = to_kernel_layout(q13)
+    gen = torch.Generator().manual_seed(41)
+    x = torch.randn(tokens, hidden, generator=gen).to(torch.bfloat16)
+    _, ids = _routing(tokens, experts, 2, seed=42)
+    assert fused_moe.mxfp4_descriptor(q13, config[1], config[2], gated) is not None
+    act = fused_moe.epilogue_activation(ClampedSwiGLU(1.702, 7.0)) if gated else None
+    routing = align_by_expert(ids.to(DEVICE), experts, config[0])
+    outs = []
+    for use_descriptor in (True, False):
+        if not use_descriptor:
+            monkeypatch.setattr(fused_moe, "mxfp4_descriptor", lambda *args: None)
+        out = torch.full((tokens * 2, inter if gated else 2 * inter), float("nan"), dtype=torch.bfloat16,
+                         device=DEVICE)
+        fused_moe.grouped_gemm(*_on(DEVICE, x, q13, out), routing, 2, config, w_scale=s13.to(DEVICE),
+                               kernel_layout=True, gated=act)
+        outs.append(out.cpu())
+    assert not outs[0].isnan().any()
+    torch.testing.assert_close(outs[0], outs[1], rtol=0, atol=0)
+
+
+def test_only_packed_mxfp4_tiles_the_copy_engine_can_address_take_a_descriptor():
+    q = torch.zeros(2, 64, 64, dtype=torch.uint8)  # [E, N, K / 2]: K 128
+    assert fused_moe.mxfp4_descriptor(q, 64, 128, gated=True) is not None
+    assert fused_moe.mxfp4_descriptor(q, 64, 64, gated=False) is not None  # a box row of 32 bytes
+    assert fused_moe.mxfp4_descriptor(q, 64, 16, gated=False) is None  # 8 bytes: under the copy engine's 16
+    assert fused_moe.mxfp4_descriptor(q[:, :, :40].contiguous(), 64, 64, gated=False) is None  # rows of 40 bytes
+    assert fused_moe.mxfp4_descriptor(q[:, :63].contiguous(), 64, 64, gated=True) is None  # gate and up rows unequal
+
+
 def test_the_layers_gated_activations_are_known_to_the_epilogue_and_others_are_not():
     assert fused_moe.epilogue_activation(ClampedSwiGLU(1.5, 6.0)) == (fused_moe.CLAMPED_SWIGLU.value, 1.5, 6.0)
     assert fused_moe.epilogue_activation(silu_and_mul) == (fused_moe.SILU_AND_MUL.value, 0.0, 0.0)
