@@ -358,37 +358,38 @@ def sum_slots(slots: torch.Tensor, top_k: int, weights: torch.Tensor | None = No
     return out
 
 
-def weight_descriptor(w: torch.Tensor, block_m: int, block_n: int, block_k: int,
-                      gated: bool) -> TensorDescriptor | None:
-    """A tensor-memory-accelerator descriptor of bf16 / fp16 expert weights [E, N, K] for the tall row blocks
-    (BLOCK_M >= TMA_BLOCK_M, a long step's, bound by the tensor cores: the copy engine's loads leave the warps
-    their issue slots and registers), viewed [E, G, N / G, K] with G = 2 gated (a tile's gate rows and up rows,
-    two boxes of one load); None where the pointer loads serve: shorter tiles, other dtypes, weights the copy
-    engine cannot address (rows not 16-byte multiples, K not whole tiles), GPUs before Hopper."""
-    if block_m < TMA_BLOCK_M or w.dtype not in (torch.bfloat16, torch.float16) or not w.is_contiguous():
-        return None
+def _stacked_descriptor(w: torch.Tensor, block_n: int, box_cols: int, gated: bool) -> TensorDescriptor | None:
+    """A tensor-memory-accelerator descriptor of stacked expert weights [E, N, C] (C: a row's elements), viewed
+    [E, G, N / G, C] with G = 2 gated (a tile's gate rows and up rows, two boxes of one load), boxes of block_n rows
+    by box_cols; None where the copy engine cannot address them (not contiguous, rows or a box's row not 16-byte
+    multiples, gate and up halves unequal), or GPUs before Hopper."""
     split = 2 if gated else 1
-    num_experts, n, k = w.shape
-    if (k % block_k or (k * w.element_size()) % 16 or w.data_ptr() % 16 or n % split or block_n % split
+    num_experts, n, cols = w.shape
+    if (not w.is_contiguous() or (cols * w.element_size()) % 16 or (box_cols * w.element_size()) % 16
+            or w.data_ptr() % 16 or n % split or block_n % split
             or (w.is_cuda and torch.cuda.get_device_capability(w.device) < (9, 0))):
         return None
-    return TensorDescriptor.from_tensor(w.view(num_experts, split, n // split, k),
-                                        [1, split, block_n // split, block_k])
+    return TensorDescriptor.from_tensor(w.view(num_experts, split, n // split, cols),
+                                        [1, split, block_n // split, box_cols])
+
+
+def weight_descriptor(w: torch.Tensor, block_m: int, block_n: int, block_k: int,
+                      gated: bool) -> TensorDescriptor | None:
+    """A descriptor (_stacked_descriptor) of bf16 / fp16 expert weights [E, N, K] for the tall row blocks
+    (BLOCK_M >= TMA_BLOCK_M, a long step's, bound by the tensor cores: the copy engine's loads leave the warps
+    their issue slots and registers); None where the pointer loads serve: shorter tiles, other dtypes, K not whole
+    tiles, weights the copy engine cannot address, GPUs before Hopper."""
+    if block_m < TMA_BLOCK_M or w.dtype not in (torch.bfloat16, torch.float16) or w.shape[2] % block_k:
+        return None
+    return _stacked_descriptor(w, block_n, block_k, gated)
 
 
 def mxfp4_descriptor(w: torch.Tensor, block_n: int, block_k: int, gated: bool) -> TensorDescriptor | None:
-    """A tensor-memory-accelerator descriptor of packed MXFP4 expert weights [E, N, K / 2] held in the kernel layout,
-    viewed [E, G, N / G, K / 2] as weight_descriptor views bf16 ones, for the short row blocks (MXFP4_TMA_BLOCK_M):
-    the copy engine fetches a K step's packed bytes (zeros past the rows' ends) while the warps widen the step before,
-    where pointer copies cost them issue slots and registers. None where the copy engine cannot address them (a box row under 16 bytes, rows
-    not 16-byte multiples), or GPUs before Hopper."""
-    split = 2 if gated else 1
-    num_experts, n, row_bytes = w.shape
-    if (not w.is_contiguous() or (block_k // 2) % 16 or row_bytes % 16 or w.data_ptr() % 16 or n % split
-            or block_n % split or (w.is_cuda and torch.cuda.get_device_capability(w.device) < (9, 0))):
-        return None
-    return TensorDescriptor.from_tensor(w.view(num_experts, split, n // split, row_bytes),
-                                        [1, split, block_n // split, block_k // 2])
+    """A descriptor (_stacked_descriptor) of packed MXFP4 expert weights [E, N, K / 2] held in the kernel layout,
+    for the short row blocks (MXFP4_TMA_BLOCK_M): the copy engine fetches a K step's packed bytes (zeros past the
+    rows' ends) while the warps widen the step before, where pointer copies cost them issue slots and registers.
+    None where the copy engine cannot address them (a box row of block_k / 2 bytes under 16 among them)."""
+    return _stacked_descriptor(w, block_n, block_k // 2, gated)
 
 
 def grouped_gemm(a: torch.Tensor, w: torch.Tensor, out: torch.Tensor, routing, a_row_div: int,

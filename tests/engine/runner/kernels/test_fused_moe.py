@@ -343,6 +343,19 @@ def test_a_gated_projection_pairs_each_output_column_with_its_gate_and_up_rows()
     torch.testing.assert_close(out.cpu(), clamped_swiglu(plain, 1.702, 7.0), rtol=1e-5, atol=1e-5)
 
 
+def _descriptor_and_pointer_outputs(monkeypatch, descriptor: str, shape: tuple[int, int], launch) -> list:
+    """launch(out) into a NaN-filled bf16 `out` of `shape`, first with the descriptors grouped_gemm builds, then with
+    fused_moe.<descriptor> answering None (pointer loads): both outputs, on the CPU."""
+    outs = []
+    for use_descriptor in (True, False):
+        if not use_descriptor:
+            monkeypatch.setattr(fused_moe, descriptor, lambda *args: None)
+        out = torch.full(shape, float("nan"), dtype=torch.bfloat16, device=DEVICE)
+        launch(out)
+        outs.append(out.cpu())
+    return outs
+
+
 @pytest.mark.parametrize("gated", [False, True], ids=["plain", "gated"])
 def test_tall_tiles_read_bf16_weights_through_a_descriptor_with_the_same_bits_as_pointer_loads(gated, monkeypatch):
     """A tall row block (a long step's) loads bf16 weight tiles through a tensor-memory-accelerator descriptor of
@@ -359,13 +372,9 @@ def test_tall_tiles_read_bf16_weights_through_a_descriptor_with_the_same_bits_as
     assert fused_moe.weight_descriptor(w, *config[:3], gated) is not None
     act = fused_moe.epilogue_activation(ClampedSwiGLU(1.702, 7.0)) if gated else None
     routing = align_by_expert(ids.to(DEVICE), experts, config[0])
-    outs = []
-    for use_descriptor in (True, False):
-        if not use_descriptor:
-            monkeypatch.setattr(fused_moe, "weight_descriptor", lambda *args: None)
-        out = torch.full((tokens * 2, n // 2 if gated else n), float("nan"), dtype=torch.bfloat16, device=DEVICE)
-        fused_moe.grouped_gemm(*_on(DEVICE, x, w, out), routing, 2, config, gated=act)
-        outs.append(out.cpu())
+    outs = _descriptor_and_pointer_outputs(
+        monkeypatch, "weight_descriptor", (tokens * 2, n // 2 if gated else n),
+        lambda out: fused_moe.grouped_gemm(*_on(DEVICE, x, w, out), routing, 2, config, gated=act))
     torch.testing.assert_close(outs[0], outs[1], rtol=0, atol=0)
 
 
@@ -379,7 +388,8 @@ def test_only_tall_tiles_of_bf16_weights_the_copy_engine_can_address_take_a_desc
 
 
 @pytest.mark.parametrize("gated", [False, True], ids=["plain", "gated"])
-@pytest.mark.parametrize("config", [tile for _, tile in fused_moe.MXFP4_TILES if tile[0] <= fused_moe.MXFP4_TMA_BLOCK_M],
+@pytest.mark.parametrize("config", [tile for _, tile in fused_moe.MXFP4_TILES
+                                    if tile[0] <= fused_moe.MXFP4_TMA_BLOCK_M],
                          ids=lambda tile: "x".join(map(str, tile[:3])))
 def test_short_mxfp4_row_blocks_read_packed_tiles_through_a_descriptor_with_the_pointer_loads_bits(config, gated,
                                                                                                   monkeypatch):
@@ -395,15 +405,10 @@ def test_short_mxfp4_row_blocks_read_packed_tiles_through_a_descriptor_with_the_
     assert fused_moe.mxfp4_descriptor(q13, config[1], config[2], gated) is not None
     act = fused_moe.epilogue_activation(ClampedSwiGLU(1.702, 7.0)) if gated else None
     routing = align_by_expert(ids.to(DEVICE), experts, config[0])
-    outs = []
-    for use_descriptor in (True, False):
-        if not use_descriptor:
-            monkeypatch.setattr(fused_moe, "mxfp4_descriptor", lambda *args: None)
-        out = torch.full((tokens * 2, inter if gated else 2 * inter), float("nan"), dtype=torch.bfloat16,
-                         device=DEVICE)
-        fused_moe.grouped_gemm(*_on(DEVICE, x, q13, out), routing, 2, config, w_scale=s13.to(DEVICE),
-                               kernel_layout=True, gated=act)
-        outs.append(out.cpu())
+    outs = _descriptor_and_pointer_outputs(
+        monkeypatch, "mxfp4_descriptor", (tokens * 2, inter if gated else 2 * inter),
+        lambda out: fused_moe.grouped_gemm(*_on(DEVICE, x, q13, out), routing, 2, config, w_scale=s13.to(DEVICE),
+                                           kernel_layout=True, gated=act))
     assert not outs[0].isnan().any()
     torch.testing.assert_close(outs[0], outs[1], rtol=0, atol=0)
 
